@@ -1,0 +1,3 @@
+from gpt_lightning.cli import main
+
+main()

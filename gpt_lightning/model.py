@@ -1,0 +1,212 @@
+"""GPT-2 as a plain ``nn.Module``: no Lightning in here, so the weights work anywhere.
+
+Parameter names follow OpenAI's GPT-2 layout (``transformer.wte``, ``transformer.h.N.attn.c_attn``,
+...), so GPT-2 checkpoints map onto it with only the usual Conv1D -> Linear transposes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    """Architecture of a GPT-2 style decoder. The defaults are GPT-2 124M (124,439,808 parameters)."""
+
+    # Longest sequence the model can see: the size of the learned position-embedding table.
+    block_size: int = 1024
+    # Token-embedding rows: the GPT-2 BPE has 50,000 merges + 256 byte tokens + <|endoftext|>.
+    # Padding it to a multiple of 64 (50304) makes the LM-head matmul faster on GPUs.
+    vocab_size: int = 50257
+    # Number of transformer blocks: depth.
+    n_layer: int = 12
+    # Attention heads per block; n_embd must divide evenly among them.
+    n_head: int = 12
+    # Width of the residual stream.
+    n_embd: int = 768
+    # Dropout on attention weights, residual branches and embeddings. GPT-2 pre-training used 0.1;
+    # 0.0 is best for short runs and is what the reference experiment uses.
+    dropout: float = 0.0
+    # Biases in Linear and LayerNorm layers, as GPT-2 has them. False is slightly faster.
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}.")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(
+                f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): "
+                "each head gets n_embd // n_head channels."
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout}.")
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = config.n_head
+        self.dropout = config.dropout
+        # query, key and value projections for all heads in one matmul
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj.residual_projection = True  # marks it for the scaled GPT-2 init
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape  # batch, time, channels (n_embd)
+        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
+        hs = C // self.n_head
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's GELU is the tanh approximation
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj.residual_projection = True
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """GPT-2: token + position embeddings, ``n_layer`` blocks, final LayerNorm, tied LM head."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        # Weight tying (GPT-2): the output projection is the token embedding. One tensor, one name
+        # in state_dict() per module, shared storage.
+        self.transformer.wte.weight = self.lm_head.weight
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            std = 0.02
+            if getattr(module, "residual_projection", False):
+                # GPT-2: scale residual projections by 1/sqrt(number of residual additions)
+                std *= (2 * self.config.n_layer) ** -0.5
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_parameters(self) -> int:
+        """Number of parameters, the tied embedding counted once."""
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits for every position, and the mean cross-entropy against ``targets`` if given.
+
+        Args:
+            idx: token ids, shape (B, T) with T <= block_size.
+            targets: next-token ids, shape (B, T), or None.
+
+        Returns:
+            ``(logits, loss)``: logits (B, T, vocab_size); loss a scalar, or None without targets.
+        """
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(
+                f"Sequence length {T} is longer than the model's block_size "
+                f"{self.config.block_size}. Use block_size <= {self.config.block_size} in the data, "
+                "or build the model with a larger block_size."
+            )
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)  # (T,)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C) + (T, C)
+        x = self.transformer.drop(x)
+        for block in self.transformer.h:
+            x = block(x)  # (B, T, C)
+        x = self.transformer.ln_f(x)
+        logits = self.lm_head(x)  # (B, T, vocab_size)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))  # (B*T, V) vs (B*T,)
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Extend ``idx`` (B, T) by sampling ``max_new_tokens`` tokens, one at a time.
+
+        Args:
+            idx: prompt token ids, shape (B, T).
+            max_new_tokens: how many tokens to append.
+            temperature: softmax temperature; 0 means greedy (argmax).
+            top_k: sample only among the k most likely tokens; None for the whole vocabulary.
+            generator: random generator for reproducible samples.
+
+        Returns:
+            token ids of shape (B, T + max_new_tokens).
+        """
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}.")
+        for _ in range(max_new_tokens):
+            context = idx[:, -self.config.block_size :]  # (B, <=block_size)
+            logits, _ = self(context)
+            logits = logits[:, -1, :].float()  # (B, V): the next-token distribution
+            if temperature == 0:
+                next_token = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]  # (B, 1)
+                    logits = logits.masked_fill(logits < kth, -math.inf)
+                probs = F.softmax(logits, dim=-1)
+                next_token = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+            idx = torch.cat((idx, next_token), dim=1)  # (B, T+1)
+        return idx

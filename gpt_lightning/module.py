@@ -1,0 +1,195 @@
+"""``GPTLightningModule``: the GPT wrapped for Lightning, with AdamW and in-place ``torch.compile``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+from lightning.fabric.utilities.throughput import measure_flops
+from lightning.pytorch import LightningModule
+from torch.optim.lr_scheduler import LambdaLR
+from torchmetrics import MeanMetric
+
+from gpt_lightning.errors import UserError
+from gpt_lightning.model import GPT, GPTConfig
+
+_DEFAULT = GPTConfig()  # the architecture defaults live in GPTConfig alone
+
+
+class GPTLightningModule(LightningModule):
+    """GPT-2 language model trained with AdamW.
+
+    Args:
+        vocab_size: token-embedding rows; at least the tokenizer's 50257 (50304 is faster on GPUs).
+        block_size: longest sequence, the size of the position table. The CLI links it to
+            ``data.block_size``.
+        n_layer: transformer blocks.
+        n_head: attention heads per block.
+        n_embd: residual-stream width; divisible by ``n_head``.
+        dropout: dropout probability (0 for short runs).
+        bias: biases in Linear and LayerNorm layers, as in GPT-2.
+        learning_rate: AdamW peak learning rate.
+        weight_decay: AdamW decoupled weight decay, applied to 2-D weights (matmuls, embeddings)
+            only; biases and LayerNorm gains are never decayed.
+        betas: AdamW moment coefficients.
+        eps: AdamW epsilon.
+        warmup_steps: linear learning-rate warm-up from 0 over this many optimizer steps.
+        cosine_decay_steps: if set, cosine decay from the peak to ``min_lr_ratio`` x peak over this
+            many steps after warm-up, then constant. None keeps the rate constant after warm-up
+            (the reference experiment: constant 1e-3).
+        min_lr_ratio: final learning rate of the cosine schedule, as a fraction of the peak.
+        compile: compile the model with ``torch.compile`` in place in ``configure_model``, so
+            checkpoint keys stay plain. The first steps then include compilation.
+        compile_mode: ``torch.compile`` mode: None (default), "reduce-overhead", "max-autotune", ...
+        compile_dynamic: ``torch.compile(dynamic=...)``; False suits the fixed (B, T) batches.
+        compile_fullgraph: fail on any graph break instead of falling back to eager.
+        float32_matmul_precision: ``torch.set_float32_matmul_precision`` value set in ``setup``;
+            "high" allows TF32 on Ampere and newer GPUs. None leaves the process setting alone.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = _DEFAULT.vocab_size,
+        block_size: int = _DEFAULT.block_size,
+        n_layer: int = _DEFAULT.n_layer,
+        n_head: int = _DEFAULT.n_head,
+        n_embd: int = _DEFAULT.n_embd,
+        dropout: float = _DEFAULT.dropout,
+        bias: bool = _DEFAULT.bias,
+        learning_rate: float = 1e-3,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        warmup_steps: int = 0,
+        cosine_decay_steps: int | None = None,
+        min_lr_ratio: float = 0.1,
+        compile: bool = True,
+        compile_mode: str | None = None,
+        compile_dynamic: bool | None = False,
+        compile_fullgraph: bool = False,
+        float32_matmul_precision: Literal["highest", "high", "medium"] | None = None,
+    ) -> None:
+        super().__init__()
+        if not learning_rate > 0:
+            raise UserError(f"model.learning_rate must be > 0, got {learning_rate!r}.")
+        if weight_decay < 0:
+            raise UserError(f"model.weight_decay must be >= 0, got {weight_decay!r}.")
+        if warmup_steps < 0 or (cosine_decay_steps is not None and cosine_decay_steps <= 0):
+            raise UserError("model.warmup_steps must be >= 0 and model.cosine_decay_steps > 0.")
+        self.save_hyperparameters()
+        try:
+            self.config = GPTConfig(
+                block_size=block_size, vocab_size=vocab_size, n_layer=n_layer,
+                n_head=n_head, n_embd=n_embd, dropout=dropout, bias=bias,
+            )
+        except ValueError as err:
+            raise UserError(str(err).replace("GPTConfig.", "model.")) from err
+        self.model = GPT(self.config)
+        self.val_loss = MeanMetric()
+        self._flops_cache: dict[tuple[int, int], float] = {}  # token-weighted mean, reduced across ranks at compute()
+
+    # --- setup hooks -----------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        if self.hparams.float32_matmul_precision is not None:
+            torch.set_float32_matmul_precision(self.hparams.float32_matmul_precision)
+
+    def configure_model(self) -> None:
+        """Compile in place: ``state_dict`` keys stay ``model.transformer...`` (no ``_orig_mod.``)."""
+        if self.hparams.compile and not self.is_compiled:
+            self.model.compile(
+                mode=self.hparams.compile_mode,
+                dynamic=self.hparams.compile_dynamic,
+                fullgraph=self.hparams.compile_fullgraph,
+            )
+
+    @property
+    def is_compiled(self) -> bool:
+        """Whether ``self.model`` calls go through ``torch.compile``."""
+        return getattr(self.model, "_compiled_call_impl", None) is not None
+
+    def training_flops(self, batch_size: int, seq_len: int) -> float:
+        """FLOPs of one training step (forward + backward) on a (batch_size, seq_len) batch.
+
+        Counted once by Lightning's ``measure_flops`` on a meta-device copy of the architecture
+        (no memory, no compute): every matmul, attention's included.
+        """
+        key = (batch_size, seq_len)
+        if key not in self._flops_cache:
+            with torch.device("meta"):
+                model = GPT(self.config)
+                x = torch.zeros(batch_size, seq_len, dtype=torch.long)
+            self._flops_cache[key] = float(measure_flops(model, lambda: model(x, x)[1], lambda loss: loss))
+        return self._flops_cache[key]
+
+    # --- steps -----------------------------------------------------------------------------------
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        return self.model(idx, targets)
+
+    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch  # (B, T), (B, T)
+        _, loss = self.model(x, y)
+        return loss
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self._step_loss = loss.detach()
+        self.log("train/loss", loss, prog_bar=True, sync_dist=True)
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # Checked after backward, before the update: the weights (and any checkpoint written after
+        # this step) are never touched by a non-finite loss. One host sync per optimizer step.
+        if not torch.isfinite(self._step_loss):
+            raise UserError(
+                f"train/loss became {self._step_loss.item()} at step {self.global_step}; training "
+                "stopped before that update, so the last checkpoint is intact. Lower "
+                "model.learning_rate, add model.warmup_steps, or use bf16-mixed instead of 16-mixed."
+            )
+
+    def _eval_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.val_loss.update(self._loss(batch), weight=batch[0].numel())
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step(batch)
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step(batch)
+
+    def _log_eval(self, prefix: str) -> None:
+        loss = self.val_loss.compute()
+        self.log_dict({f"{prefix}/loss": loss, f"{prefix}/perplexity": torch.exp(loss)}, prog_bar=prefix == "val")
+        self.val_loss.reset()
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_eval("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_eval("test")
+
+    # --- optimization ----------------------------------------------------------------------------
+    def configure_optimizers(self) -> Any:
+        hp = self.hparams
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        optimizer = torch.optim.AdamW(
+            groups, lr=hp.learning_rate, betas=tuple(hp.betas), eps=hp.eps,
+            fused=self.device.type == "cuda" or None,
+        )
+        if hp.warmup_steps == 0 and hp.cosine_decay_steps is None:
+            return optimizer
+        scheduler = LambdaLR(optimizer, self.lr_multiplier)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def lr_multiplier(self, step: int) -> float:
+        """Learning rate at optimizer step ``step`` as a fraction of the peak."""
+        hp = self.hparams
+        if step < hp.warmup_steps:
+            return (step + 1) / hp.warmup_steps
+        if hp.cosine_decay_steps is None:
+            return 1.0
+        progress = min(1.0, (step - hp.warmup_steps) / hp.cosine_decay_steps)
+        return hp.min_lr_ratio + (1 - hp.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))

@@ -1,0 +1,317 @@
+"""``ThroughputMonitor``: post-warm-up tokens/sec, step time and MFU, for any LightningModule.
+
+Why not Lightning's own ``ThroughputMonitor``: it synchronizes the device on every batch, has no
+warm-up exclusion (so a 26 s compiling first step drags its rolling window), and keeps no per-step
+record for medians and percentiles. This callback times steps with CUDA events (resolved once per
+logging interval, so no per-step host sync) or ``perf_counter`` on CPU, excludes validation and
+checkpoint time, and reuses Lightning's ``get_available_flops`` for peak FLOP/s where it is right.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import resource
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning
+import torch
+from lightning.fabric.utilities.throughput import get_available_flops
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from gpt_lightning.corpus import atomic_write_bytes
+
+# Dense (not sparse) bf16/fp16 tensor-core peaks, from NVIDIA's datasheets. Lightning's table has
+# no "NVIDIA H200" entry and lists sparse figures for its H200 / H100 NVL entries. First match wins.
+_DENSE_BF16_PEAKS: tuple[tuple[tuple[str, ...], float], ...] = (
+    (("h200", "nvl"), 835e12),
+    (("h200",), 989.4e12),
+    (("h100", "nvl"), 835e12),
+    (("h100", "pcie"), 756e12),
+    (("h100",), 989.4e12),  # SXM / "80GB HBM3"
+    (("a100",), 312e12),
+)
+
+
+def dense_bf16_peak_flops(device_name: str) -> float | None:
+    """Peak dense bf16 FLOP/s for an A100 / H100 / H200 device name, else None."""
+    name = device_name.lower()
+    for keys, flops in _DENSE_BF16_PEAKS:
+        if all(key in name for key in keys):
+            return flops
+    return None
+
+
+def precision_dtype(precision: str) -> torch.dtype | str:
+    """The matmul dtype a Lightning precision string trains in, as get_available_flops takes it."""
+    if "bf16" in precision:
+        return torch.bfloat16
+    if precision.startswith("16"):
+        return torch.float16
+    if torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return torch.float32
+
+
+def peak_flops_for(device: torch.device, precision: str) -> float | None:
+    """Peak FLOP/s of ``device`` at ``precision``, or None when not known (CPUs, unknown GPUs)."""
+    if device.type != "cuda":
+        return None
+    dtype = precision_dtype(precision)
+    if dtype in (torch.bfloat16, torch.float16):
+        ours = dense_bf16_peak_flops(torch.cuda.get_device_name(device))
+        if ours is not None:
+            return ours
+    theirs = get_available_flops(device, dtype)
+    return float(theirs) if theirs else None
+
+
+def _count_tokens(batch: Any) -> int:
+    """Tokens in a batch: the number of elements of its first tensor (the inputs)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.numel()
+    if isinstance(batch, dict):
+        batch = batch.get("input_ids", next(iter(batch.values())))
+        return _count_tokens(batch)
+    if isinstance(batch, (list, tuple)) and batch:
+        return _count_tokens(batch[0])
+    raise TypeError(f"ThroughputMonitor cannot count tokens in a batch of type {type(batch).__name__}.")
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated percentile, ``q`` in [0, 100]."""
+    position = (len(sorted_values) - 1) * q / 100
+    low, high = math.floor(position), math.ceil(position)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
+
+
+@dataclass
+class _Step:
+    index: int  # optimizer steps since this fit started (0 = the first, compiling step)
+    seconds: float
+    tokens: int  # tokens this process consumed in the step (all micro-batches)
+
+
+class ThroughputMonitor(Callback):
+    """Post-warm-up tokens/sec, step time and MFU, logged under ``throughput/``.
+
+    Logs at the trainer's logging interval: ``throughput/tokens_per_sec`` (the whole job, summed
+    over ranks), ``throughput/tokens_per_sec_per_device``, ``throughput/step_ms`` and
+    ``throughput/mfu``; and once, ``throughput/first_step_s`` and ``throughput/warmup_s``. At the end
+    of ``fit`` it prints one summary line and writes ``throughput.json`` into the run's log dir.
+
+    Args:
+        warmup_steps: optimizer steps, counted from the start of each ``fit`` (a resumed run
+            recompiles, so it warms up again), left out of the statistics. The first step includes
+            ``torch.compile``; the next few, autotuning and allocator warm-up.
+        peak_flops: peak FLOP/s of one device for MFU. None: looked up for A100/H100/H200 and
+            Lightning's table; on CPUs and unknown devices no MFU is logged.
+        flops_per_batch: training FLOPs (forward + backward) of one micro-batch. None: asked of the
+            module's ``training_flops(batch_size, seq_len)`` method, or its ``flops_per_batch``
+            attribute (Lightning's convention); without either, no MFU.
+        filename: name of the JSON summary written into the logger's log dir (None: not written).
+    """
+
+    def __init__(
+        self,
+        warmup_steps: int = 10,
+        peak_flops: float | None = None,
+        flops_per_batch: float | None = None,
+        filename: str | None = "throughput.json",
+    ) -> None:
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}.")
+        self.warmup_steps = warmup_steps
+        self.peak_flops = peak_flops
+        self.flops_per_batch = flops_per_batch
+        self.filename = filename
+        self.summary: dict[str, Any] | None = None
+
+    # --- clock -----------------------------------------------------------------------------------
+    @staticmethod
+    def _now() -> float:
+        return time.perf_counter()
+
+    def _mark(self) -> Any:
+        if self._use_events:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return self._now()
+
+    def _seconds(self, start: Any, end: Any) -> float:
+        if self._use_events:
+            end.synchronize()
+            return start.elapsed_time(end) / 1000.0
+        return end - start
+
+    # --- hooks -----------------------------------------------------------------------------------
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._use_events = pl_module.device.type == "cuda"
+        self._steps: list[_Step] = []
+        self._pending: list[tuple[int, Any, Any, int]] = []  # (index, start mark, end mark, tokens)
+        self._step_index = 0
+        self._step_tokens = 0
+        self._step_start: Any = None  # mark at which the current optimizer step began
+        self._last_global_step = trainer.global_step
+        self._flops_per_token: float | None = None
+        self._peak = self.peak_flops or peak_flops_for(pl_module.device, str(trainer.precision))
+        self.summary = None
+        if self._use_events:
+            torch.cuda.reset_peak_memory_stats(pl_module.device)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if self._step_start is None:  # first micro-batch after start, validation or a checkpoint
+            self._step_start = self._mark()
+        tokens = _count_tokens(batch)
+        self._step_tokens += tokens
+        if self._flops_per_token is None:
+            self._flops_per_token = self._measure_flops_per_token(pl_module, batch, tokens)
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self._last_global_step:
+            return  # mid-accumulation: the optimizer step is not done yet
+        self._last_global_step = trainer.global_step
+        end = self._mark()
+        self._pending.append((self._step_index, self._step_start, end, self._step_tokens))
+        self._step_index += 1
+        self._step_tokens = 0
+        self._step_start = end  # the next step starts now, data loading included
+        if trainer.global_step % trainer.log_every_n_steps == 0:
+            self._log_interval(trainer, pl_module)
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._step_start = None  # validation time belongs to no training step
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        self._step_start = None  # nor does checkpoint writing
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._resolve()
+        self.summary = self._summarize(trainer, pl_module)
+        if self.summary is None:
+            rank_zero_info(
+                f"throughput: only {len(self._steps)} optimizer step(s), all inside the "
+                f"{self.warmup_steps} warm-up steps; no post-warm-up throughput to report."
+            )
+            return
+        s = self.summary
+        mfu = f", MFU {s['mfu']:.1%}" if s["mfu"] is not None else ""
+        rank_zero_info(
+            f"throughput: {s['tokens_per_sec_median']:,.0f} tokens/s median over {s['measured_steps']} "
+            f"post-warm-up steps ({s['step_ms_median']:.1f} ms/step{mfu}); first step "
+            f"{s['first_step_s']:.2f} s, warm-up {s['warmup_s']:.2f} s"
+        )
+        if self.filename and trainer.is_global_zero and trainer.log_dir:
+            path = Path(trainer.log_dir) / self.filename
+            atomic_write_bytes(path, (json.dumps(s, indent=2) + "\n").encode())
+
+    # --- arithmetic ------------------------------------------------------------------------------
+    def _measure_flops_per_token(self, pl_module: LightningModule, batch: Any, tokens: int) -> float | None:
+        flops = self.flops_per_batch
+        if flops is None and callable(getattr(pl_module, "training_flops", None)):
+            x = batch[0] if isinstance(batch, (list, tuple)) else batch
+            flops = pl_module.training_flops(*x.shape)
+        if flops is None:
+            flops = getattr(pl_module, "flops_per_batch", None)
+        return flops / tokens if flops else None
+
+    def _resolve(self) -> None:
+        """Turn pending marks into step durations (on CUDA: one wait, for the newest event)."""
+        for index, start, end, tokens in self._pending:
+            self._steps.append(_Step(index, self._seconds(start, end), tokens))
+        self._pending.clear()
+
+    def _log_interval(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        first_new = len(self._steps)
+        self._resolve()
+        new = self._steps[first_new:]
+        if any(step.index == 0 for step in new):
+            pl_module.log("throughput/first_step_s", new[0].seconds, rank_zero_only=True)
+        if any(step.index == self.warmup_steps - 1 for step in new):
+            pl_module.log("throughput/warmup_s", self._warmup_seconds(), rank_zero_only=True)
+        measured = [step for step in new if step.index >= self.warmup_steps]
+        seconds = sum(step.seconds for step in measured)
+        if not measured or seconds <= 0:
+            return
+        local = sum(step.tokens for step in measured) / seconds
+        # Summed over ranks: each rank reports what it really processed (one collective per interval).
+        total = float(trainer.strategy.reduce(torch.tensor(local, device=pl_module.device), reduce_op="sum"))
+        metrics = {
+            "throughput/tokens_per_sec": total,
+            "throughput/tokens_per_sec_per_device": total / trainer.world_size,
+            "throughput/step_ms": 1000.0 * seconds / len(measured),
+        }
+        mfu = self._mfu(total / trainer.world_size)
+        if mfu is not None:
+            metrics["throughput/mfu"] = mfu
+        for name, value in metrics.items():
+            pl_module.log(name, value, prog_bar=name == "throughput/tokens_per_sec", rank_zero_only=True)
+
+    def _warmup_seconds(self) -> float:
+        return sum(step.seconds for step in self._steps if step.index < self.warmup_steps)
+
+    def _mfu(self, tokens_per_sec_per_device: float) -> float | None:
+        if self._flops_per_token is None or not self._peak:
+            return None
+        return tokens_per_sec_per_device * self._flops_per_token / self._peak
+
+    def _summarize(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any] | None:
+        measured = [step for step in self._steps if step.index >= self.warmup_steps]
+        if not measured:
+            return None
+        world = trainer.world_size
+
+        def summed_over_ranks(value: float) -> float:
+            return float(trainer.strategy.reduce(torch.tensor(value, device=pl_module.device), reduce_op="sum"))
+
+        # Per-rank statistics of this rank's own steps, then summed over ranks: the job's rate.
+        rates = sorted(step.tokens / step.seconds for step in measured)
+        step_ms = sorted(1000.0 * step.seconds for step in measured)
+        median = summed_over_ranks(statistics.median(rates))
+        mean = summed_over_ranks(sum(s.tokens for s in measured) / sum(s.seconds for s in measured))
+        p10 = summed_over_ranks(_percentile(rates, 10))
+        p90 = summed_over_ranks(_percentile(rates, 90))
+        device = pl_module.device
+        if device.type == "cuda":
+            device_name = torch.cuda.get_device_name(device)
+            peak_memory = {"peak_device_memory_bytes": torch.cuda.max_memory_allocated(device)}
+        else:
+            device_name = platform.processor() or platform.machine()
+            peak_memory = {"peak_host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        first = self._steps[0]
+        return {
+            "tokens_per_sec_median": median,
+            "tokens_per_sec_mean": mean,
+            "tokens_per_sec_p10": p10,
+            "tokens_per_sec_p90": p90,
+            "tokens_per_sec_per_device_median": median / world,
+            "step_ms_median": statistics.median(step_ms),
+            "mfu": self._mfu(median / world),
+            "flops_per_token": self._flops_per_token,
+            "peak_flops_per_device": self._peak,
+            "measured_steps": len(measured),
+            "warmup_steps": self.warmup_steps,
+            "first_step_s": first.seconds,
+            "warmup_s": self._warmup_seconds(),
+            **peak_memory,
+            "device": device_name,
+            "accelerator": device.type,
+            "precision": str(trainer.precision),
+            "compiled": bool(getattr(pl_module, "is_compiled", False)),
+            "world_size": world,
+            "accumulate_grad_batches": trainer.accumulate_grad_batches,
+            "tokens_per_step_per_device": first.tokens,
+            "batch_size": getattr(trainer.datamodule, "batch_size", None),
+            "block_size": getattr(trainer.datamodule, "block_size", None),
+            "torch": torch.__version__,
+            "lightning": lightning.__version__,
+        }
