@@ -1,0 +1,71 @@
+"""Every shipped YAML parses, and `gpt-lightning fit` runs and logs to TensorBoard."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from gpt_lightning.cli import GPTLightningCLI
+
+from conftest import REPO
+
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+
+
+class ParseOnlyCLI(GPTLightningCLI):
+    def instantiate_classes(self) -> None:  # parse and validate, build nothing
+        pass
+
+
+def test_configs_exist():
+    assert {p.name for p in CONFIGS} >= {"gpt2-124m.yaml", "tiny-cpu.yaml"}
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+def test_every_config_parses(config):
+    cli = ParseOnlyCLI(run=False, args=["--config", str(config)])
+    cfg = cli.config
+    assert cfg.model.block_size == cfg.data.block_size  # linked
+    assert cfg.trainer.precision == "bf16-mixed"
+    assert cfg.model.compile is True
+    assert cfg.trainer.logger.init_args.save_dir == "logs"
+
+
+def test_reference_config_is_the_reference_experiment():
+    cfg = ParseOnlyCLI(run=False, args=["--config", str(REPO / "configs/gpt2-124m.yaml")]).config
+    assert (cfg.data.batch_size, cfg.data.block_size, cfg.trainer.max_steps) == (16, 1024, 100)
+    assert (cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.vocab_size) == (12, 12, 768, 50257)
+    assert cfg.model.learning_rate == 1e-3 and cfg.model.float32_matmul_precision == "high"
+    assert cfg.trainer.accelerator == "cuda" and cfg.seed_everything == 42
+
+
+def run_cli(*args: str, cwd: Path, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env_extra or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "gpt_lightning", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
+    result = run_cli(
+        "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"),
+        "--trainer.max_steps", "6", "--trainer.log_every_n_steps", "2", "--trainer.val_check_interval", "3",
+        "--trainer.limit_val_batches", "1", "--throughput.warmup_steps", "2",
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "loaded 338025 tokens" in result.stdout + result.stderr
+    run_dirs = list((tmp_path / "tb" / "tiny-cpu").iterdir())
+    assert len(run_dirs) == 1
+    events = EventAccumulator(str(run_dirs[0]))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert {"train/loss", "val/loss", "val/perplexity", "throughput/tokens_per_sec"} <= set(tags)
+    losses = [e.value for e in events.Scalars("train/loss")]
+    assert len(losses) == 3 and all(0 < v < 12 for v in losses)
+    assert (run_dirs[0] / "checkpoints" / "last.ckpt").is_file()
+    assert (run_dirs[0] / "throughput.json").is_file()

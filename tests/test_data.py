@@ -1,0 +1,119 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gpt_lightning import token_cache
+from gpt_lightning.data import TokenStreamDataModule, TokenWindows
+
+
+class ReferenceLoader:
+    """The reference's DataLoaderLite (with build-nanogpt's rank arguments), for comparison."""
+
+    def __init__(self, tokens, B, T, rank=0, world=1):
+        self.tokens, self.B, self.T, self.rank, self.world = torch.tensor(tokens.astype(np.int64)), B, T, rank, world
+        self.pos = B * T * rank
+
+    def next_batch(self):
+        B, T = self.B, self.T
+        buf = self.tokens[self.pos : self.pos + B * T + 1]
+        x, y = buf[:-1].view(B, T), buf[1:].view(B, T)
+        self.pos += B * T * self.world
+        if self.pos + B * T * self.world + 1 > len(self.tokens):
+            self.pos = B * T * self.rank
+        return x, y
+
+
+def epochs(windows: TokenWindows, n: int):
+    return [batch for _ in range(n) for batch in windows]
+
+
+def test_windows_are_shifted_contiguous_slices():
+    tokens = np.arange(50, dtype=np.uint16)
+    windows = TokenWindows(tokens, batch_size=2, block_size=4)
+    assert len(windows) == 6  # (50 - 1) // 8
+    x, y = next(iter(windows))
+    assert x.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert y.tolist() == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    assert x.dtype == torch.int64
+
+
+def test_windows_match_the_reference_loader_across_wrap_around():
+    tokens = np.arange(101, dtype=np.uint16)
+    ours = epochs(TokenWindows(tokens, 2, 4), 3)
+    ref = ReferenceLoader(tokens, 2, 4)
+    assert len(ours) == 3 * 12
+    for x, y in ours:
+        rx, ry = ref.next_batch()
+        assert torch.equal(x, rx) and torch.equal(y, ry)
+
+
+def test_rank_r_of_w_reads_every_w_th_window_of_the_single_process_stream():
+    # build-nanogpt's loader lets the last rank run one batch short (its reset test is rank-offset),
+    # which would hang DDP; here every rank gets the same number of batches, all of them valid.
+    tokens = np.arange(101, dtype=np.uint16)
+    single = list(TokenWindows(tokens, 2, 4))
+    for rank in range(2):
+        ours = list(TokenWindows(tokens, 2, 4, rank=rank, world_size=2))
+        assert len(ours) == 6
+        for j, (x, y) in enumerate(ours):
+            assert torch.equal(x, single[2 * j + rank][0]) and torch.equal(y, single[2 * j + rank][1])
+
+
+def test_ranks_read_disjoint_windows():
+    tokens = np.arange(101, dtype=np.uint16)
+    seen = [
+        {tuple(x.flatten().tolist()) for x, _ in TokenWindows(tokens, 2, 4, rank=r, world_size=2)}
+        for r in range(2)
+    ]
+    assert seen[0] and seen[1] and not seen[0] & seen[1]
+    first_rank1 = next(iter(TokenWindows(tokens, 2, 4, rank=1, world_size=2)))[0]
+    assert first_rank1[0, 0].item() == 8  # rank 1 starts one B*T later
+
+
+def test_start_applies_to_the_first_pass_only():
+    tokens = np.arange(101, dtype=np.uint16)
+    windows = TokenWindows(tokens, 2, 4, start=3)
+    first = [x[0, 0].item() for x, _ in windows]
+    second = [x[0, 0].item() for x, _ in windows]
+    assert first == [24, 32, 40, 48, 56, 64, 72, 80, 88]
+    assert second[0] == 0 and len(second) == 12
+
+
+def test_data_module_reports_the_reference_numbers(cache_dir, capsys, caplog):
+    dm = TokenStreamDataModule(batch_size=16, block_size=1024, val_fraction=0.0)
+    dm.prepare_data()
+    with caplog.at_level("INFO"):
+        dm.setup("fit")
+    text = caplog.text + capsys.readouterr().out
+    assert "loaded 338025 tokens" in text
+    assert "1 epoch = 20 batches" in text
+    assert len(dm.train_dataloader()) == 20
+    assert dm.val_dataloader() == []
+
+
+def test_validation_split_is_the_held_out_tail(small_text, tmp_path):
+    dm = TokenStreamDataModule(str(small_text), batch_size=2, block_size=16, val_fraction=0.25, cache_dir=str(tmp_path))
+    dm.setup("fit")
+    n = len(dm.tokens)
+    assert dm.train_token_count == n - int(n * 0.25)
+    x, _ = next(iter(dm.val_dataloader()))
+    assert x[0, 0].item() == int(dm.tokens[dm.train_token_count])
+
+
+def test_token_cache_is_reused_then_rebuilt_when_the_source_changes(small_text, tmp_path, monkeypatch):
+    first = token_cache.build_token_cache(small_text, tmp_path)
+    assert first.stat().st_size == 2 * len(token_cache.load_tokens(first))
+
+    def must_not_tokenize():
+        raise AssertionError("a sound cache was tokenized again")
+
+    monkeypatch.setattr(token_cache, "gpt2_encoding", must_not_tokenize)
+    assert token_cache.build_token_cache(small_text, tmp_path) == first
+    monkeypatch.undo()
+
+    small_text.write_text(small_text.read_text() + "\nA new line.\n")
+    second = token_cache.build_token_cache(small_text, tmp_path)
+    assert second != first
+    assert len(token_cache.load_tokens(second)) > len(token_cache.load_tokens(first))

