@@ -92,7 +92,7 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 
 @dataclass
-class _Step:
+class StepTiming:
     index: int  # optimizer steps since this fit started (0 = the first, compiling step)
     seconds: float
     tokens: int  # tokens this process consumed in the step (all micro-batches)
@@ -154,7 +154,7 @@ class ThroughputMonitor(Callback):
     # --- hooks -----------------------------------------------------------------------------------
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._use_events = pl_module.device.type == "cuda"
-        self._steps: list[_Step] = []
+        self.steps: list[StepTiming] = []
         self._pending: list[tuple[int, Any, Any, int]] = []  # (index, start mark, end mark, tokens)
         self._step_index = 0
         self._step_tokens = 0
@@ -199,7 +199,7 @@ class ThroughputMonitor(Callback):
         self.summary = self._summarize(trainer, pl_module)
         if self.summary is None:
             rank_zero_info(
-                f"throughput: only {len(self._steps)} optimizer step(s), all inside the "
+                f"throughput: only {len(self.steps)} optimizer step(s), all inside the "
                 f"{self.warmup_steps} warm-up steps; no post-warm-up throughput to report."
             )
             return
@@ -227,13 +227,13 @@ class ThroughputMonitor(Callback):
     def _resolve(self) -> None:
         """Turn pending marks into step durations (on CUDA: one wait, for the newest event)."""
         for index, start, end, tokens in self._pending:
-            self._steps.append(_Step(index, self._seconds(start, end), tokens))
+            self.steps.append(StepTiming(index, self._seconds(start, end), tokens))
         self._pending.clear()
 
     def _log_interval(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        first_new = len(self._steps)
+        first_new = len(self.steps)
         self._resolve()
-        new = self._steps[first_new:]
+        new = self.steps[first_new:]
         if any(step.index == 0 for step in new):
             pl_module.log("throughput/first_step_s", new[0].seconds, rank_zero_only=True)
         if any(step.index == self.warmup_steps - 1 for step in new):
@@ -257,7 +257,7 @@ class ThroughputMonitor(Callback):
             pl_module.log(name, value, prog_bar=name == "throughput/tokens_per_sec", rank_zero_only=True)
 
     def _warmup_seconds(self) -> float:
-        return sum(step.seconds for step in self._steps if step.index < self.warmup_steps)
+        return sum(step.seconds for step in self.steps if step.index < self.warmup_steps)
 
     def _mfu(self, tokens_per_sec_per_device: float) -> float | None:
         if self._flops_per_token is None or not self._peak:
@@ -265,7 +265,7 @@ class ThroughputMonitor(Callback):
         return tokens_per_sec_per_device * self._flops_per_token / self._peak
 
     def _summarize(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any] | None:
-        measured = [step for step in self._steps if step.index >= self.warmup_steps]
+        measured = [step for step in self.steps if step.index >= self.warmup_steps]
         if not measured:
             return None
         world = trainer.world_size
@@ -287,7 +287,7 @@ class ThroughputMonitor(Callback):
         else:
             device_name = platform.processor() or platform.machine()
             peak_memory = {"peak_host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-        first = self._steps[0]
+        first = self.steps[0]
         return {
             "tokens_per_sec_median": median,
             "tokens_per_sec_mean": mean,

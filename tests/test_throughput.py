@@ -1,0 +1,131 @@
+"""ThroughputMonitor arithmetic with a patched clock and a fake trainer, peak lookup, FLOP counts."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gpt_lightning.module import GPTLightningModule
+from gpt_lightning.throughput import ThroughputMonitor, dense_bf16_peak_flops, peak_flops_for
+
+
+class FakeStrategy:
+    def __init__(self, world_size):
+        self.world_size = world_size
+
+    def reduce(self, tensor, reduce_op):
+        assert reduce_op == "sum"
+        return tensor * self.world_size  # every rank measured the same
+
+
+class FakeModule:
+    device = torch.device("cpu")
+    is_compiled = True
+
+    def __init__(self):
+        self.logged: dict[str, list[float]] = {}
+
+    def log(self, name, value, **kwargs):
+        self.logged.setdefault(name, []).append(value)
+
+    def training_flops(self, batch_size, seq_len):
+        return 100.0 * batch_size * seq_len  # 100 FLOPs per token
+
+
+def drive(monitor, trainer, module, clock, monkeypatch, steps, accumulate, validation_after=None):
+    ticks = iter(clock)
+    monkeypatch.setattr(ThroughputMonitor, "_now", staticmethod(lambda: next(ticks)))
+    batch = (torch.zeros(4, 8, dtype=torch.long), torch.zeros(4, 8, dtype=torch.long))
+    monitor.on_train_start(trainer, module)
+    for step in range(steps):
+        for micro in range(accumulate):
+            monitor.on_train_batch_start(trainer, module, batch, step * accumulate + micro)
+            if micro == accumulate - 1:
+                trainer.global_step += 1
+            monitor.on_train_batch_end(trainer, module, {}, batch, step * accumulate + micro)
+        if step == validation_after:
+            monitor.on_validation_start(trainer, module)
+    monitor.on_train_end(trainer, module)
+
+
+def test_arithmetic_with_warmup_world_size_accumulation_and_validation(tmp_path, monkeypatch):
+    trainer = SimpleNamespace(
+        global_step=0, world_size=2, accumulate_grad_batches=2, log_every_n_steps=2, precision="32-true",
+        is_global_zero=True, log_dir=str(tmp_path), datamodule=SimpleNamespace(batch_size=4, block_size=8),
+        strategy=FakeStrategy(2),
+    )
+    module = FakeModule()
+    monitor = ThroughputMonitor(warmup_steps=2, peak_flops=1000.0)
+    # Step ends at 10 (compiling step), 13, 13.5, 14.5; validation; restart at 20; 20.5, 21.5.
+    drive(monitor, trainer, module, [0, 10, 13, 13.5, 14.5, 20, 20.5, 21.5], monkeypatch,
+          steps=6, accumulate=2, validation_after=3)
+
+    # Each optimizer step: 2 micro-batches x 32 tokens per rank.
+    assert [s.tokens for s in monitor.steps] == [64] * 6
+    assert [s.seconds for s in monitor.steps] == pytest.approx([10, 3, 0.5, 1.0, 0.5, 1.0])
+    assert module.logged["throughput/first_step_s"] == [10]
+    assert module.logged["throughput/warmup_s"] == [13]
+    # Logged at steps 2 (warm-up only: nothing), 4 and 6: 128 tokens in 1.5 s per rank, twice.
+    assert module.logged["throughput/tokens_per_sec"] == pytest.approx([256 / 1.5, 256 / 1.5])
+    assert module.logged["throughput/tokens_per_sec_per_device"] == pytest.approx([128 / 1.5] * 2)
+    assert module.logged["throughput/step_ms"] == pytest.approx([750, 750])
+    assert module.logged["throughput/mfu"] == pytest.approx([128 / 1.5 * 100 / 1000] * 2)
+
+    saved = json.loads((tmp_path / "throughput.json").read_text())
+    assert saved == monitor.summary
+    # Per-rank step rates 128, 64, 128, 64 tokens/s; summed over the two ranks.
+    assert saved["tokens_per_sec_median"] == pytest.approx(2 * 96)
+    assert saved["tokens_per_sec_mean"] == pytest.approx(2 * 256 / 3)
+    assert saved["tokens_per_sec_p10"] == pytest.approx(2 * 64)
+    assert saved["tokens_per_sec_p90"] == pytest.approx(2 * 128)
+    assert saved["step_ms_median"] == pytest.approx(750)
+    assert saved["mfu"] == pytest.approx(96 * 100 / 1000)
+    assert saved["measured_steps"] == 4 and saved["warmup_steps"] == 2
+    assert saved["first_step_s"] == pytest.approx(10) and saved["warmup_s"] == pytest.approx(13)
+    assert saved["world_size"] == 2 and saved["accumulate_grad_batches"] == 2
+    assert saved["tokens_per_step_per_device"] == 64
+    assert (saved["batch_size"], saved["block_size"], saved["compiled"]) == (4, 8, True)
+    for field in ("device", "precision", "torch", "lightning", "peak_host_rss_bytes", "flops_per_token"):
+        assert saved[field]
+
+
+def test_cpu_without_peak_logs_no_mfu(tmp_path, monkeypatch):
+    trainer = SimpleNamespace(
+        global_step=0, world_size=1, accumulate_grad_batches=1, log_every_n_steps=1, precision="bf16-mixed",
+        is_global_zero=True, log_dir=str(tmp_path), datamodule=None, strategy=FakeStrategy(1),
+    )
+    module = FakeModule()
+    drive(ThroughputMonitor(warmup_steps=1), trainer, module, [0, 5, 6, 7], monkeypatch, steps=3, accumulate=1)
+    assert "throughput/mfu" not in module.logged
+    assert module.logged["throughput/tokens_per_sec"] == pytest.approx([32, 32])
+    assert json.loads((tmp_path / "throughput.json").read_text())["mfu"] is None
+
+
+@pytest.mark.parametrize(
+    ("name", "peak"),
+    [
+        ("NVIDIA H200", 989.4e12),
+        ("NVIDIA H200 NVL", 835e12),
+        ("NVIDIA H100 80GB HBM3", 989.4e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H100 NVL", 835e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA A100 80GB PCIe", 312e12),
+        ("NVIDIA GeForce GTX 1080", None),
+    ],
+)
+def test_dense_bf16_peaks(name, peak):
+    assert dense_bf16_peak_flops(name) == peak
+
+
+def test_no_peak_on_cpu():
+    assert peak_flops_for(torch.device("cpu"), "bf16-mixed") is None
+
+
+def test_measured_flops_agree_with_the_analytic_6n_formula_for_gpt2_124m():
+    module = GPTLightningModule(compile=False)
+    B, T, cfg = 16, 1024, module.config
+    measured = module.training_flops(B, T)
+    analytic = B * T * (6 * module.model.num_parameters() + 12 * cfg.n_layer * cfg.n_embd * T)
+    assert measured == pytest.approx(analytic, rel=0.02)
