@@ -49,6 +49,10 @@ def main(args: list[str] | None = None) -> None:
             from gpt_lightning.bench import main as bench_main
 
             bench_main(argv[1:])
+        elif argv and argv[0] == "export":
+            from gpt_lightning.export import main as export_main
+
+            export_main(argv[1:])
         elif argv and argv[0] == "sample":
             from gpt_lightning.sample import main as sample_main
 

@@ -28,6 +28,8 @@ from gpt_lightning.token_cache import build_token_cache, load_tokens
 # Lightning warns that a sized IterableDataset may double-count under multi-worker loading; we load
 # in the main process (num_workers=0), where the length is exact.
 warnings.filterwarnings("ignore", message=r".*Your `IterableDataset` has `__len__` defined.*")
+# val_fraction=0 serves no validation batches on purpose.
+warnings.filterwarnings("ignore", message=r".*Total length of `list` across ranks is zero.*")
 
 
 class TokenWindows(IterableDataset):

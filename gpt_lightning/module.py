@@ -17,6 +17,21 @@ from gpt_lightning.model import GPT, GPTConfig
 _DEFAULT = GPTConfig()  # the architecture defaults live in GPTConfig alone
 
 
+def _architecture_of(state_dict: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The GPTConfig fields that a checkpoint's weight shapes pin down."""
+    if "model.transformer.wte.weight" not in state_dict:
+        return {}
+    vocab_size, n_embd = state_dict["model.transformer.wte.weight"].shape
+    layers = {key.split(".")[3] for key in state_dict if key.startswith("model.transformer.h.")}
+    return {
+        "vocab_size": vocab_size,
+        "n_embd": n_embd,
+        "block_size": state_dict["model.transformer.wpe.weight"].shape[0],
+        "n_layer": len(layers),
+        "bias": "model.transformer.h.0.attn.c_attn.bias" in state_dict,
+    }
+
+
 class GPTLightningModule(LightningModule):
     """GPT-2 language model trained with AdamW.
 
@@ -93,6 +108,28 @@ class GPTLightningModule(LightningModule):
     def setup(self, stage: str) -> None:
         if self.hparams.float32_matmul_precision is not None:
             torch.set_float32_matmul_precision(self.hparams.float32_matmul_precision)
+        data_block_size = getattr(self.trainer.datamodule, "block_size", None) if self._trainer else None
+        if data_block_size is not None and data_block_size > self.config.block_size:
+            raise UserError(
+                f"data.block_size ({data_block_size}) is larger than the model's block_size "
+                f"({self.config.block_size}): the model has no position embedding past "
+                f"{self.config.block_size}. Use data.block_size <= {self.config.block_size}."
+            )
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint of another architecture with a message that names the difference."""
+        state = checkpoint.get("state_dict", {})
+        saved = _architecture_of(state)
+        differences = [
+            f"{name}: checkpoint {value}, this model {getattr(self.config, name)}"
+            for name, value in saved.items()
+            if value != getattr(self.config, name)
+        ]
+        if differences:
+            raise UserError(
+                "The checkpoint is of another architecture (" + "; ".join(differences) + "). "
+                "Use the checkpoint's architecture (its config.yaml / hparams.yaml) or start a new run."
+            )
 
     def configure_model(self) -> None:
         """Compile in place: ``state_dict`` keys stay ``model.transformer...`` (no ``_orig_mod.``)."""

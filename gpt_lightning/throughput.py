@@ -210,8 +210,9 @@ class ThroughputMonitor(Callback):
             f"post-warm-up steps ({s['step_ms_median']:.1f} ms/step{mfu}); first step "
             f"{s['first_step_s']:.2f} s, warm-up {s['warmup_s']:.2f} s"
         )
-        if self.filename and trainer.is_global_zero and trainer.log_dir:
-            path = Path(trainer.log_dir) / self.filename
+        log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
+        if self.filename and trainer.is_global_zero and log_dir:
+            path = Path(log_dir) / self.filename
             atomic_write_bytes(path, (json.dumps(s, indent=2) + "\n").encode())
 
     # --- arithmetic ------------------------------------------------------------------------------

@@ -37,3 +37,9 @@ def test_compiled_fit_really_compiles_and_checkpoints_keep_plain_keys(small_text
     keys = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"].keys()
     assert "model.transformer.wte.weight" in keys
     assert not [k for k in keys if "_orig_mod" in k]
+
+    # The compiled run's checkpoint loads into an eager module: same weights, same outputs.
+    eager = GPTLightningModule.load_from_checkpoint(ckpt, compile=False).eval()
+    assert not eager.is_compiled
+    idx = torch.randint(0, 50257, (2, 32))
+    torch.testing.assert_close(eager(idx)[0], module.eval()(idx)[0], rtol=1e-4, atol=1e-4)

@@ -1,0 +1,68 @@
+"""Checkpoints move between compiled and eager code, export to plain weights, refuse other shapes."""
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+
+from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.errors import UserError
+from gpt_lightning.export import export_weights, load_gpt
+from gpt_lightning.export import main as export_main
+from gpt_lightning.module import GPTLightningModule
+
+from conftest import TINY_MODEL
+
+
+def fit_tiny(tmp_path, small_text, **overrides):
+    module = GPTLightningModule(**{**TINY_MODEL, **overrides})
+    data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path))
+    trainer = Trainer(
+        accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path,
+    )
+    trainer.fit(module, data)
+    ckpt = tmp_path / "tiny.ckpt"
+    trainer.save_checkpoint(ckpt)
+    return module, ckpt
+
+
+@pytest.fixture
+def eager_ckpt(tmp_path, small_text):
+    return fit_tiny(tmp_path, small_text)
+
+
+def test_eager_checkpoint_loads_into_a_compiled_module(eager_ckpt):
+    eager, ckpt = eager_ckpt
+    compiled = GPTLightningModule.load_from_checkpoint(ckpt, compile=True)
+    compiled.configure_model()
+    assert compiled.is_compiled and not eager.is_compiled
+    idx = torch.randint(0, 50257, (2, 32))
+    eager.eval(), compiled.eval()
+    torch.testing.assert_close(compiled(idx)[0], eager(idx)[0], rtol=1e-4, atol=1e-4)
+    for key, value in eager.state_dict().items():
+        assert torch.equal(compiled.state_dict()[key], value)
+
+
+def test_exported_weights_work_without_lightning(eager_ckpt, tmp_path):
+    eager, ckpt = eager_ckpt
+    out = tmp_path / "export" / "gpt.safetensors"
+    export_main(["--ckpt_path", str(ckpt), "--out", str(out)])
+    model = load_gpt(out).eval()
+    assert model.config == eager.config
+    assert model.lm_head.weight is model.transformer.wte.weight  # tying restored
+    idx = torch.randint(0, 50257, (1, 16))
+    torch.testing.assert_close(model(idx)[0], eager.eval()(idx)[0])
+    assert not list(out.parent.glob(".*tmp"))
+
+
+def test_checkpoint_of_another_architecture_names_the_mismatch(eager_ckpt):
+    _, ckpt = eager_ckpt
+    with pytest.raises(UserError, match=r"n_embd: checkpoint 32, this model 64"):
+        GPTLightningModule.load_from_checkpoint(ckpt, n_embd=64)
+    with pytest.raises(UserError, match=r"n_layer: checkpoint 2, this model 3"):
+        GPTLightningModule.load_from_checkpoint(ckpt, n_layer=3)
+
+
+def test_export_of_a_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        export_weights(tmp_path / "nope.ckpt", tmp_path / "out.safetensors")

@@ -1,0 +1,59 @@
+"""Stop after step k, resume from the checkpoint: the same batches and the same losses."""
+
+import numpy as np
+import torch
+from lightning.pytorch import Callback, Trainer, seed_everything
+
+from gpt_lightning.bench import LossRecorder
+from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.module import GPTLightningModule
+from gpt_lightning.throughput import ThroughputMonitor
+
+from conftest import TINY_MODEL
+
+
+class BatchRecorder(Callback):
+    def __init__(self):
+        self.first_tokens: list[int] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.first_tokens.append(int(batch[0][0, 0]))
+
+
+def train(data_path, cache, max_steps, ckpt_path=None, save_to=None):
+    seed_everything(0)
+    module = GPTLightningModule(**TINY_MODEL)
+    data = TokenStreamDataModule(str(data_path), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(cache))
+    losses, batches, monitor = LossRecorder(), BatchRecorder(), ThroughputMonitor(warmup_steps=2, filename=None)
+    trainer = Trainer(
+        accelerator="cpu", precision="32-true", max_steps=max_steps, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[losses, batches, monitor],
+    )
+    trainer.fit(module, data, ckpt_path=ckpt_path)
+    if save_to is not None:
+        trainer.save_checkpoint(save_to)
+    return losses.values(), batches.first_tokens, monitor, len(trainer.train_dataloader)
+
+
+def test_resume_mid_epoch_continues_with_the_same_batches_and_losses(small_text, tmp_path):
+    small_text.write_text(small_text.read_text()[:3000])  # about 11 batches an epoch
+    full_losses, full_batches, _, epoch_len = train(small_text, tmp_path, max_steps=30)
+    k = 7
+    assert k % epoch_len != 0 and 30 > epoch_len > k  # stops mid-epoch; the resumed run crosses an epoch end
+    ckpt = tmp_path / "step7.ckpt"
+    first_losses, first_batches, _, _ = train(small_text, tmp_path, max_steps=k, save_to=ckpt)
+    resumed_losses, resumed_batches, monitor, _ = train(small_text, tmp_path, max_steps=30, ckpt_path=ckpt)
+
+    assert first_batches + resumed_batches == full_batches
+    np.testing.assert_allclose(first_losses + resumed_losses, full_losses, rtol=0, atol=1e-6)
+    # The resumed fit warms up again: its first steps are warm-up, counted from the resume.
+    assert [s.index for s in monitor.steps] == list(range(30 - k))
+    assert monitor.summary["measured_steps"] == 30 - k - 2
+
+
+def test_datamodule_state_comes_from_the_trainer_step():
+    data = TokenStreamDataModule(batch_size=2, block_size=4)
+    data.trainer = type("T", (), {"global_step": 5, "accumulate_grad_batches": 3})()
+    assert data.state_dict() == {"train_batches_consumed": 15}
+    data.load_state_dict({"train_batches_consumed": 15})
+    assert data._resume_batches == 15
