@@ -99,7 +99,8 @@ class GPTLightningModule(LightningModule):
                 n_head=n_head, n_embd=n_embd, dropout=dropout, bias=bias,
             )
         except ValueError as err:
-            raise UserError(str(err).replace("GPTConfig.", "model.")) from err
+            hint = " (the CLI sets it from data.block_size)" if "block_size" in str(err) else ""
+            raise UserError(str(err).replace("GPTConfig.", "model.") + hint) from err
         self.model = GPT(self.config)
         self.val_loss = MeanMetric()
         self._flops_cache: dict[tuple[int, int], float] = {}  # token-weighted mean, reduced across ranks at compute()

@@ -1,0 +1,157 @@
+"""Each bad input exits non-zero with one clear message, no traceback, and no half-written file."""
+
+import json
+import multiprocessing
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from gpt_lightning import token_cache
+from gpt_lightning.cli import main
+from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.errors import UserError
+from gpt_lightning.module import GPTLightningModule
+
+from conftest import REPO, TINY_MODEL
+
+
+def run_main(args, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    out = capsys.readouterr()
+    return exit_info.value.code, out.err
+
+
+def fit_args(tmp_path, *extra):
+    return [
+        "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--model.compile", "false",
+        "--data.cache_dir", str(tmp_path / "cache"), "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
+        "--trainer.max_steps", "1", *extra,
+    ]
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make_args", "message"),
+    [
+        (lambda t: ["--data.data_path", str(t / "missing.txt")], "does not exist"),
+        (lambda t: ["--data.data_path", str(write(t / "empty.txt", b"  \n"))], "is empty"),
+        (lambda t: ["--data.data_path", str(write(t / "bin.txt", b"ok \xff\xfe\x00 text"))], "is not UTF-8 text"),
+        (lambda t: ["--data.data_path", str(write(t / "short.txt", b"Too short to train on."))], "needs world_size x batch_size x block_size + 1"),
+        (lambda t: ["--data.batch_size", "0"], "data.batch_size must be a positive integer"),
+        (lambda t: ["--data.batch_size", "-4"], "data.batch_size must be a positive integer"),
+        (lambda t: ["--data.block_size", "0"], "block_size must be a positive integer, got 0. (the CLI sets it from data.block_size)"),
+        (lambda t: ["--trainer.max_steps", "-5"], "max_steps"),
+        (lambda t: ["--model.learning_rate", "0"], "model.learning_rate must be > 0"),
+        (lambda t: ["--model.learning_rate", "-0.1"], "model.learning_rate must be > 0"),
+    ],
+    ids=["missing", "empty", "not-utf8", "too-small", "batch-0", "batch-negative", "block-0", "steps-negative", "lr-0", "lr-negative"],
+)
+def test_bad_input_is_one_clear_error(make_args, message, tmp_path, capsys):
+    code, err = run_main(fit_args(tmp_path, *make_args(tmp_path)), capsys)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+    assert len([line for line in err.splitlines() if "error:" in line]) == 1
+    tokens = tmp_path / "cache" / "tokens"
+    assert not tokens.exists() or not [p for p in tokens.iterdir() if p.suffix == ".tmp"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_without_a_gpu(tmp_path, capsys):
+    code, err = run_main(fit_args(tmp_path, "--trainer.accelerator", "cuda"), capsys)
+    assert code == 2 and "CUDAAccelerator` can not run on your system" in err and "Traceback" not in err
+
+
+def test_unknown_config_key(tmp_path, capsys):
+    config = tmp_path / "bad.yaml"
+    config.write_text("model:\n  n_layers: 4\n")  # the field is n_layer
+    code, err = run_main(fit_args(tmp_path, "--config", str(config)), capsys)
+    assert code == 2 and "n_layers" in err and "Traceback" not in err
+
+
+def test_data_block_size_larger_than_the_model_s(small_text, tmp_path):
+    module = GPTLightningModule(**TINY_MODEL, block_size=16)
+    data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, cache_dir=str(tmp_path))
+    trainer = Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(UserError, match=r"data.block_size \(32\) is larger than the model's block_size \(16\)"):
+        trainer.fit(module, data)
+
+
+def test_too_few_tokens_for_every_rank(small_text, tmp_path):
+    small_text.write_text(small_text.read_text()[:400])  # about 100 tokens: one rank's batch, not two
+    data = TokenStreamDataModule(str(small_text), batch_size=1, block_size=64, val_fraction=0.0, cache_dir=str(tmp_path))
+    data.setup("fit")  # one process: fine
+    data = TokenStreamDataModule(str(small_text), batch_size=1, block_size=64, val_fraction=0.0, cache_dir=str(tmp_path))
+    data.trainer = type("T", (), {"world_size": 2, "global_rank": 0})()
+    with pytest.raises(UserError, match="on each of 2 process"):
+        data.setup("fit")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip-bytes", "other-tokenizer", "garbage-manifest"])
+def test_damaged_token_cache_is_detected_and_rebuilt(damage, small_text, tmp_path, caplog):
+    bin_path = token_cache.build_token_cache(small_text, tmp_path)
+    json_path = bin_path.with_suffix(".json")
+    good = bin_path.read_bytes()
+    if damage == "truncate":
+        bin_path.write_bytes(good[: len(good) // 2])
+    elif damage == "flip-bytes":
+        bin_path.write_bytes(good[:10] + bytes(10) + good[20:])
+    elif damage == "other-tokenizer":
+        manifest = json.loads(json_path.read_text())
+        json_path.write_text(json.dumps({**manifest, "tokenizer": "cl100k_base"}))
+    else:
+        json_path.write_text("{not json")
+    with caplog.at_level("WARNING"):
+        assert token_cache.build_token_cache(small_text, tmp_path) == bin_path
+    assert "Rebuilding token cache" in caplog.text
+    assert bin_path.read_bytes() == good
+
+
+def _prepare(args):
+    source, cache = args
+    return str(token_cache.build_token_cache(Path(source), Path(cache)))
+
+
+def test_concurrent_preparation_does_not_corrupt_the_cache(small_text, tmp_path):
+    big = tmp_path / "big.txt"
+    big.write_text(small_text.read_text() * 20)  # slow enough for the two writers to overlap
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        paths = pool.map(_prepare, [(str(big), str(tmp_path / "cache"))] * 2)
+    assert paths[0] == paths[1]
+    tokens = np.fromfile(paths[0], dtype=np.uint16)
+    assert len(tokens) == json.loads(Path(paths[0]).with_suffix(".json").read_text())["n_tokens"]
+    assert not [p for p in (tmp_path / "cache" / "tokens").iterdir() if p.name.endswith(".tmp")]
+    assert token_cache._problem(Path(paths[0]), Path(paths[0]).with_suffix(".json"),
+                                token_cache.sha256_file(big), "gpt2") is None
+
+
+class NaNAtStep(GPTLightningModule):
+    def __init__(self, nan_step: int, **kwargs):
+        super().__init__(**kwargs)
+        self.nan_step = nan_step
+
+    def _loss(self, batch):
+        loss = super()._loss(batch)
+        return loss * float("nan") if self.global_step == self.nan_step else loss
+
+
+def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(small_text, tmp_path):
+    module = NaNAtStep(nan_step=3, **TINY_MODEL)
+    data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path))
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_last=True)
+    trainer = Trainer(accelerator="cpu", max_steps=10, logger=False, callbacks=[checkpoint], enable_progress_bar=False)
+    with pytest.raises(UserError, match="train/loss became nan at step 3"):
+        trainer.fit(module, data)
+    last = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert last["global_step"] == 3
+    assert all(torch.isfinite(v).all() for v in last["state_dict"].values())
+    assert all(torch.isfinite(p).all() for p in module.parameters())  # the bad update never happened
