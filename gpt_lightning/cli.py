@@ -1,4 +1,6 @@
-"""The ``gpt-lightning`` command: Lightning's CLI for fit / validate / test, plus bench and sample."""
+"""The ``gpt-lightning`` command: Lightning's CLI for fit / validate / test, and our own
+``bench`` (eager vs compiled), ``sample`` (text from a checkpoint), ``export`` (plain weights) and
+``tokenize`` (text folder to shards)."""
 
 from __future__ import annotations
 
@@ -53,6 +55,10 @@ def main(args: list[str] | None = None) -> None:
             from gpt_lightning.export import main as export_main
 
             export_main(argv[1:])
+        elif argv and argv[0] == "tokenize":
+            from gpt_lightning.shards import main as tokenize_main
+
+            tokenize_main(argv[1:])
         elif argv and argv[0] == "sample":
             from gpt_lightning.sample import main as sample_main
 

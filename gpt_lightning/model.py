@@ -197,7 +197,9 @@ class GPT(nn.Module):
             raise ValueError(f"temperature must be >= 0, got {temperature}.")
         for _ in range(max_new_tokens):
             context = idx[:, -self.config.block_size :]  # (B, <=block_size)
-            logits, _ = self(context)
+            # forward(), not self(): a model compiled in place for fixed (B, T) training shapes
+            # would recompile for every new length; sampling runs eagerly instead.
+            logits, _ = self.forward(context)
             logits = logits[:, -1, :].float()  # (B, V): the next-token distribution
             if temperature == 0:
                 next_token = logits.argmax(dim=-1, keepdim=True)  # (B, 1)

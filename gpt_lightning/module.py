@@ -13,6 +13,7 @@ from torchmetrics import MeanMetric
 
 from gpt_lightning.errors import UserError
 from gpt_lightning.model import GPT, GPTConfig
+from gpt_lightning.tokenizer import gpt2_encoding
 
 _DEFAULT = GPTConfig()  # the architecture defaults live in GPTConfig alone
 
@@ -61,6 +62,10 @@ class GPTLightningModule(LightningModule):
         compile_fullgraph: fail on any graph break instead of falling back to eager.
         float32_matmul_precision: ``torch.set_float32_matmul_precision`` value set in ``setup``;
             "high" allows TF32 on Ampere and newer GPUs. None leaves the process setting alone.
+        val_sample_tokens: after each validation, sample this many tokens from ``val_sample_prompt``
+            and log the text to TensorBoard (tag ``samples``), so you can watch the model learn.
+            0 turns it off.
+        val_sample_prompt: the prompt for those samples.
     """
 
     def __init__(
@@ -84,6 +89,8 @@ class GPTLightningModule(LightningModule):
         compile_dynamic: bool | None = False,
         compile_fullgraph: bool = False,
         float32_matmul_precision: Literal["highest", "high", "medium"] | None = None,
+        val_sample_tokens: int = 48,
+        val_sample_prompt: str = "\n",
     ) -> None:
         super().__init__()
         if not learning_rate > 0:
@@ -201,6 +208,21 @@ class GPTLightningModule(LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self._log_eval("val")
+        if self.hparams.val_sample_tokens > 0 and not self.trainer.sanity_checking:
+            self._log_sample()
+
+    def _log_sample(self) -> None:
+        add_text = getattr(getattr(self.logger, "experiment", None), "add_text", None)
+        if not self.trainer.is_global_zero or add_text is None:
+            return
+        encoding = gpt2_encoding()
+        prompt = encoding.encode_ordinary(self.hparams.val_sample_prompt) or [encoding.eot_token]
+        idx = torch.tensor([prompt], dtype=torch.long, device=self.device)
+        generator = torch.Generator(device=self.device).manual_seed(0)  # same draw every time: comparable
+        out = self.model.generate(idx, self.hparams.val_sample_tokens, temperature=1.0, top_k=50, generator=generator)
+        text = encoding.decode(out[0].tolist())
+        # Markdown would swallow line breaks: indent as a code block.
+        add_text("samples", "    " + text.replace("\n", "\n    "), self.global_step)
 
     def on_test_epoch_end(self) -> None:
         self._log_eval("test")

@@ -66,3 +66,21 @@ def test_checkpoint_of_another_architecture_names_the_mismatch(eager_ckpt):
 def test_export_of_a_missing_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         export_weights(tmp_path / "nope.ckpt", tmp_path / "out.safetensors")
+
+
+def test_sample_command_continues_a_prompt_from_a_checkpoint(eager_ckpt, capsys):
+    from gpt_lightning.cli import main
+    from gpt_lightning.tokenizer import gpt2_encoding
+
+    _, ckpt = eager_ckpt
+    args = ["sample", "--ckpt_path", str(ckpt), "--prompt", "ROMEO:", "--max_new_tokens", "12", "--num_samples", "2"]
+    main(args)
+    first = capsys.readouterr().out
+    main(args)
+    assert capsys.readouterr().out == first  # seeded: reproducible
+    samples = first.split("--- sample ")[1:]
+    assert len(samples) == 2
+    for sample in samples:
+        text = sample.split("\n", 1)[1].rstrip("\n")
+        assert text.startswith("ROMEO:")
+        assert len(gpt2_encoding().encode(text, allowed_special="all")) >= 8  # prompt + new tokens

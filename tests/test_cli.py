@@ -67,5 +67,6 @@ def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
     assert {"train/loss", "val/loss", "val/perplexity", "throughput/tokens_per_sec"} <= set(tags)
     losses = [e.value for e in events.Scalars("train/loss")]
     assert len(losses) == 3 and all(0 < v < 12 for v in losses)
+    assert any(tag.startswith("samples") for tag in events.Tags()["tensors"])  # text logged at validation
     assert (run_dirs[0] / "checkpoints" / "last.ckpt").is_file()
     assert (run_dirs[0] / "throughput.json").is_file()

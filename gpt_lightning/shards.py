@@ -1,0 +1,161 @@
+"""Pre-tokenized shard directories: read nanoGPT, build-nanogpt and llm.c shards; write our own.
+
+Formats read (memory-mapped, one shard open at a time, so memory stays bounded):
+
+- ``*.npy``: a 1-D integer array (build-nanogpt / FineWeb-edu shards, usually uint16);
+- ``*.bin`` with llm.c's header: 256 int32 (magic 20240520, version 1, token count), then uint16;
+- ``*.bin`` without it: raw uint16 ids (nanoGPT's ``train.bin`` / ``val.bin``).
+
+Files whose names contain ``val`` are the validation split, those with ``train`` the training split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset
+
+from gpt_lightning.windows import TokenWindows
+from gpt_lightning.errors import UserError
+from gpt_lightning.tokenizer import gpt2_encoding
+
+LLMC_MAGIC = 20240520
+LLMC_HEADER_INTS = 256
+SHARD_SUFFIXES = (".bin", ".npy")
+
+
+def open_shard(path: Path) -> np.ndarray:
+    """The token ids of one shard, memory-mapped read-only."""
+    if path.suffix == ".npy":
+        tokens = np.load(path, mmap_mode="r")
+        if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+            raise UserError(f"Shard {path} holds a {tokens.ndim}-D {tokens.dtype} array; expected 1-D token ids.")
+        return tokens
+    header = np.fromfile(path, dtype=np.int32, count=LLMC_HEADER_INTS)
+    if len(header) >= 3 and header[0] == LLMC_MAGIC:  # llm.c; raw GPT-2 uint16 can't start so (55240 > vocab)
+        if header[1] != 1:
+            raise UserError(f"Shard {path} is llm.c version {header[1]}; only version 1 (uint16 GPT-2 ids) is supported.")
+        count = int(header[2])
+        expected = LLMC_HEADER_INTS * 4 + 2 * count
+        if path.stat().st_size != expected:
+            raise UserError(f"Shard {path} is {path.stat().st_size} bytes, its header promises {expected}: truncated?")
+        return np.memmap(path, dtype=np.uint16, mode="r", offset=LLMC_HEADER_INTS * 4, shape=(count,))
+    return np.memmap(path, dtype=np.uint16, mode="r")
+
+
+def find_shards(directory: Path) -> dict[str, list[Path]]:
+    """Shard files of ``directory`` by split: ``{"train": [...], "val": [...]}``, sorted by name."""
+    if not directory.is_dir():
+        raise UserError(f"Shard directory {directory} does not exist.")
+    files = sorted(p for p in directory.iterdir() if p.suffix in SHARD_SUFFIXES and p.is_file())
+    splits = {
+        "train": [p for p in files if "train" in p.name],
+        "val": [p for p in files if "val" in p.name],
+    }
+    if not splits["train"]:
+        names = ", ".join(p.name for p in files[:5]) or "no .bin/.npy files"
+        raise UserError(
+            f"{directory} has no training shards ({names}). Shards are .bin or .npy files with 'train' "
+            "(or 'val' for validation) in their names; `gpt-lightning tokenize` writes such a folder."
+        )
+    return splits
+
+
+class ShardWindows(IterableDataset):
+    """Contiguous ``(B, T)`` windows over a list of shards, shard after shard, rank-aware.
+
+    Within each shard the windows are those of ``TokenWindows`` (rank ``r`` of ``W`` takes batches
+    ``r, r+W, ...``); a window never straddles two shards, as in build-nanogpt's loader.
+
+    Args:
+        shards: shard files, in reading order.
+        batch_size: rows per batch (B).
+        block_size: tokens per row (T).
+        rank: this process's rank.
+        world_size: number of processes.
+        start: batches of this epoch already consumed; the first iteration starts there.
+    """
+
+    def __init__(self, shards: list[Path], batch_size: int, block_size: int, rank: int = 0, world_size: int = 1, start: int = 0) -> None:
+        self.shards = list(shards)
+        self.batch_size, self.block_size = batch_size, block_size
+        self.rank, self.world_size, self.start = rank, world_size, start
+        per_batch = batch_size * block_size * world_size
+        self.batches_per_shard = [max(0, (len(open_shard(p)) - 1) // per_batch) for p in self.shards]
+
+    def __len__(self) -> int:
+        return sum(self.batches_per_shard)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        skip, self.start = self.start, 0
+        for path, count in zip(self.shards, self.batches_per_shard):
+            if skip >= count:
+                skip -= count
+                continue
+            windows = TokenWindows(open_shard(path), self.batch_size, self.block_size, self.rank, self.world_size, start=skip)
+            skip = 0
+            yield from windows  # the shard's memory map is dropped when the next one opens
+
+
+def tokenize_folder(input_dir: Path, output_dir: Path, shard_tokens: int = 100_000_000, progress: bool = True) -> list[Path]:
+    """Tokenize every ``*.txt`` under ``input_dir`` into ``.npy`` shards of ``shard_tokens`` uint16 ids.
+
+    Each document starts with ``<|endoftext|>``. The first shard is the validation split
+    (``*_val_000000.npy``), the rest training (``*_train_000001.npy``, ...), as build-nanogpt writes
+    them. Shards are written atomically.
+    """
+    from tqdm import tqdm
+
+    files = sorted(p for p in input_dir.rglob("*.txt") if p.is_file()) if input_dir.is_dir() else []
+    if not files:
+        raise UserError(f"{input_dir} holds no .txt files to tokenize.")
+    if shard_tokens < 2:
+        raise UserError(f"--shard_tokens must be at least 2, got {shard_tokens}.")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    encoding = gpt2_encoding()
+    buffer = np.empty(shard_tokens, dtype=np.uint16)
+    filled, written = 0, []
+
+    def flush(count: int) -> None:
+        split = "val" if not written else "train"
+        path = output_dir / f"shard_{split}_{len(written):06d}.npy"
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as f:
+            np.save(f, buffer[:count])
+        os.replace(tmp, path)
+        written.append(path)
+
+    bar = tqdm(total=sum(p.stat().st_size for p in files), unit="B", unit_scale=True, desc="tokenizing", disable=not progress)
+    for path in files:
+        ids = [encoding.eot_token, *encoding.encode_ordinary(path.read_text(encoding="utf-8"))]
+        position = 0
+        while position < len(ids):
+            take = min(shard_tokens - filled, len(ids) - position)
+            buffer[filled : filled + take] = ids[position : position + take]
+            filled, position = filled + take, position + take
+            if filled == shard_tokens:
+                flush(filled)
+                filled = 0
+        bar.update(path.stat().st_size)
+    if filled:
+        flush(filled)
+    bar.close()
+    return written
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog="gpt-lightning tokenize",
+        description="Tokenize a folder of .txt files into GPT-2 .npy shards for --data.data_path.",
+    )
+    parser.add_argument("--input", required=True, help="folder searched recursively for .txt files")
+    parser.add_argument("--output", required=True, help="folder for the shards")
+    parser.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per shard")
+    args = parser.parse_args(argv)
+    shards = tokenize_folder(Path(args.input), Path(args.output), args.shard_tokens)
+    print(f"wrote {len(shards)} shard(s) to {args.output} (first is the validation split)")

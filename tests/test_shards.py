@@ -1,0 +1,95 @@
+"""Shard directories in the three formats, split by name, rank-aware; the tokenize command."""
+
+import numpy as np
+import pytest
+import torch
+
+from gpt_lightning.cli import main
+from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.errors import UserError
+from gpt_lightning.shards import LLMC_MAGIC, ShardWindows, find_shards, open_shard
+from gpt_lightning.tokenizer import gpt2_encoding
+
+
+def write_raw_bin(path, tokens):  # nanoGPT
+    np.asarray(tokens, dtype=np.uint16).tofile(path)
+
+
+def write_llmc_bin(path, tokens):  # llm.c: 256 int32 header, then uint16
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = [LLMC_MAGIC, 1, len(tokens)]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, dtype=np.uint16).tobytes())
+
+
+def write_npy(path, tokens):  # build-nanogpt / FineWeb-edu
+    np.save(path, np.asarray(tokens, dtype=np.uint16))
+
+
+WRITERS = {"raw.bin": write_raw_bin, "llmc.bin": write_llmc_bin, "npy": write_npy}
+
+
+@pytest.mark.parametrize("fmt", WRITERS)
+def test_each_format_reads_back_exactly(fmt, tmp_path):
+    tokens = np.arange(1000, 1100)
+    path = tmp_path / f"x_train_0.{fmt.split('.')[-1]}"
+    WRITERS[fmt](path, tokens)
+    assert np.array_equal(np.asarray(open_shard(path)), tokens)
+
+
+def test_truncated_llmc_shard_is_a_clear_error(tmp_path):
+    path = tmp_path / "t_train.bin"
+    write_llmc_bin(path, np.arange(100))
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(UserError, match="truncated"):
+        open_shard(path)
+
+
+def test_windows_run_shard_after_shard_and_never_straddle(tmp_path):
+    write_npy(tmp_path / "a_train_0.npy", np.arange(0, 20))  # 2 batches of B*T=8 (needs 17)
+    write_llmc_bin(tmp_path / "a_train_1.bin", np.arange(100, 126))  # 3 batches
+    write_raw_bin(tmp_path / "a_val_0.bin", np.arange(500, 520))
+    splits = find_shards(tmp_path)
+    assert [p.name for p in splits["train"]] == ["a_train_0.npy", "a_train_1.bin"]
+    assert [p.name for p in splits["val"]] == ["a_val_0.bin"]
+    windows = ShardWindows(splits["train"], batch_size=2, block_size=4)
+    firsts = [x[0, 0].item() for x, _ in windows]
+    assert len(windows) == 5 and firsts == [0, 8, 100, 108, 116]
+    x, y = list(windows)[2]
+    assert x.tolist() == [[100, 101, 102, 103], [104, 105, 106, 107]] and y[0, 0].item() == 101
+    # Rank-aware: two ranks split each shard's windows between them.
+    per_rank = [[x[0, 0].item() for x, _ in ShardWindows(splits["train"], 2, 4, rank=r, world_size=2)] for r in (0, 1)]
+    assert per_rank == [[0, 100], [8, 108]]  # each shard holds one batch per rank (2 x 8 + 1 <= 20)
+    # Resuming mid-stream skips whole shards, then part of one.
+    assert [x[0, 0].item() for x, _ in ShardWindows(splits["train"], 2, 4, start=3)] == [108, 116]
+
+
+def test_directory_without_training_shards_is_a_clear_error(tmp_path):
+    write_npy(tmp_path / "only_val.npy", np.arange(10))
+    with pytest.raises(UserError, match="no training shards"):
+        find_shards(tmp_path)
+
+
+def test_tokenize_command_then_train_windows_from_the_shards(small_text, tmp_path, capsys):
+    texts = tmp_path / "texts"
+    (texts / "sub").mkdir(parents=True)
+    content = small_text.read_text()
+    (texts / "a.txt").write_text(content[:20000])
+    (texts / "sub" / "b.txt").write_text(content[20000:40000])
+    main(["tokenize", "--input", str(texts), "--output", str(tmp_path / "shards"), "--shard_tokens", "3000"])
+    assert "shard(s)" in capsys.readouterr().out
+    shards = sorted((tmp_path / "shards").iterdir(), key=lambda p: p.stem[-6:])  # by shard number
+    assert shards[0].name == "shard_val_000000.npy" and all("train" in p.name for p in shards[1:])
+
+    enc = gpt2_encoding()
+    expected = [enc.eot_token, *enc.encode_ordinary(content[:20000]), enc.eot_token, *enc.encode_ordinary(content[20000:40000])]
+    assert np.concatenate([np.load(p) for p in shards]).tolist() == expected
+    assert all(len(np.load(p)) == 3000 for p in shards[:-1])
+
+    data = TokenStreamDataModule(str(tmp_path / "shards"), batch_size=2, block_size=64)
+    data.setup("fit")
+    x, y = next(iter(data.train_dataloader()))
+    assert x.shape == (2, 64) and torch.equal(x[0, 1:], y[0, :-1])
+    assert x[0, 0].item() == expected[3000]  # the first training shard follows the validation shard
+    assert len(data.val_dataloader()) == (3000 - 1) // 128
