@@ -2,19 +2,24 @@
 
 from gpt_lightning.data import TokenStreamDataModule, TokenWindows
 from gpt_lightning.errors import UserError
+from gpt_lightning.export import export_weights, load_gpt
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.module import GPTLightningModule
 from gpt_lightning.throughput import ThroughputMonitor
+from gpt_lightning.shards import ShardWindows
 from gpt_lightning.tokenizer import gpt2_encoding
 
 __all__ = [
     "GPT",
     "GPTConfig",
     "GPTLightningModule",
+    "ShardWindows",
     "ThroughputMonitor",
     "TokenStreamDataModule",
     "TokenWindows",
     "UserError",
+    "export_weights",
     "gpt2_encoding",
+    "load_gpt",
 ]
 __version__ = "0.1.0"

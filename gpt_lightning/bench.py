@@ -19,7 +19,7 @@ import torch._dynamo
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from gpt_lightning.cli import GPTLightningCLI
-from gpt_lightning.corpus import atomic_write_bytes
+from gpt_lightning.atomic import atomic_output, atomic_write_bytes
 from gpt_lightning.throughput import ThroughputMonitor
 
 
@@ -95,10 +95,9 @@ def chart(eager: dict, compiled: dict, path: Path) -> None:
         axis.legend()
         axis.grid(alpha=0.3)
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=100)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
-    tmp.replace(path)
 
 
 def main(argv: list[str]) -> None:

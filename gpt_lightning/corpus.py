@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import urllib.request
 from pathlib import Path
 
+from gpt_lightning.atomic import atomic_write_bytes
 from gpt_lightning.errors import UserError
 
 TINY_SHAKESPEARE_URL = (
@@ -36,21 +36,6 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so readers see the old file or the whole new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def tiny_shakespeare(cache_dir: Path, url: str = TINY_SHAKESPEARE_URL) -> Path:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from gpt_lightning.atomic import atomic_output
 from gpt_lightning.errors import UserError
 from gpt_lightning.model import GPT, GPTConfig
 
@@ -38,10 +38,8 @@ def export_weights(ckpt_path: str | Path, out_path: str | Path) -> Path:
     }
     if not state:
         raise UserError(f"{ckpt_path} holds no GPT weights (no 'model.' keys): is it a gpt-lightning checkpoint?")
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.tmp")
-    save_file(state, str(tmp), metadata={"gpt_config": json.dumps(asdict(config))})
-    os.replace(tmp, out_path)
+    with atomic_output(out_path) as tmp:
+        save_file(state, str(tmp), metadata={"gpt_config": json.dumps(asdict(config))})
     return out_path
 
 

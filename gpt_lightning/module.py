@@ -109,14 +109,14 @@ class GPTLightningModule(LightningModule):
             hint = " (the CLI sets it from data.block_size)" if "block_size" in str(err) else ""
             raise UserError(str(err).replace("GPTConfig.", "model.") + hint) from err
         self.model = GPT(self.config)
-        self.val_loss = MeanMetric()
-        self._flops_cache: dict[tuple[int, int], float] = {}  # token-weighted mean, reduced across ranks at compute()
+        self.val_loss = MeanMetric()  # token-weighted mean, reduced across ranks at compute()
+        self._flops_cache: dict[tuple[int, int], float] = {}
 
     # --- setup hooks -----------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         if self.hparams.float32_matmul_precision is not None:
             torch.set_float32_matmul_precision(self.hparams.float32_matmul_precision)
-        data_block_size = getattr(self.trainer.datamodule, "block_size", None) if self._trainer else None
+        data_block_size = getattr(self.trainer.datamodule, "block_size", None)
         if data_block_size is not None and data_block_size > self.config.block_size:
             raise UserError(
                 f"data.block_size ({data_block_size}) is larger than the model's block_size "
@@ -184,7 +184,8 @@ class GPTLightningModule(LightningModule):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Checked after backward, before the update: the weights (and any checkpoint written after
-        # this step) are never touched by a non-finite loss. One host sync per optimizer step.
+        # this step) are never touched by a non-finite loss. The host sync this costs waits only for
+        # backward; the fused optimizer's launch is all the GPU waits for in turn.
         if not torch.isfinite(self._step_loss):
             raise UserError(
                 f"train/loss became {self._step_loss.item()} at step {self.global_step}; training "
@@ -237,7 +238,9 @@ class GPTLightningModule(LightningModule):
         ]
         optimizer = torch.optim.AdamW(
             groups, lr=hp.learning_rate, betas=tuple(hp.betas), eps=hp.eps,
-            fused=self.device.type == "cuda" or None,
+            # Fused: one kernel for all parameters. On CUDA the reference's choice; on CPU 7.6x faster
+            # than the default per-parameter loop for the tiny-cpu model (3.8 ms vs 29 ms a step).
+            fused=self.device.type in ("cuda", "cpu") or None,
         )
         if hp.warmup_steps == 0 and hp.cosine_decay_steps is None:
             return optimizer

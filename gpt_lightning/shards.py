@@ -12,7 +12,6 @@ Files whose names contain ``val`` are the validation split, those with ``train``
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from gpt_lightning.windows import TokenWindows
+from gpt_lightning.atomic import atomic_output
 from gpt_lightning.errors import UserError
 from gpt_lightning.tokenizer import gpt2_encoding
 
@@ -124,10 +124,8 @@ def tokenize_folder(input_dir: Path, output_dir: Path, shard_tokens: int = 100_0
     def flush(count: int) -> None:
         split = "val" if not written else "train"
         path = output_dir / f"shard_{split}_{len(written):06d}.npy"
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as f:
+        with atomic_output(path) as tmp, open(tmp, "wb") as f:
             np.save(f, buffer[:count])
-        os.replace(tmp, path)
         written.append(path)
 
     bar = tqdm(total=sum(p.stat().st_size for p in files), unit="B", unit_scale=True, desc="tokenizing", disable=not progress)

@@ -25,7 +25,7 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from gpt_lightning.corpus import atomic_write_bytes
+from gpt_lightning.atomic import atomic_write_bytes
 
 # Dense (not sparse) bf16/fp16 tensor-core peaks, from NVIDIA's datasheets. Lightning's table has
 # no "NVIDIA H200" entry and lists sparse figures for its H200 / H100 NVL entries. First match wins.

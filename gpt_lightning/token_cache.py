@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt_lightning.corpus import atomic_write_bytes, read_text, sha256_file
+from gpt_lightning.atomic import atomic_write_bytes
+from gpt_lightning.corpus import read_text, sha256_file
 from gpt_lightning.tokenizer import gpt2_encoding
 
 log = logging.getLogger(__name__)
