@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +41,17 @@ def run_once(config: str, compiled: bool, parent: str, extra: list[str]) -> dict
     """Train ``config`` once; return its per-step losses and timings and its throughput summary."""
     torch._dynamo.reset()
     name = "compiled" if compiled else "eager"
-    cli = GPTLightningCLI(
-        run=False,
-        args=[
-            "--config", config, *extra,
-            "--model.compile", str(compiled).lower(),
-            "--trainer.logger.init_args.name", parent,
-            "--trainer.logger.init_args.version", name,
-        ],
-    )
+    with warnings.catch_warnings():  # args are built from our own argv on purpose
+        warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended.*")
+        cli = GPTLightningCLI(
+            run=False,
+            args=[
+                "--config", config, *extra,
+                "--model.compile", str(compiled).lower(),
+                "--trainer.logger.init_args.name", parent,
+                "--trainer.logger.init_args.version", name,
+            ],
+        )
     recorder = LossRecorder()
     cli.trainer.callbacks.append(recorder)
     cli.trainer.fit(cli.model, cli.datamodule)
