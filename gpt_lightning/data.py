@@ -75,6 +75,7 @@ class TokenStreamDataModule(LightningDataModule):
         self.tokens: np.ndarray | None = None  # text sources: all token ids, memory-mapped
         self.shards: dict[str, list[Path]] | None = None  # shard directories: files by split
         self._resume_batches = 0  # train batches consumed before a restore
+        self._verified_token_file: Path | None = None  # set by prepare_data in this process
 
     # --- preparing -------------------------------------------------------------------------------
     @property
@@ -89,7 +90,7 @@ class TokenStreamDataModule(LightningDataModule):
     def prepare_data(self) -> None:
         """Fetch the corpus if needed and tokenize it into the cache (once per machine)."""
         if not self.is_sharded:
-            build_token_cache(self.source_path(), self.cache_dir)
+            self._verified_token_file = build_token_cache(self.source_path(), self.cache_dir)
 
     def setup(self, stage: str | None = None) -> None:
         if self.tokens is not None or self.shards is not None:
@@ -99,8 +100,10 @@ class TokenStreamDataModule(LightningDataModule):
             n = sum(len(open_shard(p)) for split in self.shards.values() for p in split)
             rank_zero_info(f"loaded {n} tokens in {sum(map(len, self.shards.values()))} shards")
         else:
-            # build_token_cache returns at once when prepare_data made the cache already.
-            self.tokens = load_tokens(build_token_cache(self.source_path(), self.cache_dir))
+            # Processes that did not run prepare_data (other ranks) verify the cache themselves;
+            # this one already hashed source and tokens there, so it does not hash them again.
+            token_file = self._verified_token_file or build_token_cache(self.source_path(), self.cache_dir)
+            self.tokens = load_tokens(token_file)
             n = len(self.tokens)
             rank_zero_info(f"loaded {n} tokens")
         rank_zero_info(f"1 epoch = {n // (self.batch_size * self.block_size)} batches")

@@ -117,3 +117,12 @@ def test_token_cache_is_reused_then_rebuilt_when_the_source_changes(small_text, 
     second = token_cache.build_token_cache(small_text, tmp_path)
     assert second != first
     assert len(token_cache.load_tokens(second)) > len(token_cache.load_tokens(first))
+
+
+def test_setup_reuses_the_cache_prepare_data_verified(small_text, tmp_path, monkeypatch):
+    dm = TokenStreamDataModule(str(small_text), batch_size=2, block_size=16, cache_dir=str(tmp_path))
+    dm.prepare_data()
+    calls = []
+    monkeypatch.setattr("gpt_lightning.data.build_token_cache", lambda *a: calls.append(a))
+    dm.setup("fit")
+    assert calls == [] and len(dm.tokens) > 0
