@@ -25,7 +25,7 @@ from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from gpt_lightning import GPTLightningModule, ThroughputMonitor, TokenStreamDataModule
-from gpt_lightning.windows import TokenWindows
+from gpt_lightning.data.windows import TokenWindows
 
 
 def make_module(args: argparse.Namespace, compiled: bool) -> GPTLightningModule:

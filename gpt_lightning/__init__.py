@@ -1,13 +1,11 @@
 """Train GPT-2 style language models with PyTorch Lightning, fast."""
 
-from gpt_lightning.data import TokenStreamDataModule, TokenWindows
+from gpt_lightning.data import ShardWindows, TokenStreamDataModule, TokenWindows, gpt2_encoding
 from gpt_lightning.errors import UserError
-from gpt_lightning.export import export_weights, load_gpt
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.module import GPTLightningModule
 from gpt_lightning.throughput import ThroughputMonitor
-from gpt_lightning.shards import ShardWindows
-from gpt_lightning.tokenizer import gpt2_encoding
+from gpt_lightning.weights import export_weights, load_gpt
 
 __all__ = [
     "GPT",

@@ -13,7 +13,7 @@ from torchmetrics import MeanMetric
 
 from gpt_lightning.errors import UserError
 from gpt_lightning.model import GPT, GPTConfig
-from gpt_lightning.tokenizer import gpt2_encoding
+from gpt_lightning.data.tokenizer import gpt2_encoding
 
 _DEFAULT = GPTConfig()  # the architecture defaults live in GPTConfig alone
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt_lightning.corpus import CACHE_ENV, TINY_SHAKESPEARE_FILENAME
+from gpt_lightning.data.corpus import CACHE_ENV, TINY_SHAKESPEARE_FILENAME
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"

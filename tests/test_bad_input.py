@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from gpt_lightning import token_cache
+from gpt_lightning.data import token_cache
 from gpt_lightning.cli import main
 from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.errors import UserError

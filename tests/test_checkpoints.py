@@ -6,8 +6,8 @@ from lightning.pytorch import Trainer
 
 from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.errors import UserError
-from gpt_lightning.export import export_weights, load_gpt
-from gpt_lightning.export import main as export_main
+from gpt_lightning.weights import export_weights, load_gpt
+from gpt_lightning.commands.export import main as export_main
 from gpt_lightning.module import GPTLightningModule
 
 from conftest import TINY_MODEL
@@ -70,7 +70,7 @@ def test_export_of_a_missing_checkpoint_is_a_clear_error(tmp_path):
 
 def test_sample_command_continues_a_prompt_from_a_checkpoint(eager_ckpt, capsys):
     from gpt_lightning.cli import main
-    from gpt_lightning.tokenizer import gpt2_encoding
+    from gpt_lightning.data.tokenizer import gpt2_encoding
 
     _, ckpt = eager_ckpt
     args = ["sample", "--ckpt_path", str(ckpt), "--prompt", "ROMEO:", "--max_new_tokens", "12", "--num_samples", "2"]

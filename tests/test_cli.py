@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from gpt_lightning.cli import GPTLightningCLI
+from gpt_lightning.lightning_cli import GPTLightningCLI
 
 from conftest import REPO
 

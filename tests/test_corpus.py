@@ -6,7 +6,7 @@ import urllib.request
 import pytest
 
 from conftest import SHARED_SHAKESPEARE
-from gpt_lightning import corpus
+from gpt_lightning.data import corpus
 from gpt_lightning.errors import UserError
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpt_lightning import token_cache
+from gpt_lightning.data import token_cache
 from gpt_lightning.data import TokenStreamDataModule, TokenWindows
 
 
@@ -123,6 +123,6 @@ def test_setup_reuses_the_cache_prepare_data_verified(small_text, tmp_path, monk
     dm = TokenStreamDataModule(str(small_text), batch_size=2, block_size=16, cache_dir=str(tmp_path))
     dm.prepare_data()
     calls = []
-    monkeypatch.setattr("gpt_lightning.data.build_token_cache", lambda *a: calls.append(a))
+    monkeypatch.setattr("gpt_lightning.data.datamodule.build_token_cache", lambda *a: calls.append(a))
     dm.setup("fit")
     assert calls == [] and len(dm.tokens) > 0

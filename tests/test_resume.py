@@ -4,7 +4,7 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 
-from gpt_lightning.bench import LossRecorder
+from gpt_lightning.commands.bench import LossRecorder
 from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.module import GPTLightningModule
 from gpt_lightning.throughput import ThroughputMonitor

@@ -2,8 +2,8 @@ import socket
 
 import pytest
 
-from gpt_lightning import tokenizer
-from gpt_lightning.corpus import tiny_shakespeare
+from gpt_lightning.data import tokenizer
+from gpt_lightning.data.corpus import tiny_shakespeare
 
 
 @pytest.fixture

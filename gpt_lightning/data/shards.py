@@ -11,7 +11,6 @@ Files whose names contain ``val`` are the validation split, those with ``train``
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,10 +18,10 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from gpt_lightning.windows import TokenWindows
+from gpt_lightning.data.windows import TokenWindows
 from gpt_lightning.atomic import atomic_output
 from gpt_lightning.errors import UserError
-from gpt_lightning.tokenizer import gpt2_encoding
+from gpt_lightning.data.tokenizer import gpt2_encoding
 
 LLMC_MAGIC = 20240520
 LLMC_HEADER_INTS = 256
@@ -145,15 +144,3 @@ def tokenize_folder(input_dir: Path, output_dir: Path, shard_tokens: int = 100_0
     bar.close()
     return written
 
-
-def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(
-        prog="gpt-lightning tokenize",
-        description="Tokenize a folder of .txt files into GPT-2 .npy shards for --data.data_path.",
-    )
-    parser.add_argument("--input", required=True, help="folder searched recursively for .txt files")
-    parser.add_argument("--output", required=True, help="folder for the shards")
-    parser.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per shard")
-    args = parser.parse_args(argv)
-    shards = tokenize_folder(Path(args.input), Path(args.output), args.shard_tokens)
-    print(f"wrote {len(shards)} shard(s) to {args.output} (first is the validation split)")

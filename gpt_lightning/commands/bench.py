@@ -19,7 +19,7 @@ import torch
 import torch._dynamo
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from gpt_lightning.cli import GPTLightningCLI
+from gpt_lightning.lightning_cli import GPTLightningCLI
 from gpt_lightning.atomic import atomic_output, atomic_write_bytes
 from gpt_lightning.throughput import ThroughputMonitor
 

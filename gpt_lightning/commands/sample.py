@@ -9,7 +9,7 @@ import torch
 
 from gpt_lightning.errors import UserError
 from gpt_lightning.module import GPTLightningModule
-from gpt_lightning.tokenizer import gpt2_encoding
+from gpt_lightning.data.tokenizer import gpt2_encoding
 
 
 def sample(

@@ -6,7 +6,6 @@ The file is safetensors: the ``GPT`` state dict (the tied LM head stored once, a
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -57,14 +56,3 @@ def load_gpt(path: str | Path, map_location: str | torch.device = "cpu") -> GPT:
     model.load_state_dict(state)
     return model.to(map_location)
 
-
-def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(
-        prog="gpt-lightning export",
-        description="Write the plain GPT weights of a checkpoint to a safetensors file "
-        "(load it with gpt_lightning.export.load_gpt, no Lightning needed).",
-    )
-    parser.add_argument("--ckpt_path", required=True, help="a .ckpt written by gpt-lightning fit")
-    parser.add_argument("--out", required=True, help="output .safetensors path")
-    args = parser.parse_args(argv)
-    print(f"wrote {export_weights(args.ckpt_path, args.out)}")

@@ -18,14 +18,12 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.utils.data import DataLoader, IterableDataset
 
-from gpt_lightning.corpus import default_cache_dir, tiny_shakespeare
+from gpt_lightning.data.corpus import default_cache_dir, tiny_shakespeare
 from gpt_lightning.errors import UserError
-from gpt_lightning.shards import ShardWindows, find_shards, open_shard
-from gpt_lightning.token_cache import build_token_cache, load_tokens
-from gpt_lightning.windows import TokenWindows
+from gpt_lightning.data.shards import ShardWindows, find_shards, open_shard
+from gpt_lightning.data.token_cache import build_token_cache, load_tokens
+from gpt_lightning.data.windows import TokenWindows
 
-
-__all__ = ["TokenStreamDataModule", "TokenWindows"]
 
 # val_fraction=0 serves no validation batches on purpose.
 warnings.filterwarnings("ignore", message=r".*Total length of `list` across ranks is zero.*")

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from gpt_lightning.atomic import atomic_write_bytes
-from gpt_lightning.corpus import read_text, sha256_file
-from gpt_lightning.tokenizer import gpt2_encoding
+from gpt_lightning.data.corpus import read_text, sha256_file
+from gpt_lightning.data.tokenizer import gpt2_encoding
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
