@@ -11,6 +11,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from gpt_lightning.data import token_cache
+from gpt_lightning.data.corpus import Corpus
 from gpt_lightning.cli import main
 from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.errors import UserError
@@ -98,7 +99,7 @@ def test_too_few_tokens_for_every_rank(small_text, tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncate", "flip-bytes", "other-tokenizer", "garbage-manifest"])
 def test_damaged_token_cache_is_detected_and_rebuilt(damage, small_text, tmp_path, caplog):
-    bin_path = token_cache.build_token_cache(small_text, tmp_path)
+    bin_path = token_cache.build_token_cache(Corpus.from_file(small_text), tmp_path)
     json_path = bin_path.with_suffix(".json")
     good = bin_path.read_bytes()
     if damage == "truncate":
@@ -111,14 +112,14 @@ def test_damaged_token_cache_is_detected_and_rebuilt(damage, small_text, tmp_pat
     else:
         json_path.write_text("{not json")
     with caplog.at_level("WARNING"):
-        assert token_cache.build_token_cache(small_text, tmp_path) == bin_path
+        assert token_cache.build_token_cache(Corpus.from_file(small_text), tmp_path) == bin_path
     assert "Rebuilding token cache" in caplog.text
     assert bin_path.read_bytes() == good
 
 
 def _prepare(args):
     source, cache = args
-    return str(token_cache.build_token_cache(Path(source), Path(cache)))
+    return str(token_cache.build_token_cache(Corpus.from_file(source), Path(cache)))
 
 
 def test_concurrent_preparation_does_not_corrupt_the_cache(small_text, tmp_path):

@@ -1,54 +1,92 @@
-"""Tiny Shakespeare: read from the cache, downloaded with a sha256 check, clear errors offline."""
+"""Tiny Shakespeare ships inside the package: it is read offline, verified, and inside the wheel."""
 
-import io
-import urllib.request
+import gzip
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+import zipfile
 
 import pytest
 
-from conftest import SHARED_SHAKESPEARE
-from gpt_lightning.data import corpus
+from gpt_lightning.data import corpus, token_cache
+from gpt_lightning.data.corpus import Corpus
 from gpt_lightning.errors import UserError
 
-
-def serve(monkeypatch, payload):
-    def fake_urlopen(url, timeout):
-        if isinstance(payload, Exception):
-            raise payload
-        return io.BytesIO(payload)
-
-    monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
+from conftest import REPO
 
 
-def test_offline_without_a_cache_says_what_to_do(tmp_path, monkeypatch):
-    serve(monkeypatch, OSError("network is unreachable"))
-    with pytest.raises(UserError) as info:
-        corpus.tiny_shakespeare(tmp_path)
-    message = str(info.value)
-    assert "Could not download tiny Shakespeare" in message
-    assert str(tmp_path / corpus.TINY_SHAKESPEARE_FILENAME) in message and "--data.data_path" in message
+def test_the_packaged_corpus_is_tiny_shakespeare(shakespeare):
+    raw = shakespeare.encode("utf-8")
+    assert len(raw) == 1_115_394
+    assert hashlib.sha256(raw).hexdigest() == corpus.TINY_SHAKESPEARE_SHA256
+    assert shakespeare.startswith("First Citizen:\nBefore we proceed any further, hear me speak.")
 
 
-def test_a_download_with_the_wrong_hash_is_not_cached(tmp_path, monkeypatch):
-    serve(monkeypatch, b"not shakespeare")
-    with pytest.raises(UserError, match="sha256"):
-        corpus.tiny_shakespeare(tmp_path)
-    assert not list(tmp_path.iterdir())
+def test_a_damaged_packaged_copy_is_refused(tmp_path):
+    fake = tmp_path / corpus.TINY_SHAKESPEARE_RESOURCE
+    fake.write_bytes(gzip.compress(b"First Citizen:\nnot the real text\n"))
+    with pytest.raises(UserError, match="is damaged .* Reinstall gpt-lightning"):
+        corpus._read_packaged(fake)
 
 
-@pytest.mark.skipif(not SHARED_SHAKESPEARE.is_file(), reason="needs ../shared's copy as the served payload")
-def test_a_good_download_is_cached_and_then_read_without_network(tmp_path, monkeypatch):
-    serve(monkeypatch, SHARED_SHAKESPEARE.read_bytes())
-    path = corpus.tiny_shakespeare(tmp_path)
-    assert corpus.sha256_file(path) == corpus.TINY_SHAKESPEARE_SHA256
-    serve(monkeypatch, OSError("offline now"))
-    assert corpus.tiny_shakespeare(tmp_path) == path  # served from the cache
+# Runs `fit` on the default corpus in a fresh process whose sockets refuse to connect.
+OFFLINE_FIT = """
+import socket
+def refuse(*args, **kwargs):
+    raise OSError("network disabled by the test")
+socket.socket.connect = refuse
+socket.create_connection = refuse
+from gpt_lightning.cli import main
+main(["fit", "--config", "configs/tiny-cpu.yaml", "--model.compile", "false", "--trainer.max_steps", "2",
+      "--trainer.limit_val_batches", "0", "--model.n_layer", "1", "--model.n_embd", "32", "--model.n_head", "2",
+      "--trainer.logger.init_args.save_dir", {save_dir!r}])
+"""
 
 
-def test_a_corrupted_cached_copy_is_fetched_again(tmp_path, monkeypatch):
-    (tmp_path / corpus.TINY_SHAKESPEARE_FILENAME).write_text("truncated")
-    serve(monkeypatch, OSError("offline"))
-    with pytest.raises(UserError, match="Could not download"):
-        corpus.tiny_shakespeare(tmp_path)
+def test_the_default_corpus_trains_without_network(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), corpus.CACHE_ENV: str(tmp_path / "empty-cache")}
+    result = subprocess.run(
+        [sys.executable, "-c", OFFLINE_FIT.format(save_dir=str(tmp_path / "tb"))],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "loaded 338025 tokens" in result.stdout + result.stderr
+    assert list((tmp_path / "tb").rglob("last.ckpt"))
+
+
+def test_the_wheel_carries_the_corpus_and_reads_it_where_installed(tmp_path):
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(REPO)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("gpt_lightning-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(tmp_path / "site")
+    read = subprocess.run(
+        [sys.executable, "-c", "import gpt_lightning.data.corpus as c; t = c.Corpus.tiny_shakespeare(); "
+         "print(t.location); print(len(t.read_text()))"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path / "site")}, capture_output=True, text=True, timeout=120,
+    )
+    assert read.returncode == 0, read.stderr[-3000:]
+    location, length = read.stdout.split()
+    assert location.startswith(str(tmp_path / "site")) and int(length) == 1_115_394
+
+
+def test_cached_files_get_normal_permissions_and_an_absolute_source(small_text, tmp_path, monkeypatch):
+    monkeypatch.chdir(small_text.parent)
+    old = os.umask(0o022)
+    try:
+        bin_path = token_cache.build_token_cache(Corpus.from_file(small_text.name), tmp_path / "cache")
+    finally:
+        os.umask(old)
+    manifest_path = bin_path.with_suffix(".json")
+    for path in (bin_path, manifest_path):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+    assert json.loads(manifest_path.read_text())["source"] == str(small_text.resolve())
 
 
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):

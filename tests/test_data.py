@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from gpt_lightning.data import token_cache
+from gpt_lightning.data.corpus import Corpus
 from gpt_lightning.data import TokenStreamDataModule, TokenWindows
 
 
@@ -103,18 +104,18 @@ def test_validation_split_is_the_held_out_tail(small_text, tmp_path):
 
 
 def test_token_cache_is_reused_then_rebuilt_when_the_source_changes(small_text, tmp_path, monkeypatch):
-    first = token_cache.build_token_cache(small_text, tmp_path)
+    first = token_cache.build_token_cache(Corpus.from_file(small_text), tmp_path)
     assert first.stat().st_size == 2 * len(token_cache.load_tokens(first))
 
     def must_not_tokenize():
         raise AssertionError("a sound cache was tokenized again")
 
     monkeypatch.setattr(token_cache, "gpt2_encoding", must_not_tokenize)
-    assert token_cache.build_token_cache(small_text, tmp_path) == first
+    assert token_cache.build_token_cache(Corpus.from_file(small_text), tmp_path) == first
     monkeypatch.undo()
 
     small_text.write_text(small_text.read_text() + "\nA new line.\n")
-    second = token_cache.build_token_cache(small_text, tmp_path)
+    second = token_cache.build_token_cache(Corpus.from_file(small_text), tmp_path)
     assert second != first
     assert len(token_cache.load_tokens(second)) > len(token_cache.load_tokens(first))
 

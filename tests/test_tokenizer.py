@@ -3,7 +3,7 @@ import socket
 import pytest
 
 from gpt_lightning.data import tokenizer
-from gpt_lightning.data.corpus import tiny_shakespeare
+from gpt_lightning.data.corpus import Corpus
 
 
 @pytest.fixture
@@ -15,12 +15,12 @@ def no_network(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", refuse)
 
 
-def test_gpt2_encoding_builds_offline_and_counts_tiny_shakespeare(no_network, cache_dir):
+def test_gpt2_encoding_builds_offline_and_counts_tiny_shakespeare(no_network):
     tokenizer.gpt2_encoding.cache_clear()
     enc = tokenizer.gpt2_encoding()
     assert enc.n_vocab == 50257
     assert enc.eot_token == 50256
-    text = tiny_shakespeare(cache_dir).read_text()
+    text = Corpus.tiny_shakespeare().read_text()
     ids = enc.encode_ordinary(text)
     assert len(ids) == 338025  # the reference's "loaded 338025 tokens"
     assert enc.decode(ids) == text

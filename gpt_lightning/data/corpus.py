@@ -1,24 +1,24 @@
-"""Where text comes from: a user's file, or the built-in tiny Shakespeare corpus.
+"""Where text comes from: a user's UTF-8 file, or tiny Shakespeare, which ships inside the package.
 
-Tiny Shakespeare is read from the cache directory; when it is not there it is downloaded once,
-checked against its sha256 and written atomically, so a broken download never poisons the cache.
+A ``Corpus`` knows its text's sha256 before reading the text, so the token cache is found by hash
+and a cached corpus is never decoded again.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
-import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
-from gpt_lightning.atomic import atomic_write_bytes
 from gpt_lightning.errors import UserError
 
-TINY_SHAKESPEARE_URL = (
-    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-)
+# Karpathy's char-rnn tinyshakespeare/input.txt: 1,115,394 bytes, 338,025 GPT-2 tokens.
 TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-TINY_SHAKESPEARE_FILENAME = "tinyshakespeare.txt"
+TINY_SHAKESPEARE_RESOURCE = "tinyshakespeare.txt.gz"  # package data of gpt_lightning.data, ~434 KB
 CACHE_ENV = "GPT_LIGHTNING_CACHE_DIR"
 
 
@@ -38,35 +38,49 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def tiny_shakespeare(cache_dir: Path, url: str = TINY_SHAKESPEARE_URL) -> Path:
-    """Path of the cached tiny Shakespeare text, downloading and verifying it if needed."""
-    path = cache_dir / TINY_SHAKESPEARE_FILENAME
-    if path.is_file() and sha256_file(path) == TINY_SHAKESPEARE_SHA256:
-        return path
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            data = response.read()
-    except OSError as err:
-        raise UserError(
-            f"Could not download tiny Shakespeare from {url} ({err}). Either download that file "
-            f"yourself and put it at {path}, or train on your own text with --data.data_path FILE."
-        ) from err
-    digest = hashlib.sha256(data).hexdigest()
+@dataclass(frozen=True)
+class Corpus:
+    """A text to tokenize.
+
+    Args:
+        location: absolute path of the file (for messages and the cache manifest).
+        sha256: the sha256 of the text's UTF-8 bytes: the token cache's key.
+        read_text: returns the text, with a clear ``UserError`` when it cannot.
+    """
+
+    location: str
+    sha256: str
+    read_text: Callable[[], str]
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Corpus:
+        """A user's UTF-8 text file, with a clear error when it is missing, empty or a directory."""
+        path = Path(path).expanduser().absolute()
+        if not path.exists():
+            raise UserError(f"Data file {path} does not exist. Check --data.data_path.")
+        if not path.is_file():
+            raise UserError(f"Data path {path} is not a file. Pass a UTF-8 text file to --data.data_path.")
+        return cls(str(path), sha256_file(path), lambda: _decode_text_file(path))
+
+    @classmethod
+    def tiny_shakespeare(cls) -> Corpus:
+        """Tiny Shakespeare from the package itself: no network, no download, checked when read."""
+        resource = resources.files(__package__) / TINY_SHAKESPEARE_RESOURCE
+        return cls(str(resource), TINY_SHAKESPEARE_SHA256, lambda: _read_packaged(resource))
+
+
+def _read_packaged(resource) -> str:
+    raw = gzip.decompress(resource.read_bytes())
+    digest = hashlib.sha256(raw).hexdigest()
     if digest != TINY_SHAKESPEARE_SHA256:
         raise UserError(
-            f"The file downloaded from {url} has sha256 {digest}, expected {TINY_SHAKESPEARE_SHA256}; "
-            "nothing was cached. Try again, or pass your own text with --data.data_path FILE."
+            f"The packaged corpus {resource} is damaged (sha256 {digest}, expected "
+            f"{TINY_SHAKESPEARE_SHA256}). Reinstall gpt-lightning, or pass your own text with --data.data_path."
         )
-    atomic_write_bytes(path, data)
-    return path
+    return raw.decode("utf-8")
 
 
-def read_text(path: Path) -> str:
-    """The UTF-8 text of a user's file, with a clear error when it is missing, empty or binary."""
-    if not path.exists():
-        raise UserError(f"Data file {path} does not exist. Check --data.data_path.")
-    if not path.is_file():
-        raise UserError(f"Data path {path} is not a file. Pass a UTF-8 text file to --data.data_path.")
+def _decode_text_file(path: Path) -> str:
     raw = path.read_bytes()
     if not raw.strip():
         raise UserError(f"Data file {path} is empty. Pass a UTF-8 text file with some text in it.")

@@ -18,10 +18,11 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.utils.data import DataLoader, IterableDataset
 
-from gpt_lightning.data.corpus import default_cache_dir, tiny_shakespeare
+from gpt_lightning.data.corpus import Corpus, default_cache_dir
 from gpt_lightning.errors import UserError
 from gpt_lightning.data.shards import ShardWindows, find_shards, open_shard
 from gpt_lightning.data.token_cache import build_token_cache, load_tokens
+from gpt_lightning.data.tokenizer import GPT2_VOCAB_SIZE
 from gpt_lightning.data.windows import TokenWindows
 
 
@@ -38,15 +39,15 @@ class TokenStreamDataModule(LightningDataModule):
     Args:
         data_path: what to train on. A UTF-8 text file (tokenized once, cached); or a directory
             of pre-tokenized shards (``.bin`` nanoGPT / llm.c, ``.npy`` build-nanogpt), split
-            into train and validation by ``train`` / ``val`` in the file names; or None for the
-            built-in tiny Shakespeare corpus (cached; downloaded and sha256-checked when missing).
+            into train and validation by ``train`` / ``val`` in the file names; or None for
+            tiny Shakespeare, which ships inside the package (no network needed).
         batch_size: sequences per batch and per device (B).
         block_size: tokens per sequence (T). The CLI passes it to the model too.
         val_fraction: for a text file, the share of tokens, taken from the end, held out for
             validation. 0 trains on everything and skips validation (as the reference does).
             Shard directories split by file name instead.
-        cache_dir: where the corpus and token caches live. None: ``$GPT_LIGHTNING_CACHE_DIR``, else
-            ``~/.cache/gpt_lightning``.
+        cache_dir: where token caches live. None: ``$GPT_LIGHTNING_CACHE_DIR``, else
+            ``$XDG_CACHE_HOME/gpt_lightning`` or ``~/.cache/gpt_lightning``.
     """
 
     def __init__(
@@ -64,7 +65,10 @@ class TokenStreamDataModule(LightningDataModule):
             raise UserError(f"data.block_size must be a positive integer, got {block_size!r}.")
         if not 0.0 <= val_fraction < 1.0:
             raise UserError(f"data.val_fraction must be in [0, 1), got {val_fraction!r}.")
-        self.save_hyperparameters()
+        # Saved in checkpoints (a resume picks them up) but kept out of the logger's hparams: there
+        # Lightning refuses a key that the module also has with another value, and block_size means
+        # the position-table size to the module but the training length here, which may be shorter.
+        self.save_hyperparameters(logger=False)
         self.data_path = data_path
         self.batch_size = batch_size
         self.block_size = block_size
@@ -80,32 +84,36 @@ class TokenStreamDataModule(LightningDataModule):
     def is_sharded(self) -> bool:
         return self.data_path is not None and Path(self.data_path).expanduser().is_dir()
 
-    def source_path(self) -> Path:
-        if self.data_path is None:
-            return tiny_shakespeare(self.cache_dir)
-        return Path(self.data_path).expanduser()
+    @property
+    def vocab_size(self) -> int:
+        """Token ids served are below this: the GPT-2 encoding's 50257. The module checks it fits."""
+        return GPT2_VOCAB_SIZE
+
+    def corpus(self) -> Corpus:
+        """The text source: the user's file, or the packaged tiny Shakespeare."""
+        return Corpus.tiny_shakespeare() if self.data_path is None else Corpus.from_file(self.data_path)
 
     def prepare_data(self) -> None:
-        """Fetch the corpus if needed and tokenize it into the cache (once per machine)."""
+        """Tokenize the text into the cache (once per machine; shard directories need nothing)."""
         if not self.is_sharded:
-            self._verified_token_file = build_token_cache(self.source_path(), self.cache_dir)
+            self._verified_token_file = build_token_cache(self.corpus(), self.cache_dir)
 
     def setup(self, stage: str | None = None) -> None:
         if self.tokens is not None or self.shards is not None:
             return
         if self.is_sharded:
-            self.shards = find_shards(self.source_path())
+            self.shards = find_shards(Path(self.data_path).expanduser())
             n = sum(len(open_shard(p)) for split in self.shards.values() for p in split)
             rank_zero_info(f"loaded {n} tokens in {sum(map(len, self.shards.values()))} shards")
         else:
             # Processes that did not run prepare_data (other ranks) verify the cache themselves;
             # this one already hashed source and tokens there, so it does not hash them again.
-            token_file = self._verified_token_file or build_token_cache(self.source_path(), self.cache_dir)
+            token_file = self._verified_token_file or build_token_cache(self.corpus(), self.cache_dir)
             self.tokens = load_tokens(token_file)
             n = len(self.tokens)
             rank_zero_info(f"loaded {n} tokens")
-        rank_zero_info(f"1 epoch = {n // (self.batch_size * self.block_size)} batches")
-        if len(self._train_windows()) == 0:
+        batches = len(self._train_windows())
+        if batches == 0:
             raise UserError(
                 f"The training split is too small: one batch on each of {self.world_size} process(es) "
                 f"needs world_size x batch_size x block_size + 1 = "
@@ -113,6 +121,8 @@ class TokenStreamDataModule(LightningDataModule):
                 + (" in one shard" if self.is_sharded else f", it has {self.train_token_count}")
                 + ". Use more text, or a smaller data.batch_size / data.block_size."
             )
+        per_rank = " per process" if self.world_size > 1 else ""
+        rank_zero_info(f"1 epoch = {batches} batches{per_rank}")
 
     @property
     def world_size(self) -> int:

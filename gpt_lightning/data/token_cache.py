@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt_lightning.atomic import atomic_write_bytes
-from gpt_lightning.data.corpus import read_text, sha256_file
+from gpt_lightning.data.corpus import Corpus, sha256_file
 from gpt_lightning.data.tokenizer import gpt2_encoding
 
 log = logging.getLogger(__name__)
@@ -61,14 +61,13 @@ def _problem(bin_path: Path, json_path: Path, source_sha256: str, tokenizer: str
     return None
 
 
-def build_token_cache(source: Path, cache_dir: Path) -> Path:
-    """Tokenize ``source`` into the cache unless a sound cache exists; return the token file path."""
-    source_sha256 = sha256_file(source) if source.is_file() else ""
-    bin_path, json_path = cache_paths(cache_dir, source_sha256)
-    problem = _problem(bin_path, json_path, source_sha256, "gpt2")
+def build_token_cache(corpus: Corpus, cache_dir: Path) -> Path:
+    """Tokenize ``corpus`` into the cache unless a sound cache exists; return the token file path."""
+    bin_path, json_path = cache_paths(cache_dir, corpus.sha256)
+    problem = _problem(bin_path, json_path, corpus.sha256, "gpt2")
     if problem is None:
         return bin_path
-    text = read_text(source)  # clear errors for missing / empty / non-UTF-8 files
+    text = corpus.read_text()  # clear errors for empty / non-UTF-8 files, or a damaged package
     if problem != "not built yet":
         log.warning("Rebuilding token cache %s: %s.", bin_path, problem)
     ids = np.asarray(gpt2_encoding().encode_ordinary(text), dtype=TOKEN_DTYPE)
@@ -78,8 +77,8 @@ def build_token_cache(source: Path, cache_dir: Path) -> Path:
         tokenizer="gpt2",
         n_tokens=int(ids.size),
         tokens_sha256=hashlib.sha256(data).hexdigest(),
-        source_sha256=source_sha256,
-        source=str(source),
+        source_sha256=corpus.sha256,
+        source=corpus.location,
     )
     atomic_write_bytes(bin_path, data)
     atomic_write_bytes(json_path, json.dumps(asdict(manifest), indent=2).encode())  # commit marker last
