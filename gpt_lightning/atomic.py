@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,16 +13,19 @@ from pathlib import Path
 def atomic_output(path: Path) -> Iterator[Path]:
     """A temporary path beside ``path`` to write to; renamed onto ``path`` if the block succeeds.
 
-    On an exception the temporary file is removed and ``path`` is left as it was.
+    On an exception the temporary file is removed and ``path`` is left as it was. The file gets the
+    permissions a plain ``open(path, "w")`` would give it (0666 less the umask), not ``mkstemp``'s
+    0600, so a shared cache or log directory stays readable to the group.
     """
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
-    os.close(fd)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp{path.suffix}"
+    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the kernel applies the umask
     try:
-        yield Path(tmp)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
