@@ -7,9 +7,22 @@ from pathlib import Path
 
 import torch
 
-from gpt_lightning.errors import UserError
-from gpt_lightning.module import GPTLightningModule
+from gpt_lightning.checkpoint import gpt_from_checkpoint
 from gpt_lightning.data.tokenizer import gpt2_encoding
+from gpt_lightning.errors import UserError
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` (CUDA when there is one, else CPU) or a torch device string, checked to exist."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"--device {device!r} is not a device. Use auto, cpu, cuda or cuda:N.") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {device}: no CUDA GPU is available here. Use --device cpu (or auto).")
+    return resolved
 
 
 def sample(
@@ -23,18 +36,18 @@ def sample(
     device: str = "auto",
 ) -> list[str]:
     """Continuations of ``prompt`` sampled from a ``gpt-lightning`` checkpoint."""
-    if not Path(ckpt_path).is_file():
-        raise UserError(f"Checkpoint {ckpt_path} does not exist.")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    module = GPTLightningModule.load_from_checkpoint(ckpt_path, map_location=device, compile=False)
-    model = module.model.eval()
+    for name, value, least in (("max_new_tokens", max_new_tokens, 0), ("num_samples", num_samples, 1), ("top_k", top_k, 1)):
+        if value is not None and value < least:
+            raise UserError(f"--{name} must be at least {least}, got {value}.")
+    if temperature < 0:
+        raise UserError(f"--temperature must be >= 0 (0 is greedy), got {temperature}.")
+    torch_device = resolve_device(device)
+    model = gpt_from_checkpoint(ckpt_path).to(torch_device).eval()
     encoding = gpt2_encoding()
     ids = encoding.encode_ordinary(prompt) or [encoding.eot_token]
-    if len(ids) > model.config.block_size:
-        ids = ids[-model.config.block_size :]
-    idx = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)  # (num_samples, T)
-    generator = torch.Generator(device=device).manual_seed(seed)
+    ids = ids[-model.config.block_size :]
+    idx = torch.tensor([ids] * num_samples, dtype=torch.long, device=torch_device)  # (num_samples, T)
+    generator = torch.Generator(device=torch_device).manual_seed(seed)
     out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
     return [encoding.decode(row.tolist()) for row in out]
 

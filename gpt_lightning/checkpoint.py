@@ -1,0 +1,77 @@
+"""Reading a ``gpt-lightning`` checkpoint: a clear error for a missing, damaged or foreign file.
+
+``torch.load`` answers a truncated file with a zip-archive traceback and a damaged one with an
+``UnpicklingError`` that advises ``weights_only=False``: the wrong advice for a broken file, and an
+unsafe one. Everything here loads with ``weights_only=True`` and ``mmap=True`` (the weights are not
+read into memory until used), and turns each failure into one ``UserError`` that says what to do.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpt_lightning.errors import UserError
+from gpt_lightning.model import GPT, GPTConfig
+
+# Values of Trainer.fit(ckpt_path=...) that Lightning resolves itself rather than reading a file.
+LIGHTNING_CKPT_ALIASES = ("last", "best", "hpc", "registry")
+# Keys Lightning adds to saved hyper-parameters that are not constructor arguments.
+_BOOKKEEPING_KEYS = ("_instantiator", "_class_path")
+
+
+def read_checkpoint(path: str | Path, option: str = "--ckpt_path") -> dict[str, Any]:
+    """The checkpoint dict of a ``GPTLightningModule`` checkpoint, tensors memory-mapped on the CPU.
+
+    Args:
+        path: the ``.ckpt`` file.
+        option: the command-line option that named it, for the error messages.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise UserError(
+            f"Checkpoint {path} does not exist. Check {option}: a run keeps its checkpoints in "
+            "logs/<name>/version_N/checkpoints/ (last.ckpt is the newest)."
+        )
+    if path.is_dir():
+        raise UserError(f"Checkpoint {path} is a directory. Pass a .ckpt file to {option}, e.g. {path / 'last.ckpt'}.")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for a bad file
+        raise UserError(
+            f"Checkpoint {path} cannot be read ({type(err).__name__}): it is truncated or damaged, or not a "
+            f"PyTorch checkpoint. Pass another file to {option}, e.g. an earlier checkpoint of the same run."
+        ) from None
+    state = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
+    if not isinstance(state, dict) or "model.transformer.wte.weight" not in state:
+        raise UserError(
+            f"{path} is not a gpt-lightning checkpoint (it holds no GPT weights). Pass a .ckpt written by "
+            f"gpt-lightning fit to {option}."
+        )
+    return checkpoint
+
+
+def saved_arguments(checkpoint: dict[str, Any], cls: type, key: str = "hyper_parameters") -> dict[str, Any]:
+    """The constructor arguments of ``cls`` saved in ``checkpoint[key]``, Lightning's own keys dropped."""
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
+    saved = checkpoint.get(key) or {}
+    return {k: v for k, v in saved.items() if k in accepted and k not in _BOOKKEEPING_KEYS}
+
+
+def gpt_from_checkpoint(path: str | Path, option: str = "--ckpt_path") -> GPT:
+    """The plain ``GPT`` of a checkpoint, its architecture from the saved hyper-parameters (on the CPU)."""
+    checkpoint = read_checkpoint(path, option)
+    hparams = checkpoint.get("hyper_parameters") or {}
+    config = GPTConfig(**{f.name: hparams[f.name] for f in fields(GPTConfig) if f.name in hparams})
+    model = GPT(config)
+    prefix = "model."
+    state = {k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        raise UserError(f"Checkpoint {path} does not match its own saved architecture: {err}") from None
+    return model
