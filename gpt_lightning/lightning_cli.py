@@ -1,22 +1,102 @@
-"""``GPTLightningCLI``: Lightning's CLI with our module, data, callbacks and defaults."""
+"""``GPTLightningCLI``: Lightning's CLI with our module, data, callbacks and defaults, where what the
+user typed wins, and every mistake is one line."""
 
 from __future__ import annotations
 
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+import difflib
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from gpt_lightning.checkpoint import LIGHTNING_CKPT_ALIASES, read_checkpoint, saved_arguments
+from gpt_lightning.console import StepProgressBar, TrainingFlopsSummary, quiet_lightning_console
 from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.errors import UserError
 from gpt_lightning.module import GPTLightningModule
 from gpt_lightning.throughput import ThroughputMonitor
+
+
+class GPTArgumentParser(LightningArgumentParser):
+    """Lightning's parser, with errors a person can read: the error on one line, a close match for a
+    misspelt option, and where to find the rest, instead of ~100 lines of usage first."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:  # a caller that asked for exceptions gets them
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        message = " ".join(message.split())
+        sys.stderr.write(f"gpt-lightning: error: {message}{_did_you_mean(message, parser)}\n")
+        sys.stderr.write(f"Every option: {parser.prog.replace(' [options]', '')} --help\n")
+        self.exit(2)
+
+
+def _did_you_mean(message: str, parser: LightningArgumentParser) -> str:
+    """`` Did you mean --model.n_layer?`` for an unknown option close to a real one, else ''."""
+    match = re.search(r"unrecognized arguments: (--[\w.]+)|does not accept (?:nested )?key '([\w.]+)'|"
+                      r"accept option '([\w.]+)'", message)
+    if not match:
+        return ""
+    wrong = "--" + next(group for group in match.groups() if group).lstrip("-")
+    known = [option for action in parser._actions for option in action.option_strings if option.startswith("--")]
+    close = difflib.get_close_matches(wrong, known, n=1, cutoff=0.8)
+    return f"{'' if message.endswith('.') else '.'} Did you mean {close[0]}?" if close else ""
+
+
+def check_config_files(args: list[str]) -> None:
+    """Read every ``--config`` file first, so a YAML mistake is reported with the file's own name
+    (jsonargparse reports it as ``"<unicode string>"``)."""
+    for i, arg in enumerate(args):
+        if arg in ("-c", "--config") and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--config="):
+            value = arg.split("=", 1)[1]
+        else:
+            continue
+        path = Path(value).expanduser()
+        if not path.is_file():
+            continue  # jsonargparse says "File does not exist" (or parses an inline YAML string)
+        try:
+            content = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise UserError(f"Config file {value} is not UTF-8 text.") from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise UserError(f"Config file {value} is not valid YAML{where}: {problem}.") from None
+        if content is not None and not isinstance(content, dict):
+            raise UserError(
+                f"Config file {value} must map sections to settings (trainer:, model:, data:, ...); "
+                f"it holds a {type(content).__name__}."
+            )
 
 
 class GPTLightningCLI(LightningCLI):
     """LightningCLI with the GPT module and token-stream data, TensorBoard logging under ``logs/``,
     and checkpointing, learning-rate and throughput callbacks always attached (``--checkpoint.*``,
-    ``--lr_monitor.*`` and ``--throughput.*`` configure them)."""
+    ``--lr_monitor.*`` and ``--throughput.*`` configure them).
 
-    def __init__(self, **kwargs) -> None:
+    With ``--ckpt_path``, the checkpoint's model and data settings fill in only what the user did
+    not give: flags and config files on the command line win, so ``fit --ckpt_path last.ckpt``
+    resumes the same run, and ``--model.compile false`` or a new learning rate is honoured.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("seed_everything_default", 42)
+        kwargs.setdefault("parser_class", GPTArgumentParser)
+        kwargs["parser_kwargs"] = {"prog": "gpt-lightning", **(kwargs.get("parser_kwargs") or {})}
+        # A config.yaml left in the log directory (a run without a logger writes it to the working
+        # directory) must not stop the next run.
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        self._cli_args: list[str] | None = None
+        quiet_lightning_console()
         super().__init__(GPTLightningModule, TokenStreamDataModule, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -35,3 +115,53 @@ class GPTLightningCLI(LightningCLI):
                 "checkpoint.every_n_train_steps": 100,
             }
         )
+
+    # --- parsing: the user's arguments win over the checkpoint's ---------------------------------
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        if args is None or isinstance(args, list):
+            self._cli_args = list(sys.argv[1:] if args is None else args)
+            check_config_files(self._cli_args)
+        super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        """Put the checkpoint's settings *before* the user's arguments and parse again.
+
+        Lightning's own ``_parse_ckpt_path`` (the hook this overrides) merges the checkpoint's
+        hyper-parameters *over* the parsed config, so anything the user gave on resume is silently
+        replaced. Parsed first, the checkpoint's values are defaults that the user's config files and
+        flags, parsed after them, override.
+        """
+        subcommand = self.config.get("subcommand")
+        if not subcommand or self._cli_args is None or subcommand not in self._cli_args:
+            return super()._parse_ckpt_path()
+        ckpt_path = self.config[subcommand].get("ckpt_path")
+        if not ckpt_path or ckpt_path in LIGHTNING_CKPT_ALIASES:
+            return
+        checkpoint = read_checkpoint(ckpt_path)
+        model = saved_arguments(checkpoint, self._model_class)
+        model.pop("block_size", None)  # set through the link from data.block_size
+        data = saved_arguments(checkpoint, self._datamodule_class, "datamodule_hyper_parameters")
+        from_checkpoint = ["--model", json.dumps(model), "--data", json.dumps(data)]
+        at = self._cli_args.index(subcommand) + 1
+        self.config = self.parser.parse_args(self._cli_args[:at] + from_checkpoint + self._cli_args[at:])
+
+    # --- building ---------------------------------------------------------------------------------
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """The trainer, with our step-counting progress bar and FLOPs summary unless the user turned
+        those off or brought their own."""
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        callbacks = list(kwargs.pop("callbacks", None) or trainer_config.get("callbacks") or [])
+        if trainer_config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+            callbacks.append(StepProgressBar())
+        if trainer_config.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
+            callbacks.append(TrainingFlopsSummary())
+        return super().instantiate_trainer(callbacks=callbacks, **kwargs)
+
+    def before_fit(self) -> None:
+        trainer = self.trainer
+        for option, value in (("max_steps", trainer.max_steps), ("max_epochs", trainer.max_epochs)):
+            if value == 0:
+                raise UserError(
+                    f"trainer.{option} is 0: nothing would be trained. Give a positive number "
+                    "(or -1 for no limit), e.g. --trainer.max_steps 200."
+                )

@@ -116,6 +116,13 @@ class GPTLightningModule(LightningModule):
     def setup(self, stage: str) -> None:
         if self.hparams.float32_matmul_precision is not None:
             torch.set_float32_matmul_precision(self.hparams.float32_matmul_precision)
+        data_vocab_size = getattr(self.trainer.datamodule, "vocab_size", None)
+        if data_vocab_size is not None and data_vocab_size > self.config.vocab_size:
+            raise UserError(
+                f"model.vocab_size ({self.config.vocab_size}) is smaller than the tokenizer's {data_vocab_size} "
+                f"tokens: ids from {self.config.vocab_size} up would have no embedding row. Use "
+                f"--model.vocab_size {data_vocab_size} (or 50304, a multiple of 64 that is faster on GPUs)."
+            )
         data_block_size = getattr(self.trainer.datamodule, "block_size", None)
         if data_block_size is not None and data_block_size > self.config.block_size:
             raise UserError(
@@ -125,7 +132,8 @@ class GPTLightningModule(LightningModule):
             )
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint of another architecture with a message that names the difference."""
+        """Refuse a checkpoint of another architecture with a message that names the difference, and
+        let the optimizer settings of this module (the ones the user gave now) win over the saved ones."""
         state = checkpoint.get("state_dict", {})
         saved = _architecture_of(state)
         differences = [
@@ -138,6 +146,26 @@ class GPTLightningModule(LightningModule):
                 "The checkpoint is of another architecture (" + "; ".join(differences) + "). "
                 "Use the checkpoint's architecture (its config.yaml / hparams.yaml) or start a new run."
             )
+        self._apply_optimizer_settings(checkpoint)
+
+    def _apply_optimizer_settings(self, checkpoint: dict[str, Any]) -> None:
+        """Rewrite the saved AdamW and scheduler state with this module's lr, betas, eps and weight
+        decay, keeping the moments and the schedule's position: a learning rate given on resume is the
+        one training continues with (scaled by the schedule, if any), not the one saved."""
+        hp = self.hparams
+        saved_lr = (checkpoint.get("hyper_parameters") or {}).get("learning_rate") or hp.learning_rate
+        scale = hp.learning_rate / saved_lr
+        for state in checkpoint.get("optimizer_states") or []:
+            # configure_optimizers builds two groups: decayed weights, then never-decayed vectors
+            for group, weight_decay in zip(state.get("param_groups", []), (hp.weight_decay, 0.0)):
+                group["lr"] *= scale
+                if "initial_lr" in group:
+                    group["initial_lr"] = hp.learning_rate
+                group.update(betas=tuple(hp.betas), eps=hp.eps, weight_decay=weight_decay)
+        for scheduler in checkpoint.get("lr_schedulers") or []:
+            for key in ("base_lrs", "_last_lr"):
+                if key in scheduler:
+                    scheduler[key] = [lr * scale for lr in scheduler[key]]
 
     def configure_model(self) -> None:
         """Compile in place: ``state_dict`` keys stay ``model.transformer...`` (no ``_orig_mod.``)."""
@@ -204,7 +232,8 @@ class GPTLightningModule(LightningModule):
 
     def _log_eval(self, prefix: str) -> None:
         loss = self.val_loss.compute()
-        self.log_dict({f"{prefix}/loss": loss, f"{prefix}/perplexity": torch.exp(loss)}, prog_bar=prefix == "val")
+        self.log(f"{prefix}/loss", loss, prog_bar=prefix == "val")
+        self.log(f"{prefix}/perplexity", torch.exp(loss))
         self.val_loss.reset()
 
     def on_validation_epoch_end(self) -> None:

@@ -235,10 +235,16 @@ class ThroughputMonitor(Callback):
         first_new = len(self.steps)
         self._resolve()
         new = self.steps[first_new:]
+        # Once-only values go to the loggers directly: a value given to self.log stays in Lightning's
+        # result collection and is written again at every logging step until the epoch ends.
+        once = {}
         if any(step.index == 0 for step in new):
-            pl_module.log("throughput/first_step_s", new[0].seconds, rank_zero_only=True)
+            once["throughput/first_step_s"] = self.steps[0].seconds
         if any(step.index == self.warmup_steps - 1 for step in new):
-            pl_module.log("throughput/warmup_s", self._warmup_seconds(), rank_zero_only=True)
+            once["throughput/warmup_s"] = self._warmup_seconds()
+        if once and trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(once, step=trainer.global_step)
         measured = [step for step in new if step.index >= self.warmup_steps]
         seconds = sum(step.seconds for step in measured)
         if not measured or seconds <= 0:

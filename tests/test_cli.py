@@ -58,13 +58,24 @@ def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "loaded 338025 tokens" in result.stdout + result.stderr
+    console = result.stdout + result.stderr
+    assert "loaded 338025 tokens" in console
+    # (338025 - 33802 validation tokens - 1) // (8 x 128): the batches one epoch really trains.
+    assert "1 epoch = 297 batches" in console
+    # A clean console: our step counter and FLOPs, no tips, no warnings the user cannot act on.
+    assert "step: 100%" in console and "6/6" in console and "Epoch 0" not in console
+    assert "Training FLOPs per batch (forward + backward)" in console and "Total Flops" not in console
+    for noise in ("Tip:", "LeafSpec", "not supported by the model summary", "Warning", "Traceback"):
+        assert noise not in console, noise
     run_dirs = list((tmp_path / "tb" / "tiny-cpu").iterdir())
     assert len(run_dirs) == 1
     events = EventAccumulator(str(run_dirs[0]))
     events.Reload()
     tags = events.Tags()["scalars"]
-    assert {"train/loss", "val/loss", "val/perplexity", "throughput/tokens_per_sec"} <= set(tags)
+    assert {"train/loss", "val/loss", "val/perplexity", "throughput/tokens_per_sec", "throughput/step_ms",
+            "lr-AdamW/pg1", "lr-AdamW/pg2", "throughput/first_step_s", "throughput/warmup_s"} <= set(tags)
+    # Once-only values appear once, not at every logging step.
+    assert len(events.Scalars("throughput/first_step_s")) == len(events.Scalars("throughput/warmup_s")) == 1
     losses = [e.value for e in events.Scalars("train/loss")]
     assert len(losses) == 3 and all(0 < v < 12 for v in losses)
     assert any(tag.startswith("samples") for tag in events.Tags()["tensors"])  # text logged at validation

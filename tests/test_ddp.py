@@ -6,6 +6,8 @@ import os
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from gpt_lightning.data import gpt2_encoding
+
 from test_cli import REPO, run_cli
 
 
@@ -25,6 +27,10 @@ def test_ddp_on_two_cpu_processes(small_text, tmp_path):
         env_extra={"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])},
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    # Each process trains (train tokens - 1) // (world x B x T) batches an epoch, and is told so.
+    n = len(gpt2_encoding().encode_ordinary(small_text.read_text()))
+    per_rank = (n - int(n * 0.1) - 1) // (2 * 2 * 32)
+    assert f"1 epoch = {per_rank} batches per process" in result.stdout + result.stderr
     ranks = [json.loads((tmp_path / "ranks" / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["world_size"] for r in ranks] == [2, 2]
 

@@ -45,6 +45,7 @@ def run_once(config: str, compiled: bool, parent: str, extra: list[str]) -> dict
         warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended.*")
         cli = GPTLightningCLI(
             run=False,
+            parser_kwargs={"prog": "gpt-lightning fit"},  # its options are fit's: that --help lists them
             args=[
                 "--config", config, *extra,
                 "--model.compile", str(compiled).lower(),

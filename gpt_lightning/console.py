@@ -1,0 +1,181 @@
+"""What a run prints: a progress bar in optimizer steps, a model summary with real FLOPs, no noise.
+
+``GPTLightningCLI`` attaches ``StepProgressBar`` and ``TrainingFlopsSummary`` and calls
+``quiet_lightning_console``; both callbacks work with a plain ``Trainer`` too.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import warnings
+from typing import Any
+
+import lightning_utilities.core.rank_zero as lightning_rank_zero
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelSummary, TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+
+# Names on the progress bar: short, so the line fits a terminal; anything else logged to the bar
+# keeps its own name.
+_BAR_NAMES = {"train/loss": "loss", "val/loss": "val_loss", "throughput/tokens_per_sec": "tok/s"}
+
+
+class StepProgressBar(TQDMProgressBar):
+    """One training bar for the whole run, counted in optimizer steps (``step 37/200``).
+
+    Lightning's bar counts batches of the current epoch (``Epoch 0: 37/330``, or ``Epoch 0/-2`` with
+    Rich when only ``max_steps`` is set) and reads every progress-bar metric from the device after
+    every batch. This one shows the loss, validation loss and tokens/sec as they were at the last
+    logging interval (``trainer.log_every_n_steps``) and after each validation, so a training step
+    itself never waits for a value to come back from the GPU.
+
+    Args:
+        refresh_rate: redraw the bar every this many steps.
+        leave: keep the finished bar on screen.
+    """
+
+    def __init__(self, refresh_rate: int = 1, leave: bool = True) -> None:
+        super().__init__(refresh_rate=refresh_rate, leave=leave)
+        self._shown_step = -1
+
+    def init_train_tqdm(self) -> Tqdm:
+        total = self.trainer.estimated_stepping_batches  # max_steps, or epochs x steps per epoch
+        return Tqdm(
+            desc="step",
+            total=None if math.isinf(total) else int(total),
+            initial=self.trainer.global_step,  # a resumed run continues its count
+            position=2 * self.process_position,
+            disable=self.is_disabled,
+            leave=True,
+            dynamic_ncols=True,
+            file=sys.stdout,
+            smoothing=0,
+            bar_format=self.BAR_FORMAT,
+        )
+
+    def on_train_epoch_start(self, trainer: Trainer, *_: Any) -> None:
+        pass  # one bar across epochs: nothing to reset
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        # The values of a logging step are read when the next step starts: by then every callback
+        # (the throughput monitor among them) has logged its values for that step.
+        step = trainer.global_step
+        if not self.train_progress_bar.disable and step % trainer.log_every_n_steps == 0 and step != self._shown_step:
+            self._shown_step = step
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        bar, step = self.train_progress_bar, trainer.global_step
+        if bar.disable or step == bar.n:
+            return  # disabled (e.g. not rank 0), or mid-accumulation: no optimizer step yet
+        bar.n = step
+        if step % self.refresh_rate == 0 or step == bar.total:
+            bar.refresh()
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        pass  # the bar lives until on_train_end
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self.train_progress_bar.disable:
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
+        super().on_train_end(trainer, pl_module)  # closing draws the bar one last time
+
+    def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
+        shown: dict[str, Any] = {}
+        for name, value in super().get_metrics(trainer, pl_module).items():
+            if name == "v_num":
+                continue  # the version is in the log directory's name
+            name = _BAR_NAMES.get(name, name)
+            if name == "tok/s" and isinstance(value, (int, float)):
+                value = f"{value:,.0f}"
+            elif isinstance(value, float):
+                value = f"{value:.3f}"
+            shown[name] = value
+        return shown
+
+
+class TrainingFlopsSummary(ModelSummary):
+    """Lightning's model summary, with the training FLOPs of one batch instead of a column of zeros.
+
+    Lightning counts FLOPs only by running a forward pass of ``example_input_array`` (which would
+    compile a second, no-grad graph before training starts); without one its FLOPs column is all
+    0. This summary drops that column and reports the forward + backward FLOPs of one
+    ``(batch_size, block_size)`` batch, counted once on the meta device by the module's
+    ``training_flops`` (no memory, no compute). The parameter size is that of the fp32 weights,
+    which is what ``*-mixed`` precisions keep, so Lightning's warning about it is silenced.
+
+    Args:
+        max_depth: depth of the layer table, as for ``ModelSummary``.
+    """
+
+    def __init__(self, max_depth: int = 1) -> None:
+        super().__init__(max_depth=max_depth)
+        self._flops_per_batch: float | None = None
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._flops_per_batch = _training_flops_per_batch(trainer, pl_module)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*is not supported by the model summary.*")
+            super().on_fit_start(trainer, pl_module)
+
+    def summarize(
+        self,
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int,
+        **summarize_kwargs: Any,
+    ) -> None:
+        columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
+        table = _format_summary_table(
+            total_parameters, trainable_parameters, model_size, total_training_modes,
+            int(self._flops_per_batch or 0), *columns,
+        )
+        lines = table.splitlines()
+        if self._flops_per_batch:
+            lines = [line.replace("Total Flops", "Training FLOPs per batch (forward + backward)") for line in lines]
+        else:
+            lines = [line for line in lines if not line.endswith("Total Flops")]
+        rank_zero_info("\n" + "\n".join(lines))
+
+
+def _training_flops_per_batch(trainer: Trainer, pl_module: LightningModule) -> float | None:
+    training_flops = getattr(pl_module, "training_flops", None)
+    batch_size = getattr(trainer.datamodule, "batch_size", None)
+    block_size = getattr(trainer.datamodule, "block_size", None)
+    if not callable(training_flops) or not batch_size or not block_size:
+        return None
+    return training_flops(batch_size, block_size)
+
+
+# Lightning messages a CLI user cannot act on, by how they start.
+_UNACTIONABLE = (
+    "💡 Tip:",  # advertising for Lightning's cloud products
+    "Trainer already configured with model summary callbacks",  # we attach TrainingFlopsSummary on purpose
+    "`Trainer.fit` stopped: `max_steps=",  # the bar already says N/N; printed mid-line after it
+)
+
+
+class _DropUnactionable(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_UNACTIONABLE)
+
+
+def quiet_lightning_console() -> None:
+    """Drop what a user of the CLI cannot act on: the messages above, the ``LeafSpec`` deprecation
+    warning Lightning's own code triggers on newer torch, and the checkpoint-directory notice of
+    every resume."""
+    # Lightning routes rank-zero messages through this module-level logger (set when it is imported).
+    if not any(isinstance(f, _DropUnactionable) for f in lightning_rank_zero.log.filters):
+        lightning_rank_zero.log.addFilter(_DropUnactionable())
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    # Every resume logs into a new version directory by design, so ModelCheckpoint's dirpath changes.
+    warnings.filterwarnings("ignore", message=r".*The dirpath has changed from.*")

@@ -1,0 +1,84 @@
+"""`fit --ckpt_path` through the CLI, as a user types it: what the user gives wins, the checkpoint
+fills in the rest, and another architecture is refused with the difference named."""
+
+import json
+
+import pytest
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from gpt_lightning.cli import main
+from gpt_lightning.data import gpt2_encoding
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, shakespeare):
+    """A compiled 2-step run from a user's own config file; its last.ckpt and the config."""
+    root = tmp_path_factory.mktemp("resume")
+    (root / "corpus.txt").write_text(shakespeare[:20_000])
+    config = root / "run.yaml"
+    config.write_text(yaml.safe_dump({
+        "trainer": {
+            "accelerator": "cpu", "precision": "32-true", "max_steps": 2, "limit_val_batches": 0,
+            "log_every_n_steps": 1,
+            "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                       "init_args": {"save_dir": str(root / "tb"), "name": "run"}},
+        },
+        "model": {"n_layer": 1, "n_head": 2, "n_embd": 32, "compile": True, "val_sample_tokens": 0},
+        "data": {"data_path": str(root / "corpus.txt"), "batch_size": 2, "block_size": 32, "cache_dir": str(root / "cache")},
+        "throughput": {"warmup_steps": 0},
+    }))
+    main(["fit", "--config", str(config)])
+    run_dir = root / "tb" / "run" / "version_0"
+    assert json.loads((run_dir / "throughput.json").read_text())["compiled"] is True
+    return root, config, run_dir / "checkpoints" / "last.ckpt"
+
+
+def newest_run(root):
+    return max((root / "tb" / "run").iterdir(), key=lambda p: int(p.name.split("_")[1]))
+
+
+def hparams(run_dir):
+    return yaml.safe_load((run_dir / "hparams.yaml").read_text())
+
+
+def test_flags_given_on_resume_win_over_the_checkpoint(first_run):
+    root, config, ckpt = first_run
+    main(["fit", "--config", str(config), "--ckpt_path", str(ckpt), "--trainer.max_steps", "4",
+          "--model.compile", "false", "--model.learning_rate", "0.005"])
+    run_dir = newest_run(root)
+    assert json.loads((run_dir / "throughput.json").read_text())["compiled"] is False
+    assert hparams(run_dir)["learning_rate"] == 0.005
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    # The restored AdamW state trains on with the new rate, in both parameter groups.
+    for group in ("lr-AdamW/pg1", "lr-AdamW/pg2"):
+        rates = [e.value for e in events.Scalars(group)]
+        assert rates and rates == pytest.approx([0.005] * len(rates))
+    assert [e.step for e in events.Scalars("train/loss")] == [2, 3]  # continued from step 2
+
+
+def test_the_checkpoint_fills_in_what_the_user_did_not_give(first_run, shakespeare, caplog):
+    root, _, ckpt = first_run
+    # No config file: architecture and data come from the checkpoint.
+    main(["fit", "--ckpt_path", str(ckpt), "--trainer.max_steps", "3", "--trainer.accelerator", "cpu",
+          "--trainer.limit_val_batches", "0", "--model.compile", "false",
+          "--trainer.logger.init_args.save_dir", str(root / "tb"), "--trainer.logger.init_args.name", "run"])
+    saved = hparams(newest_run(root))
+    assert (saved["n_layer"], saved["n_head"], saved["n_embd"], saved["block_size"]) == (1, 2, 32, 32)
+    assert saved["learning_rate"] == 0.001  # the checkpoint's (the module default), nothing given now
+    # Trained on the checkpoint's corpus, not on the default one.
+    assert f"loaded {len(gpt2_encoding().encode_ordinary(shakespeare[:20_000]))} tokens" in caplog.text
+
+
+def test_another_architecture_is_refused_with_the_difference_named(first_run, capsys):
+    root, config, ckpt = first_run
+    before = sorted((root / "tb" / "run").iterdir())
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), "--ckpt_path", str(ckpt), "--trainer.max_steps", "4",
+              "--model.compile", "false", "--model.n_embd", "64"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "n_embd: checkpoint 32, this model 64" in err and "Traceback" not in err
+    after = sorted((root / "tb" / "run").iterdir())
+    assert not (set(after) - set(before)) or all(not list(p.glob("checkpoints/*.ckpt")) for p in set(after) - set(before))
