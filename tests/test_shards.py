@@ -93,3 +93,16 @@ def test_tokenize_command_then_train_windows_from_the_shards(small_text, tmp_pat
     assert x.shape == (2, 64) and torch.equal(x[0, 1:], y[0, :-1])
     assert x[0, 0].item() == expected[3000]  # the first training shard follows the validation shard
     assert len(data.val_dataloader()) == (3000 - 1) // 128
+
+
+def test_tokenize_refuses_a_folder_that_fills_only_the_validation_shard(small_text, tmp_path, capsys):
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text(small_text.read_text()[:4000])  # about 1,000 tokens
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tokenize", "--input", str(texts), "--output", str(tmp_path / "shards"), "--shard_tokens", "100000000"])
+    err = capsys.readouterr().err
+    n = 1 + len(gpt2_encoding().encode_ordinary(small_text.read_text()[:4000]))  # <|endoftext|> + the text
+    assert exit_info.value.code == 2 and "nothing would be left to train on" in err
+    assert f"holds {n:,} tokens" in err and f"Use --shard_tokens {n // 10} (or less)" in err
+    assert not list((tmp_path / "shards").glob("*.npy"))  # nothing half-made

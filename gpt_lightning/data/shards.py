@@ -132,15 +132,20 @@ def tokenize_folder(input_dir: Path, output_dir: Path, shard_tokens: int = 100_0
         ids = [encoding.eot_token, *encoding.encode_ordinary(path.read_text(encoding="utf-8"))]
         position = 0
         while position < len(ids):
+            if filled == shard_tokens:  # a full shard is written once the next one begins
+                flush(filled)
+                filled = 0
             take = min(shard_tokens - filled, len(ids) - position)
             buffer[filled : filled + take] = ids[position : position + take]
             filled, position = filled + take, position + take
-            if filled == shard_tokens:
-                flush(filled)
-                filled = 0
         bar.update(path.stat().st_size)
-    if filled:
-        flush(filled)
     bar.close()
+    if not written:
+        raise UserError(
+            f"{input_dir} holds {filled:,} tokens, one shard of --shard_tokens {shard_tokens:,}. The first "
+            "shard is the validation split, so nothing would be left to train on; nothing was written. "
+            f"Use --shard_tokens {max(2, filled // 10)} (or less) for ten or more shards."
+        )
+    flush(filled)
     return written
 
