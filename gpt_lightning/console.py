@@ -171,11 +171,14 @@ class _DropUnactionable(logging.Filter):
 
 def quiet_lightning_console() -> None:
     """Drop what a user of the CLI cannot act on: the messages above, the ``LeafSpec`` deprecation
-    warning Lightning's own code triggers on newer torch, and the checkpoint-directory notice of
-    every resume."""
+    warning Lightning's own code triggers on newer torch, and two notices that are wrong for
+    step-driven training (a resume's new checkpoint directory, epochs shorter than the logging
+    interval)."""
     # Lightning routes rank-zero messages through this module-level logger (set when it is imported).
     if not any(isinstance(f, _DropUnactionable) for f in lightning_rank_zero.log.filters):
         lightning_rank_zero.log.addFilter(_DropUnactionable())
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     # Every resume logs into a new version directory by design, so ModelCheckpoint's dirpath changes.
     warnings.filterwarnings("ignore", message=r".*The dirpath has changed from.*")
+    # Logging counts optimizer steps across epochs, so an epoch shorter than the interval is fine.
+    warnings.filterwarnings("ignore", message=r".*is smaller than the logging interval.*")

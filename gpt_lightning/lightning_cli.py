@@ -155,7 +155,11 @@ class GPTLightningCLI(LightningCLI):
             callbacks.append(StepProgressBar())
         if trainer_config.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
             callbacks.append(TrainingFlopsSummary())
-        return super().instantiate_trainer(callbacks=callbacks, **kwargs)
+        try:
+            return super().instantiate_trainer(callbacks=callbacks, **kwargs)
+        except (ValueError, TypeError, ModuleNotFoundError, RuntimeError) as err:
+            # Trainer() only validates the trainer settings it was given: the user's.
+            raise UserError(f"The trainer settings are not usable here: {err}") from None
 
     def before_fit(self) -> None:
         trainer = self.trainer

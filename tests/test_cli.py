@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from gpt_lightning.data import gpt2_encoding
 from gpt_lightning.lightning_cli import GPTLightningCLI
 
 from conftest import REPO
@@ -81,3 +82,27 @@ def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
     assert any(tag.startswith("samples") for tag in events.Tags()["tensors"])  # text logged at validation
     assert (run_dirs[0] / "checkpoints" / "last.ckpt").is_file()
     assert (run_dirs[0] / "throughput.json").is_file()
+
+
+def test_a_small_corpus_with_epochs_shorter_than_the_validation_interval(shakespeare, tmp_path):
+    text = shakespeare[:2_000]
+    (tmp_path / "small.txt").write_text(text)
+    n = len(gpt2_encoding().encode_ordinary(text))
+    epoch = (n - int(n * 0.5) - 1) // (2 * 64)
+    assert 0 < epoch < 5  # shorter than the validation interval below
+    result = run_cli(
+        "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--data.data_path", "small.txt",
+        "--data.batch_size", "2", "--data.block_size", "64", "--data.val_fraction", "0.5",
+        "--model.n_layer", "1", "--model.n_embd", "32", "--model.n_head", "2", "--model.compile", "false",
+        "--trainer.max_steps", "7", "--trainer.val_check_interval", "5", "--trainer.log_every_n_steps", "3",
+        "--trainer.limit_val_batches", "1", "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"1 epoch = {epoch} batches" in result.stdout + result.stderr
+    assert "logging interval" not in result.stdout + result.stderr
+    (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    assert [e.step for e in events.Scalars("val/loss")] == [4]  # after optimizer step 5, across epochs
+    assert len(events.Scalars("train/loss")) == 2  # steps 3 and 6, across epoch ends

@@ -175,3 +175,15 @@ def test_a_broken_config_file_is_named(content, expected, tmp_path, capsys):
     code, err = run_main(fit_args(tmp_path, "--config", str(config)), capsys)
     assert_one_clear_line(code, err, f"Config file {config} ", expected)
     assert "<unicode string>" not in err
+
+
+def test_a_validation_interval_longer_than_an_epoch(tmp_path, capsys):
+    code, err = run_main(fit_args(tmp_path, "--trainer.val_check_interval", "100000",
+                                  "--trainer.check_val_every_n_epoch", "1"), capsys)
+    assert_one_clear_line(code, err, "trainer.val_check_interval (100000) is more than the 297 training batches",
+                          "--trainer.check_val_every_n_epoch null")
+
+
+def test_trainer_settings_that_cannot_be_built_here(tmp_path, capsys):
+    code, err = run_main(fit_args(tmp_path, "--trainer.accelerator", "tpu"), capsys)
+    assert_one_clear_line(code, err, "The trainer settings are not usable here", "torch_xla")

@@ -123,6 +123,22 @@ class TokenStreamDataModule(LightningDataModule):
             )
         per_rank = " per process" if self.world_size > 1 else ""
         rank_zero_info(f"1 epoch = {batches} batches{per_rank}")
+        self._check_validation_interval(batches)
+
+    def _check_validation_interval(self, batches: int) -> None:
+        """Say in our words what Lightning's fit loop would raise as a ValueError traceback."""
+        trainer = self.trainer
+        interval = getattr(trainer, "val_check_interval", None)
+        if not isinstance(interval, int) or getattr(trainer, "check_val_every_n_epoch", None) is None:
+            return
+        limit = trainer.limit_train_batches
+        epoch = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+        if interval > epoch and trainer.limit_val_batches > 0:
+            raise UserError(
+                f"trainer.val_check_interval ({interval}) is more than the {epoch} training batches of an "
+                "epoch, so validation would never run. Add --trainer.check_val_every_n_epoch null to "
+                f"validate every {interval} steps across epochs, or use a val_check_interval <= {epoch}."
+            )
 
     @property
     def world_size(self) -> int:
