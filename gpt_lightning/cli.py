@@ -12,14 +12,30 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from gpt_lightning.errors import UserError
 
 # Our own commands, each a module of gpt_lightning.commands with a main(argv); imported on use.
-COMMANDS = ("bench", "export", "sample", "tokenize")
+COMMANDS = {
+    "bench": "train one config eager, then compiled, and compare throughput and loss",
+    "sample": "continue a prompt with a checkpoint",
+    "export": "write a checkpoint's GPT weights to safetensors",
+    "tokenize": "turn a folder of .txt files into GPT-2 .npy shards",
+}
+OVERVIEW = "\n".join([
+    "usage: gpt-lightning COMMAND [options]",
+    "",
+    "Lightning's commands, configured by YAML files and flags (COMMAND --help lists every option):",
+    "  fit, validate, test, predict",
+    "Ours (COMMAND --help for their options):",
+    *(f"  {name:<9} {text}" for name, text in COMMANDS.items()),
+])
 
 
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``gpt-lightning`` and ``python -m gpt_lightning``."""
     argv = sys.argv[1:] if args is None else args
+    if not argv or argv[0] in ("-h", "--help"):
+        print(OVERVIEW, file=sys.stdout if argv else sys.stderr)
+        raise SystemExit(0 if argv else 2)
     try:
-        if argv and argv[0] in COMMANDS:
+        if argv[0] in COMMANDS:
             importlib.import_module(f"gpt_lightning.commands.{argv[0]}").main(argv[1:])
         else:
             from gpt_lightning.lightning_cli import GPTLightningCLI

@@ -34,12 +34,11 @@ class StepProgressBar(TQDMProgressBar):
     itself never waits for a value to come back from the GPU.
 
     Args:
-        refresh_rate: redraw the bar every this many steps.
-        leave: keep the finished bar on screen.
+        refresh_rate: redraw the bar every this many steps. The finished bar stays on screen.
     """
 
-    def __init__(self, refresh_rate: int = 1, leave: bool = True) -> None:
-        super().__init__(refresh_rate=refresh_rate, leave=leave)
+    def __init__(self, refresh_rate: int = 1) -> None:
+        super().__init__(refresh_rate=refresh_rate, leave=True)
         self._shown_step = -1
 
     def init_train_tqdm(self) -> Tqdm:

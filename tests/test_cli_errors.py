@@ -187,3 +187,13 @@ def test_a_validation_interval_longer_than_an_epoch(tmp_path, capsys):
 def test_trainer_settings_that_cannot_be_built_here(tmp_path, capsys):
     code, err = run_main(fit_args(tmp_path, "--trainer.accelerator", "tpu"), capsys)
     assert_one_clear_line(code, err, "The trainer settings are not usable here", "torch_xla")
+
+
+def test_no_command_lists_every_command(capsys):
+    code, err = run_main([], capsys)
+    assert code == 2
+    for command in ("fit", "bench", "sample", "export", "tokenize"):
+        assert command in err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0 and "tokenize" in capsys.readouterr().out

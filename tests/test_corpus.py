@@ -4,6 +4,7 @@ import gzip
 import hashlib
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -58,8 +59,12 @@ def test_the_default_corpus_trains_without_network(tmp_path):
 
 
 def test_the_wheel_carries_the_corpus_and_reads_it_where_installed(tmp_path):
+    source = tmp_path / "source"  # a copy: building writes build/ and egg-info beside the sources
+    shutil.copytree(REPO / "gpt_lightning", source / "gpt_lightning", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(source)],
         capture_output=True, text=True, timeout=300,
     )
     assert build.returncode == 0, build.stderr[-3000:]
