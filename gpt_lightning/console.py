@@ -19,9 +19,11 @@ from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 
-# Names on the progress bar: short, so the line fits a terminal; anything else logged to the bar
-# keeps its own name.
-_BAR_NAMES = {"train/loss": "loss", "val/loss": "val_loss", "throughput/tokens_per_sec": "tok/s"}
+# Shown on the bar under short names, so the line fits a terminal. The first two are logged without
+# prog_bar (Lightning converts every prog_bar value to a Python number after every batch, one host
+# read each) and read here from trainer.callback_metrics, once per logging interval.
+_READ_AT_INTERVALS = {"train/loss": "loss", "throughput/tokens_per_sec": "tok/s"}
+_BAR_NAMES = {"val/loss": "val_loss"}
 
 
 class StepProgressBar(TQDMProgressBar):
@@ -87,15 +89,15 @@ class StepProgressBar(TQDMProgressBar):
 
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
         shown: dict[str, Any] = {}
+        for name, label in _READ_AT_INTERVALS.items():
+            value = trainer.callback_metrics.get(name)
+            if value is not None:
+                value = float(value)  # the one host read, at a logging interval
+                shown[label] = f"{value:,.0f}" if label == "tok/s" else f"{value:.3f}"
         for name, value in super().get_metrics(trainer, pl_module).items():
             if name == "v_num":
                 continue  # the version is in the log directory's name
-            name = _BAR_NAMES.get(name, name)
-            if name == "tok/s" and isinstance(value, (int, float)):
-                value = f"{value:,.0f}"
-            elif isinstance(value, float):
-                value = f"{value:.3f}"
-            shown[name] = value
+            shown[_BAR_NAMES.get(name, name)] = f"{value:.3f}" if isinstance(value, float) else value
         return shown
 
 

@@ -13,6 +13,7 @@ from torchmetrics import MeanMetric
 
 from gpt_lightning.errors import UserError
 from gpt_lightning.model import GPT, GPTConfig
+from gpt_lightning.nonfinite import NonFiniteGuard
 from gpt_lightning.data.tokenizer import gpt2_encoding
 
 _DEFAULT = GPTConfig()  # the architecture defaults live in GPTConfig alone
@@ -110,6 +111,8 @@ class GPTLightningModule(LightningModule):
             raise UserError(str(err).replace("GPTConfig.", "model.") + hint) from err
         self.model = GPT(self.config)
         self.val_loss = MeanMetric()  # token-weighted mean, reduced across ranks at compute()
+        self._nonfinite = NonFiniteGuard()
+        self._nonfinite_checked_at = -1
         self._flops_cache: dict[tuple[int, int], float] = {}
 
     # --- setup hooks -----------------------------------------------------------------------------
@@ -206,19 +209,42 @@ class GPTLightningModule(LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
-        self._step_loss = loss.detach()
-        self.log("train/loss", loss, prog_bar=True, sync_dist=True)
+        self._nonfinite.observe_loss(loss)
+        # Not prog_bar: Lightning turns every prog_bar value into a Python number after every batch,
+        # a host read each step. StepProgressBar reads it at logging intervals instead.
+        self.log("train/loss", loss, sync_dist=True)
         return loss
 
+    # --- non-finite losses and gradients, without a per-step host sync -----------------------------
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        # Checked after backward, before the update: the weights (and any checkpoint written after
-        # this step) are never touched by a non-finite loss. The host sync this costs waits only for
-        # backward; the fused optimizer's launch is all the GPU waits for in turn.
-        if not torch.isfinite(self._step_loss):
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)  # 16-mixed: it handles overflows
+        grads = None if scaler is not None else [p.grad for p in self.model.parameters() if p.grad is not None]
+        skip = self._nonfinite.skip_update(self.global_step, grads)
+        if scaler is None and optimizer.defaults.get("fused"):
+            optimizer.found_inf = skip.float()  # the fused kernel leaves weights and moments untouched
+        elif bool(skip):  # this optimizer cannot skip on the device: decide on the host, now
+            self._stop_if_nonfinite()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        step = self.global_step
+        if step % self.trainer.log_every_n_steps == 0 and step != self._nonfinite_checked_at:
+            self._stop_if_nonfinite()  # at each logging interval, where the logger reads values anyway
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._stop_if_nonfinite()  # no checkpoint is written after a bad step
+
+    def on_train_end(self) -> None:
+        self._stop_if_nonfinite()
+
+    def _stop_if_nonfinite(self) -> None:
+        self._nonfinite_checked_at = self.global_step
+        bad_step = self._nonfinite.first_bad_step()
+        if bad_step is not None:
             raise UserError(
-                f"train/loss became {self._step_loss.item()} at step {self.global_step}; training "
-                "stopped before that update, so the last checkpoint is intact. Lower "
-                "model.learning_rate, add model.warmup_steps, or use bf16-mixed instead of 16-mixed."
+                f"train/loss or a gradient became non-finite (nan or inf) at step {bad_step}. That update "
+                "and every one after it were skipped, and no checkpoint was written since, so the weights "
+                "and the last checkpoint are those from before it. Lower model.learning_rate, add "
+                "model.warmup_steps, or use bf16-mixed instead of 16-mixed."
             )
 
     def _eval_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> None:

@@ -261,7 +261,7 @@ class ThroughputMonitor(Callback):
         if mfu is not None:
             metrics["throughput/mfu"] = mfu
         for name, value in metrics.items():
-            pl_module.log(name, value, prog_bar=name == "throughput/tokens_per_sec", rank_zero_only=True)
+            pl_module.log(name, value, rank_zero_only=True)  # not prog_bar: see StepProgressBar
 
     def _warmup_seconds(self) -> float:
         return sum(step.seconds for step in self.steps if step.index < self.warmup_steps)

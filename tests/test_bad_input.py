@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch import Trainer
+from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from gpt_lightning.data import token_cache
@@ -150,9 +150,32 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(small_text, 
     data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path))
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_last=True)
     trainer = Trainer(accelerator="cpu", max_steps=10, logger=False, callbacks=[checkpoint], enable_progress_bar=False)
-    with pytest.raises(UserError, match="train/loss became nan at step 3"):
+    with pytest.raises(UserError, match=r"became non-finite \(nan or inf\) at step 3\. That update and every one after it were skipped"):
         trainer.fit(module, data)
     last = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)
     assert last["global_step"] == 3
     assert all(torch.isfinite(v).all() for v in last["state_dict"].values())
     assert all(torch.isfinite(p).all() for p in module.parameters())  # the bad update never happened
+
+
+def test_a_nan_is_reported_at_the_next_logging_interval_and_no_update_follows_it(small_text, tmp_path):
+    def fit(module, max_steps):
+        seed_everything(0)
+        data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path))
+        trainer = Trainer(accelerator="cpu", precision="32-true", max_steps=max_steps, log_every_n_steps=5, logger=False,
+                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(module, data)
+        return trainer
+
+    seed_everything(0)
+    bad = NaNAtStep(nan_step=3, **TINY_MODEL)
+    with pytest.raises(UserError, match="non-finite .* at step 3") as info:
+        fit(bad, max_steps=10)
+    assert bad.trainer.global_step == 5  # found at the logging interval: no host read before it
+    seed_everything(0)
+    good = GPTLightningModule(**TINY_MODEL)
+    fit(good, max_steps=3)
+    # Steps 3 and 4 updated nothing: the weights are those after 3 good steps.
+    for (name, ours), theirs in zip(bad.state_dict().items(), good.state_dict().values()):
+        assert torch.equal(ours, theirs), name
+    assert "Traceback" not in str(info.value)

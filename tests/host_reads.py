@@ -1,0 +1,49 @@
+"""A callback the sync-free test attaches through the CLI: it counts host reads of tensor values
+(``aten._local_scalar_dense``, which ``.item()``, ``float(t)``, ``bool(t)`` and ``int(t)`` dispatch
+to) for each training step, and writes them to a JSON file."""
+
+import json
+import traceback
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from lightning.pytorch import Callback
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class _Counter(TorchDispatchMode):
+    def __init__(self, probe: "HostReadCounter") -> None:
+        super().__init__()
+        self.probe = probe
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default and self.probe.step is not None:
+            where = [f"{f.filename}:{f.lineno}" for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename][-8:]
+            self.probe.reads[self.probe.step].append(where)
+        return func(*args, **(kwargs or {}))
+
+
+class HostReadCounter(Callback):
+    """Host reads per training step, from one step's batch start to the next one's."""
+
+    def __init__(self, out: str) -> None:
+        self.out = Path(out)
+        self.step: int | None = None  # index of the training step now running, None outside training
+        self.reads: dict[int, list] = defaultdict(list)
+
+    def on_train_start(self, trainer, pl_module):
+        self.mode = _Counter(self)
+        self.mode.__enter__()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.step = trainer.global_step
+
+    def on_validation_start(self, trainer, pl_module):
+        self.step = None  # validation reads its metrics: not a training step
+
+    def on_train_end(self, trainer, pl_module):
+        self.step = None
+        self.mode.__exit__(None, None, None)
+        steps = trainer.global_step
+        self.out.write_text(json.dumps({"steps": steps, "reads": {str(k): v for k, v in self.reads.items()}}))

@@ -1,0 +1,32 @@
+"""A steady-state training step reads nothing back from the device: the host waits only at logging
+intervals (and validation and checkpoints), so on a GPU the next step's kernels queue ahead."""
+
+import json
+
+import torch
+
+from gpt_lightning.cli import main
+
+from conftest import REPO
+
+
+def test_no_host_read_between_logging_intervals(small_text, tmp_path):
+    probe = {"class_path": "host_reads.HostReadCounter", "init_args": {"out": str(tmp_path / "reads.json")}}
+    main([
+        "fit", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--model.compile", "false",
+        "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32",
+        "--data.data_path", str(small_text), "--data.batch_size", "2", "--data.block_size", "32",
+        "--trainer.max_steps", "16", "--trainer.log_every_n_steps", "5", "--trainer.limit_val_batches", "0",
+        "--checkpoint.every_n_train_steps", "1000", "--throughput.warmup_steps", "2",
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"), f"--trainer.callbacks+={json.dumps(probe)}",
+    ])
+    record = json.loads((tmp_path / "reads.json").read_text())
+    assert record["steps"] == 16
+    reads = {int(step): where for step, where in record["reads"].items()}
+    # Step k runs from its batch start to the next one's. The logger and the progress bar read values
+    # when step k ends at a logging interval (k + 1 divisible by 5) and the bar shows them when step
+    # k + 1 starts; the first step measures FLOPs. Every other step reads nothing back.
+    allowed = {0} | {k for k in range(16) if (k + 1) % 5 == 0 or k % 5 == 0}
+    between = {k: reads.get(k, []) for k in range(16) if k not in allowed}
+    assert between and all(not where for where in between.values()), between
+    assert any(reads.get(k) for k in allowed)  # the counter does see reads where they are allowed
