@@ -163,8 +163,15 @@ class GPT(nn.Module):
         x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x)  # (B, T, C)
-        x = self.transformer.ln_f(x)
-        logits = self.lm_head(x)  # (B, T, vocab_size)
+        return self.head_and_loss(x, targets)
+
+    def head_and_loss(
+        self, x: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Final LayerNorm, LM head and loss: a method of its own so that it can be compiled as one
+        region (``compile_scope: blocks``) beside the blocks, without renaming any parameter."""
+        B, T, _ = x.shape
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab_size)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))  # (B*T, V) vs (B*T,)
@@ -178,6 +185,7 @@ class GPT(nn.Module):
         temperature: float = 1.0,
         top_k: int | None = None,
         generator: torch.Generator | None = None,
+        vocab_limit: int | None = None,
     ) -> torch.Tensor:
         """Extend ``idx`` (B, T) by sampling ``max_new_tokens`` tokens, one at a time.
 
@@ -187,6 +195,8 @@ class GPT(nn.Module):
             temperature: softmax temperature; 0 means greedy (argmax).
             top_k: sample only among the k most likely tokens; None for the whole vocabulary.
             generator: random generator for reproducible samples.
+            vocab_limit: sample only ids below this: the tokenizer's size when the embedding is
+                padded past it (50304 rows for GPT-2's 50257 tokens), so every id decodes.
 
         Returns:
             token ids of shape (B, T + max_new_tokens).
@@ -195,12 +205,24 @@ class GPT(nn.Module):
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}.")
+        # Eager, even when the model or its blocks are compiled for fixed (B, T) training shapes:
+        # every new length would otherwise be a recompilation.
+        with torch.compiler.set_stance("force_eager"):
+            return self._generate(idx, max_new_tokens, temperature, top_k, generator, vocab_limit)
+
+    def _generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int | None,
+        generator: torch.Generator | None,
+        vocab_limit: int | None,
+    ) -> torch.Tensor:
         for _ in range(max_new_tokens):
             context = idx[:, -self.config.block_size :]  # (B, <=block_size)
-            # forward(), not self(): a model compiled in place for fixed (B, T) training shapes
-            # would recompile for every new length; sampling runs eagerly instead.
-            logits, _ = self.forward(context)
-            logits = logits[:, -1, :].float()  # (B, V): the next-token distribution
+            logits, _ = self(context)
+            logits = logits[:, -1, :vocab_limit].float()  # (B, V): the next-token distribution
             if temperature == 0:
                 next_token = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
             else:

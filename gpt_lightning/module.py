@@ -58,6 +58,11 @@ class GPTLightningModule(LightningModule):
         min_lr_ratio: final learning rate of the cosine schedule, as a fraction of the peak.
         compile: compile the model with ``torch.compile`` in place in ``configure_model``, so
             checkpoint keys stay plain. The first steps then include compilation.
+        compile_scope: what one ``torch.compile`` graph captures. "model": the whole GPT. "blocks":
+            each transformer ``Block`` (one graph, reused by every block) plus the final LayerNorm,
+            LM head and loss as one more region; the embeddings stay eager. Regional compilation
+            compiles the repeated block once instead of n_layer times. Measured on GPT-2 124M
+            (benchmarks/results): first step 22 s instead of 39 s, steady state 1.09x, on 2 CPU cores.
         compile_mode: ``torch.compile`` mode: None (default), "reduce-overhead", "max-autotune", ...
         compile_dynamic: ``torch.compile(dynamic=...)``; False suits the fixed (B, T) batches.
         compile_fullgraph: fail on any graph break instead of falling back to eager.
@@ -86,6 +91,7 @@ class GPTLightningModule(LightningModule):
         cosine_decay_steps: int | None = None,
         min_lr_ratio: float = 0.1,
         compile: bool = True,
+        compile_scope: Literal["model", "blocks"] = "blocks",
         compile_mode: str | None = None,
         compile_dynamic: bool | None = False,
         compile_fullgraph: bool = False,
@@ -172,17 +178,25 @@ class GPTLightningModule(LightningModule):
 
     def configure_model(self) -> None:
         """Compile in place: ``state_dict`` keys stay ``model.transformer...`` (no ``_orig_mod.``)."""
-        if self.hparams.compile and not self.is_compiled:
-            self.model.compile(
-                mode=self.hparams.compile_mode,
-                dynamic=self.hparams.compile_dynamic,
-                fullgraph=self.hparams.compile_fullgraph,
-            )
+        if not self.hparams.compile or self.is_compiled:
+            return
+        options = dict(
+            mode=self.hparams.compile_mode, dynamic=self.hparams.compile_dynamic, fullgraph=self.hparams.compile_fullgraph
+        )
+        if self.hparams.compile_scope == "model":
+            self.model.compile(**options)
+            return
+        for block in self.model.transformer.h:
+            block.compile(**options)  # in place, like the whole model: same code, one graph for all
+        # A method, not a module: compiling it leaves every parameter name as it is.
+        self.model.head_and_loss = torch.compile(self.model.head_and_loss, **options)
 
     @property
     def is_compiled(self) -> bool:
-        """Whether ``self.model`` calls go through ``torch.compile``."""
-        return getattr(self.model, "_compiled_call_impl", None) is not None
+        """Whether the model (or, compiled by regions, its blocks) runs through ``torch.compile``."""
+        return any(
+            getattr(module, "_compiled_call_impl", None) is not None for module in (self.model, self.model.transformer.h[0])
+        )
 
     def training_flops(self, batch_size: int, seq_len: int) -> float:
         """FLOPs of one training step (forward + backward) on a (batch_size, seq_len) batch.
@@ -275,7 +289,9 @@ class GPTLightningModule(LightningModule):
         prompt = encoding.encode_ordinary(self.hparams.val_sample_prompt) or [encoding.eot_token]
         idx = torch.tensor([prompt], dtype=torch.long, device=self.device)
         generator = torch.Generator(device=self.device).manual_seed(0)  # same draw every time: comparable
-        out = self.model.generate(idx, self.hparams.val_sample_tokens, temperature=1.0, top_k=50, generator=generator)
+        out = self.model.generate(
+            idx, self.hparams.val_sample_tokens, temperature=1.0, top_k=50, generator=generator, vocab_limit=encoding.n_vocab
+        )
         text = encoding.decode(out[0].tolist())
         # Markdown would swallow line breaks: indent as a code block.
         add_text("samples", "    " + text.replace("\n", "\n    "), self.global_step)

@@ -1,5 +1,7 @@
-"""The two real torch.compile tests: no graph breaks, and a compiled fit that really compiled."""
+"""The real torch.compile tests: no graph breaks, regional compilation compiles the block once, and a
+compiled fit (either scope) really compiled and keeps plain checkpoint keys."""
 
+import pytest
 import torch
 import torch._dynamo
 from lightning.pytorch import Trainer
@@ -19,10 +21,28 @@ def test_forward_and_loss_have_no_graph_breaks():
     assert explanation.graph_count == 1
 
 
-def test_compiled_fit_really_compiles_and_checkpoints_keep_plain_keys(small_text, tmp_path):
+def test_regional_compilation_compiles_the_block_once():
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    module = GPTLightningModule(n_layer=3, n_head=2, n_embd=32, block_size=16, compile=True, compile_scope="blocks")
+    module.configure_model()
+    idx = torch.randint(0, 50257, (2, 16))
+    for _ in range(2):
+        module(idx, idx)[1].backward()
+    # One graph for the Block (shared by all 3) and one for the head and loss; nothing recompiled.
+    assert counters["stats"]["unique_graphs"] == 2
+    assert not counters["recompiles"]
+    assert module.is_compiled and not [k for k in module.state_dict() if "_orig_mod" in k]
+    module.model.generate(idx[:, :4], 3)  # sampling runs eager: no graph for its growing lengths
+    assert counters["stats"]["unique_graphs"] == 2
+
+
+@pytest.mark.parametrize("scope", ["model", "blocks"])
+def test_compiled_fit_really_compiles_and_checkpoints_keep_plain_keys(scope, small_text, tmp_path):
     torch._dynamo.reset()
     frames_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    module = GPTLightningModule(**{**TINY_MODEL, "compile": True})
+    module = GPTLightningModule(**{**TINY_MODEL, "compile": True, "compile_scope": scope})
     data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.1, cache_dir=str(tmp_path))
     trainer = Trainer(
         accelerator="cpu", max_steps=3, precision="bf16-mixed", logger=False, enable_checkpointing=False,

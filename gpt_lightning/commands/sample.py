@@ -48,7 +48,9 @@ def sample(
     ids = ids[-model.config.block_size :]
     idx = torch.tensor([ids] * num_samples, dtype=torch.long, device=torch_device)  # (num_samples, T)
     generator = torch.Generator(device=torch_device).manual_seed(seed)
-    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
+    out = model.generate(
+        idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator, vocab_limit=encoding.n_vocab
+    )
     return [encoding.decode(row.tolist()) for row in out]
 
 
