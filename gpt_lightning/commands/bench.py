@@ -1,27 +1,43 @@
-"""``gpt-lightning bench``: one config trained eager, then compiled, side by side.
+"""``gpt-lightning bench``: one config trained several ways, side by side.
 
-Same config, same seed, same batches; the reference's table every ``--every`` steps, then the
-post-warm-up median tokens/sec of each run, the speedup, the compile time and the largest loss
-difference. Both runs log to TensorBoard under one parent so their curves overlay; the result is
-saved as ``bench.json`` and ``bench.png`` there. Exits 1 if the loss curves diverge.
+Runs (``--runs``): ``eager``, ``compiled`` (as the config says), and the compile scopes ``model``
+and ``blocks``; ``--also CONFIG`` adds other configs run as written (a faster recipe, say). Same
+seed, same batches. Each run is its own process, so none inherits another's compiled code or device
+memory, and with ``--cold`` each starts from an empty inductor cache: its first step is what a
+first-time user pays. Prints the reference's table every ``--every`` steps and one summary row per
+run (post-warm-up median tokens/sec, step time, first step, MFU, peak memory, speedup and largest
+loss difference against eager); saves ``bench.json`` and ``bench.png`` beside the runs' TensorBoard
+logs. Exits 1 if a compiled run's loss curve leaves eager's by more than ``--tolerance``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch._dynamo
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from gpt_lightning.lightning_cli import GPTLightningCLI
 from gpt_lightning.atomic import atomic_output, atomic_write_bytes
+from gpt_lightning.errors import UserError
 from gpt_lightning.throughput import ThroughputMonitor
+
+# What each run adds to the shared arguments.
+RUNS = {
+    "eager": ["--model.compile", "false"],
+    "compiled": ["--model.compile", "true"],
+    "model": ["--model.compile", "true", "--model.compile_scope", "model"],
+    "blocks": ["--model.compile", "true", "--model.compile_scope", "blocks"],
+}
 
 
 class LossRecorder(Callback):
@@ -37,57 +53,105 @@ class LossRecorder(Callback):
         return torch.stack(self.losses).float().cpu().tolist() if self.losses else []
 
 
-def run_once(config: str, compiled: bool, parent: str, extra: list[str]) -> dict[str, Any]:
-    """Train ``config`` once; return its per-step losses and timings and its throughput summary."""
-    torch._dynamo.reset()
-    name = "compiled" if compiled else "eager"
-    with warnings.catch_warnings():  # args are built from our own argv on purpose
+def train_one(args: list[str]) -> dict[str, Any]:
+    """Train once, in this process, through ``GPTLightningCLI``; losses, timings and the summary."""
+    from gpt_lightning.lightning_cli import GPTLightningCLI
+
+    with warnings.catch_warnings():  # args are built by the parent bench on purpose
         warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended.*")
-        cli = GPTLightningCLI(
-            run=False,
-            parser_kwargs={"prog": "gpt-lightning fit"},  # its options are fit's: that --help lists them
-            args=[
-                "--config", config, *extra,
-                "--model.compile", str(compiled).lower(),
-                "--trainer.logger.init_args.name", parent,
-                "--trainer.logger.init_args.version", name,
-            ],
-        )
+        # its options are fit's, and `gpt-lightning fit --help` lists them
+        cli = GPTLightningCLI(run=False, args=args, parser_kwargs={"prog": "gpt-lightning fit"})
     recorder = LossRecorder()
     cli.trainer.callbacks.append(recorder)
     cli.trainer.fit(cli.model, cli.datamodule)
     monitor = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ThroughputMonitor))
     return {
-        "name": name,
         "log_dir": cli.trainer.log_dir,
+        "compiled": cli.model.is_compiled,
+        "compile_scope": cli.model.hparams.compile_scope,
         "loss": recorder.values(),
         "step_ms": [1000 * s.seconds for s in monitor.steps],
         "tokens_per_sec": [cli.trainer.world_size * s.tokens / s.seconds for s in monitor.steps],
         "summary": monitor.summary,
-        "save_dir": cli.trainer.logger.save_dir,
     }
 
 
-def table(eager: dict, compiled: dict, every: int) -> str:
-    rows = [
-        f"{'step':>5} | {'eager loss':>10} {'ms':>9} {'tok/s':>11} | {'compiled loss':>13} {'ms':>9} {'tok/s':>11}",
-    ]
-    for i in range(0, min(len(eager["loss"]), len(compiled["loss"])), every):
-        rows.append(
-            f"{i:>5} | {eager['loss'][i]:>10.4f} {eager['step_ms'][i]:>9.2f} {eager['tokens_per_sec'][i]:>11.0f} | "
-            f"{compiled['loss'][i]:>13.4f} {compiled['step_ms'][i]:>9.2f} {compiled['tokens_per_sec'][i]:>11.0f}"
-        )
+def run_in_subprocess(name: str, args: list[str], cold: bool) -> dict[str, Any]:
+    """``train_one(args)`` in a fresh Python process (with an empty inductor cache when ``cold``)."""
+    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as scratch:
+        result = Path(scratch) / "result.json"
+        env = dict(os.environ)
+        if cold:
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(scratch) / "inductor")
+            env["TRITON_CACHE_DIR"] = str(Path(scratch) / "triton")
+        print(f"\n=== {name}: {' '.join(args)}{' (cold compile cache)' if cold else ''}", flush=True)
+        child = subprocess.run([sys.executable, "-m", "gpt_lightning.commands.bench", "--child", str(result), *args], env=env)
+        if child.returncode != 0:
+            raise UserError(f"bench run {name!r} failed (exit code {child.returncode}); its error is printed above.")
+        if not result.exists():  # the run only printed something (--print_config, --help): so are we done
+            raise SystemExit(0)
+        return {"name": name, "args": args, **json.loads(result.read_text())}
+
+
+def compare(run: dict[str, Any], eager: dict[str, Any] | None) -> dict[str, Any]:
+    """One summary row: the run's own figures, and its speedup and loss difference against eager."""
+    s = run["summary"] or {}
+    row: dict[str, Any] = {
+        "tokens_per_sec_median": s.get("tokens_per_sec_median"),
+        "step_ms_median": s.get("step_ms_median"),
+        "first_step_s": s.get("first_step_s"),
+        "compile_time_s": (s["first_step_s"] - s["step_ms_median"] / 1000) if s and run["compiled"] else None,
+        "mfu": s.get("mfu"),
+        "peak_memory_bytes": s.get("peak_device_memory_bytes") or s.get("peak_host_rss_bytes"),
+        "speedup_vs_eager": None,
+        "max_loss_diff_vs_eager": None,
+        "max_loss_diff_step": None,
+    }
+    if eager is not None and run is not eager:
+        e = eager["summary"]
+        if e and s:
+            row["speedup_vs_eager"] = s["tokens_per_sec_median"] / e["tokens_per_sec_median"]
+        diffs = [abs(a - b) for a, b in zip(eager["loss"], run["loss"])]
+        if diffs:
+            row["max_loss_diff_vs_eager"] = max(diffs)
+            row["max_loss_diff_step"] = diffs.index(max(diffs))
+    return row
+
+
+def table(runs: list[dict[str, Any]], every: int) -> str:
+    header = f"{'step':>5} | " + " | ".join(f"{run['name'] + ' loss':>14} {'ms':>9}" for run in runs)
+    rows = [header]
+    for i in range(0, min(len(run["loss"]) for run in runs), every):
+        rows.append(f"{i:>5} | " + " | ".join(f"{run['loss'][i]:>14.4f} {run['step_ms'][i]:>9.2f}" for run in runs))
     return "\n".join(rows)
 
 
-def chart(eager: dict, compiled: dict, path: Path) -> None:
+def summary_table(runs: list[dict[str, Any]], rows: dict[str, dict[str, Any]]) -> str:
+    def fmt(value: Any, spec: str, missing: str = "-") -> str:
+        return missing if value is None else format(value, spec)
+
+    lines = [f"{'run':<10} {'tok/s':>10} {'step ms':>9} {'first step s':>13} {'MFU':>6} {'peak mem GB':>12} "
+             f"{'vs eager':>9} {'max |Δloss|':>12}"]
+    for run in runs:
+        r = rows[run["name"]]
+        memory = None if r["peak_memory_bytes"] is None else r["peak_memory_bytes"] / 1e9
+        diff = "-" if r["max_loss_diff_vs_eager"] is None else f"{r['max_loss_diff_vs_eager']:.4f} @{r['max_loss_diff_step']}"
+        lines.append(
+            f"{run['name']:<10} {fmt(r['tokens_per_sec_median'], ',.0f'):>10} {fmt(r['step_ms_median'], '.1f'):>9} "
+            f"{fmt(r['first_step_s'], '.2f'):>13} {fmt(r['mfu'], '.1%'):>6} {fmt(memory, '.2f'):>12} "
+            f"{fmt(r['speedup_vs_eager'], '.2f') + ('x' if r['speedup_vs_eager'] else ''):>9} {diff:>12}"
+        )
+    return "\n".join(lines)
+
+
+def chart(runs: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
-    for run in (eager, compiled):
+    for run in runs:
         top.plot(run["tokens_per_sec"], label=run["name"])
         bottom.plot(run["loss"], label=run["name"])
     top.set_ylabel("tokens/sec")
@@ -107,54 +171,70 @@ def chart(eager: dict, compiled: dict, path: Path) -> None:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         prog="gpt-lightning bench",
-        description="Train one config eager, then compiled, and compare throughput and loss. "
-        "Other arguments (e.g. --trainer.max_steps 50) are passed to both runs.",
+        description="Train one config several ways (eager, compiled, by compile scope), each in its own "
+        "process, and compare throughput, first step and loss. Other arguments are fit's "
+        "(e.g. --trainer.max_steps 50) and go to every run.",
     )
     parser.add_argument("--config", required=True, help="YAML config, as for `gpt-lightning fit`.")
+    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=["eager", "compiled"],
+                        help="how to train --config: eager, compiled (as the config says), model or blocks (compile scopes)")
+    parser.add_argument("--also", nargs="*", default=[], metavar="CONFIG", help="more configs, each run once as written")
+    parser.add_argument("--cold", action="store_true", help="each run starts from an empty inductor cache (a first-time user's compile)")
     parser.add_argument("--every", type=int, default=10, help="print a table row every N steps")
-    parser.add_argument(
-        "--tolerance", type=float, default=0.25,
-        help="largest allowed |loss_eager - loss_compiled| at any step; beyond it the bench exits 1",
-    )
+    parser.add_argument("--tolerance", type=float, default=0.25,
+                        help="largest allowed |loss_eager - loss_compiled| at any step; beyond it the bench exits 1")
     args, extra = parser.parse_known_args(argv)
     parent = f"bench/{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
-    eager = run_once(args.config, False, parent, extra)
-    compiled = run_once(args.config, True, parent, extra)
-    out_dir = Path(compiled["log_dir"]).parent
-    diffs = [abs(a - b) for a, b in zip(eager["loss"], compiled["loss"])]
-    max_diff = max(diffs) if diffs else 0.0
-    worst_step = diffs.index(max_diff) if diffs else 0
-    e, c = eager["summary"], compiled["summary"]
+    def run_args(config: str, name: str) -> list[str]:
+        naming = ["--trainer.logger.init_args.name", parent, "--trainer.logger.init_args.version", name]
+        return ["--config", config, *extra, *naming]
+
+    runs = [run_in_subprocess(name, [*run_args(args.config, name), *RUNS[name]], args.cold) for name in args.runs]
+    runs += [run_in_subprocess(Path(config).stem, run_args(config, Path(config).stem), args.cold) for config in args.also]
+    eager = next((run for run in runs if run["name"] == "eager"), None)
+    base = [run for run in runs if run["name"] in RUNS]
+    rows = {run["name"]: compare(run, eager if run in base else None) for run in runs}
+
+    print("\n" + table(runs, args.every) + "\n")
+    print(summary_table(runs, rows))
+    out_dir = Path(runs[0]["log_dir"]).parent
     result = {
         "config": args.config,
-        "eager_tokens_per_sec_median": e and e["tokens_per_sec_median"],
-        "compiled_tokens_per_sec_median": c and c["tokens_per_sec_median"],
-        "speedup": (c["tokens_per_sec_median"] / e["tokens_per_sec_median"]) if e and c else None,
-        "compiled_first_step_s": c and c["first_step_s"],
-        "eager_first_step_s": e and e["first_step_s"],
-        "compile_time_s": (c["first_step_s"] - c["step_ms_median"] / 1000) if c else None,
-        "max_loss_diff": max_diff,
-        "max_loss_diff_step": worst_step,
+        "also": args.also,
+        "cold_compile_cache": args.cold,
+        "arguments": extra,
+        "device": next((run["summary"]["device"] for run in runs if run["summary"]), None),
         "tolerance": args.tolerance,
-        "runs": {run["name"]: {k: run[k] for k in ("loss", "step_ms", "tokens_per_sec", "summary", "log_dir")}
-                 for run in (eager, compiled)},
+        "summary": rows,
+        "runs": {run["name"]: {k: run[k] for k in ("args", "compiled", "compile_scope", "loss", "step_ms", "tokens_per_sec", "summary", "log_dir")}
+                 for run in runs},
     }
-    print(table(eager, compiled, args.every))
-    if e and c:
-        print(
-            f"\npost-warm-up median: eager {e['tokens_per_sec_median']:,.0f} tok/s, compiled "
-            f"{c['tokens_per_sec_median']:,.0f} tok/s, speedup {result['speedup']:.2f}x; compile time "
-            f"{result['compile_time_s']:.1f} s; largest loss difference {max_diff:.4f} at step {worst_step}"
-        )
-    else:
-        print("\nToo few steps for post-warm-up statistics: raise --trainer.max_steps or lower --throughput.warmup_steps.")
     atomic_write_bytes(out_dir / "bench.json", (json.dumps(result, indent=2) + "\n").encode())
-    chart(eager, compiled, out_dir / "bench.png")
-    print(f"saved {out_dir / 'bench.json'} and {out_dir / 'bench.png'}; TensorBoard: tensorboard --logdir {out_dir}")
-    if max_diff > args.tolerance:
-        print(
-            f"FAIL: the loss curves diverge: |eager - compiled| = {max_diff:.4f} at step {worst_step}, "
-            f"beyond the tolerance {args.tolerance}."
-        )
+    chart(runs, out_dir / "bench.png")
+    print(f"\nsaved {out_dir / 'bench.json'} and {out_dir / 'bench.png'}; TensorBoard: tensorboard --logdir {out_dir}")
+    if any(run["summary"] is None for run in runs):
+        print("Too few steps for post-warm-up statistics: raise --trainer.max_steps or lower --throughput.warmup_steps.")
+    diverged = {name: r for name, r in rows.items()
+                if r["max_loss_diff_vs_eager"] is not None and r["max_loss_diff_vs_eager"] > args.tolerance}
+    for name, r in diverged.items():
+        print(f"FAIL: {name}'s loss curve leaves eager's: |Δloss| = {r['max_loss_diff_vs_eager']:.4f} at step "
+              f"{r['max_loss_diff_step']}, beyond the tolerance {args.tolerance}.")
+    if diverged:
         raise SystemExit(1)
+
+
+def _child(argv: list[str]) -> None:
+    """``python -m gpt_lightning.commands.bench --child RESULT ARGS...``: one run, for ``main``."""
+    assert argv[0] == "--child", argv
+    result_path, args = Path(argv[1]), argv[2:]
+    try:
+        result = train_one(args)
+    except (UserError, MisconfigurationException) as err:
+        print(f"gpt-lightning: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    atomic_write_bytes(result_path, json.dumps(result).encode())
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1:])
