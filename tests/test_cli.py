@@ -40,6 +40,7 @@ def test_reference_config_is_the_reference_experiment():
     assert (cfg.data.batch_size, cfg.data.block_size, cfg.trainer.max_steps) == (16, 1024, 100)
     assert (cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.vocab_size) == (12, 12, 768, 50257)
     assert cfg.model.learning_rate == 1e-3 and cfg.model.float32_matmul_precision == "high"
+    assert cfg.model.compile_scope == "model"  # torch.compile(model), as the notes ran it
     assert cfg.trainer.accelerator == "cuda" and cfg.seed_everything == 42
 
 
@@ -106,3 +107,20 @@ def test_a_small_corpus_with_epochs_shorter_than_the_validation_interval(shakesp
     events.Reload()
     assert [e.step for e in events.Scalars("val/loss")] == [4]  # after optimizer step 5, across epochs
     assert len(events.Scalars("train/loss")) == 2  # steps 3 and 6, across epoch ends
+
+
+def test_the_fast_config_is_the_reference_plus_only_its_speed_choices():
+    def flat(cfg, prefix=""):
+        out = {}
+        for key, value in cfg.items():
+            if hasattr(value, "items"):
+                out.update(flat(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    reference = flat(ParseOnlyCLI(run=False, args=["--config", str(REPO / "configs/gpt2-124m.yaml")]).config)
+    fast = flat(ParseOnlyCLI(run=False, args=["--config", str(REPO / "configs/gpt2-124m-fast.yaml")]).config)
+    changed = {key for key in reference.keys() | fast.keys() if reference.get(key) != fast.get(key)}
+    assert changed == {"model.vocab_size", "model.compile_scope", "trainer.logger.init_args.name", "config"}
+    assert (fast["model.vocab_size"], fast["model.compile_scope"]) == (50304, "blocks")
