@@ -47,3 +47,30 @@ class HostReadCounter(Callback):
         self.mode.__exit__(None, None, None)
         steps = trainer.global_step
         self.out.write_text(json.dumps({"steps": steps, "reads": {str(k): v for k, v in self.reads.items()}}))
+
+
+class SyncDebugProbe(Callback):
+    """On CUDA: any synchronizing call (a device-to-host copy, ``.item()``, a stream sync) during a
+    step between logging intervals raises, through ``torch.cuda.set_sync_debug_mode("error")``.
+
+    Step k is watched from its batch start to the next step's batch start when neither it nor the
+    step before it ends a logging interval (those read values on purpose), and k > 0.
+    """
+
+    def __init__(self, out: str) -> None:
+        self.out = Path(out)
+        self.watched: list[int] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        k, every = trainer.global_step, trainer.log_every_n_steps
+        watch = k > 0 and k % every not in (0, every - 1)
+        torch.cuda.set_sync_debug_mode("error" if watch else "default")
+        if watch:
+            self.watched.append(k)
+
+    def on_validation_start(self, trainer, pl_module):
+        torch.cuda.set_sync_debug_mode("default")
+
+    def on_train_end(self, trainer, pl_module):
+        torch.cuda.set_sync_debug_mode("default")
+        self.out.write_text(json.dumps({"watched": self.watched}))

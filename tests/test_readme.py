@@ -59,7 +59,10 @@ def needs_gpus(words: list[str]) -> bool:
 
 def test_every_command_is_one_we_know_how_to_check():
     programs = {words[0] for words in COMMANDS}
-    assert programs <= {*INSTALL_PROGRAMS, "gpt-lightning", "python", "tensorboard"}, programs
+    assert programs <= {*INSTALL_PROGRAMS, "gpt-lightning", "python", "tensorboard", "bash"}, programs
+    # The one bash script shown is the GPU run, which tests/test_gpu_run.py runs in its CPU smoke mode.
+    assert [w for w in COMMANDS if w[0] == "bash"] == [["bash", "benchmarks/gpu_run.sh"]]
+    assert '"benchmarks" / "gpu_run.sh"' in (REPO / "tests" / "test_gpu_run.py").read_text()
     assert {w[1] for w in COMMANDS if w[0] == "gpt-lightning"} <= {"fit", *OVERRIDES}
 
 
@@ -74,11 +77,11 @@ def test_the_install_and_test_commands_are_what_ci_runs():
 
 
 @pytest.mark.parametrize("words", [w for w in COMMANDS if w[0] == "gpt-lightning" and needs_gpus(w)], ids=shlex.join)
-def test_gpu_commands_parse(words, capsys):
+def test_gpu_commands_parse(words, capfd):
     with pytest.raises(SystemExit) as exit_info:
         main([*words[1:], "--print_config"])
-    assert exit_info.value.code == 0, capsys.readouterr().err
-    assert "model:" in capsys.readouterr().out
+    assert exit_info.value.code == 0, capfd.readouterr().err
+    assert "model:" in capfd.readouterr().out  # bench prints it from its run's own process
 
 
 def run(words: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -102,8 +105,8 @@ def test_the_readme_walkthrough_runs_on_a_cpu(tmp_path, shakespeare):
 
     ran = []
     for words in COMMANDS:
-        if words[0] in INSTALL_PROGRAMS or words[0] == "tensorboard" or words[1:3] == ["-m", "pytest"]:
-            continue  # checked against .ci/run above
+        if words[0] in INSTALL_PROGRAMS or words[0] in ("tensorboard", "bash") or words[1:3] == ["-m", "pytest"]:
+            continue  # checked above
         if words[0] == "gpt-lightning" and needs_gpus(words):
             continue  # parsed above
         command = words[1] if words[0] == "gpt-lightning" else "fit"

