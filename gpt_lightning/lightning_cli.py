@@ -143,7 +143,9 @@ class GPTLightningCLI(LightningCLI):
         data = saved_arguments(checkpoint, self._datamodule_class, "datamodule_hyper_parameters")
         from_checkpoint = ["--model", json.dumps(model), "--data", json.dumps(data)]
         at = self._cli_args.index(subcommand) + 1
-        self.config = self.parser.parse_args(self._cli_args[:at] + from_checkpoint + self._cli_args[at:])
+        # The weights come from the checkpoint: model.init_from (a fresh start's source) is not read.
+        fresh_start_only = ["--model.init_from", "null"]
+        self.config = self.parser.parse_args(self._cli_args[:at] + from_checkpoint + self._cli_args[at:] + fresh_start_only)
 
     # --- building ---------------------------------------------------------------------------------
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:

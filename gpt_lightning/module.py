@@ -14,6 +14,7 @@ from torchmetrics import MeanMetric
 from gpt_lightning.errors import UserError
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.nonfinite import NonFiniteGuard
+from gpt_lightning.pretrained import agree_with_pretrained
 from gpt_lightning.data.tokenizer import gpt2_encoding
 
 _DEFAULT = GPTConfig()  # the architecture defaults live in GPTConfig alone
@@ -72,6 +73,12 @@ class GPTLightningModule(LightningModule):
             and log the text to TensorBoard (tag ``samples``), so you can watch the model learn.
             0 turns it off.
         val_sample_prompt: the prompt for those samples.
+        init_from: start from a GPT-2 checkpoint in Hugging Face format: a hub name (``gpt2``,
+            ``gpt2-medium``, ``gpt2-large``, ``gpt2-xl``; fetched once through huggingface_hub's
+            cache) or a local directory or weights file with its ``config.json``. Its config gives
+            the architecture: options left at their defaults take its values, one set otherwise must
+            agree; ``block_size`` may be shorter (the position table is cropped). Checkpoints of the
+            run record the architecture, so they load without it. A resumed run ignores it.
     """
 
     def __init__(
@@ -98,6 +105,7 @@ class GPTLightningModule(LightningModule):
         float32_matmul_precision: Literal["highest", "high", "medium"] | None = None,
         val_sample_tokens: int = 48,
         val_sample_prompt: str = "\n",
+        init_from: str | None = None,
     ) -> None:
         super().__init__()
         if not learning_rate > 0:
@@ -107,6 +115,13 @@ class GPTLightningModule(LightningModule):
         if warmup_steps < 0 or (cosine_decay_steps is not None and cosine_decay_steps <= 0):
             raise UserError("model.warmup_steps must be >= 0 and model.cosine_decay_steps > 0.")
         self.save_hyperparameters()
+        pretrained_state = None
+        if init_from is not None:
+            given = dict(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd, bias=bias)
+            architecture, pretrained_state = agree_with_pretrained(given, init_from)
+            # Checkpoints of this run record the architecture and load without the source.
+            self.save_hyperparameters({**architecture, "init_from": None, "pretrained_from": init_from})
+            block_size, vocab_size, n_layer, n_head, n_embd, bias = (architecture[k] for k in given)
         try:
             self.config = GPTConfig(
                 block_size=block_size, vocab_size=vocab_size, n_layer=n_layer,
@@ -116,6 +131,8 @@ class GPTLightningModule(LightningModule):
             hint = " (the CLI sets it from data.block_size)" if "block_size" in str(err) else ""
             raise UserError(str(err).replace("GPTConfig.", "model.") + hint) from err
         self.model = GPT(self.config)
+        if pretrained_state is not None:
+            self.model.load_state_dict({**pretrained_state, "lm_head.weight": pretrained_state["transformer.wte.weight"]})
         self.val_loss = MeanMetric()  # token-weighted mean, reduced across ranks at compute()
         self._nonfinite = NonFiniteGuard()
         self._nonfinite_checked_at = -1

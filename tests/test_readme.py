@@ -53,8 +53,8 @@ OVERRIDES = {
 
 
 def needs_gpus(words: list[str]) -> bool:
-    """Commands for CUDA or several devices: parsed here (--print_config), not run."""
-    return any("gpt2-124m" in w for w in words) or "--trainer.devices" in words
+    """Commands for CUDA, several devices or the Hugging Face hub: parsed here (--print_config), not run."""
+    return any("gpt2-124m" in w or "finetune-gpt2" in w for w in words) or "--trainer.devices" in words
 
 
 def test_every_command_is_one_we_know_how_to_check():

@@ -1,19 +1,27 @@
-"""``gpt-lightning export``: the plain GPT weights of a checkpoint, as safetensors."""
+"""``gpt-lightning export``: the GPT weights of a checkpoint, as one safetensors file (for
+``gpt_lightning.load_gpt``) or as a Hugging Face GPT-2 directory (for ``transformers``)."""
 
 from __future__ import annotations
 
 import argparse
 
+from gpt_lightning.checkpoint import gpt_from_checkpoint
+from gpt_lightning.pretrained import export_hf
 from gpt_lightning.weights import export_weights
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         prog="gpt-lightning export",
-        description="Write the plain GPT weights of a checkpoint to a safetensors file "
-        "(load it with gpt_lightning.load_gpt, no Lightning needed).",
+        description="Write the GPT weights of a checkpoint: --format safetensors, one file that "
+        "gpt_lightning.load_gpt loads without Lightning; --format hf, a directory that "
+        "transformers.GPT2LMHeadModel.from_pretrained (and AutoTokenizer) loads.",
     )
     parser.add_argument("--ckpt_path", required=True, help="a .ckpt written by gpt-lightning fit")
-    parser.add_argument("--out", required=True, help="output .safetensors path")
+    parser.add_argument("--out", required=True, help="output .safetensors file, or directory for --format hf")
+    parser.add_argument("--format", choices=["safetensors", "hf"], default="safetensors")
     args = parser.parse_args(argv)
-    print(f"wrote {export_weights(args.ckpt_path, args.out)}")
+    if args.format == "hf":
+        print(f"wrote {export_hf(gpt_from_checkpoint(args.ckpt_path), args.out)}")
+    else:
+        print(f"wrote {export_weights(args.ckpt_path, args.out)}")

@@ -42,12 +42,19 @@ def _bpe_file(name: str, expected_sha256: str) -> str:
     return str(path)
 
 
+def bpe_files() -> tuple[str, str]:
+    """Paths of GPT-2's ``vocab.bpe`` and ``encoder.json``, checked: Hugging Face calls the same
+    two files ``merges.txt`` and ``vocab.json``."""
+    return _bpe_file("vocab.bpe", VOCAB_BPE_SHA256), _bpe_file("encoder.json", ENCODER_JSON_SHA256)
+
+
 @functools.lru_cache(maxsize=1)
 def gpt2_encoding() -> tiktoken.Encoding:
     """The GPT-2 tiktoken ``Encoding`` (50257 tokens, ``<|endoftext|>`` = 50256), built offline."""
+    vocab_bpe, encoder_json = bpe_files()
     ranks = data_gym_to_mergeable_bpe_ranks(
-        vocab_bpe_file=_bpe_file("vocab.bpe", VOCAB_BPE_SHA256),
-        encoder_json_file=_bpe_file("encoder.json", ENCODER_JSON_SHA256),
+        vocab_bpe_file=vocab_bpe,
+        encoder_json_file=encoder_json,
         vocab_bpe_hash=VOCAB_BPE_SHA256,
         encoder_json_hash=ENCODER_JSON_SHA256,
     )

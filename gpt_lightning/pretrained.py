@@ -1,0 +1,173 @@
+"""GPT-2 checkpoints in Hugging Face format, both ways: OpenAI's weights (or any ``GPT2LMHeadModel``)
+to start from, and a directory that ``transformers.GPT2LMHeadModel.from_pretrained`` loads.
+
+Our parameter names are GPT-2's, so the mapping is small: Hugging Face stores the four projection
+weights as ``Conv1D`` (in, out) where ``nn.Linear`` has (out, in), its files may or may not prefix
+keys with ``transformer.``, older ones carry the causal-mask buffers ``attn.bias`` and
+``attn.masked_bias``, and the LM head is the token embedding (tied) and usually not stored.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpt_lightning.atomic import atomic_output
+from gpt_lightning.errors import UserError
+from gpt_lightning.model import GPT, GPTConfig
+
+HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+_MASK_BUFFERS = (".attn.bias", ".attn.masked_bias")  # not ".c_attn.bias", a real weight
+_TIED = "lm_head.weight"
+# GPTConfig field -> Hugging Face GPT2Config key
+_CONFIG_KEYS = {"block_size": "n_positions", "vocab_size": "vocab_size", "n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd"}
+
+
+def _local_files(source: str) -> tuple[Path, Path]:
+    """(config.json, weights file) of a local directory or weights file, or of a hub model."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        config = path.parent / "config.json"
+        if not config.is_file():
+            raise UserError(f"{path} has no config.json beside it: a Hugging Face GPT-2 checkpoint needs both.")
+        return config, path
+    if path.is_dir():
+        weights = next((path / name for name in WEIGHT_FILES if (path / name).is_file()), None)
+        if weights is None or not (path / "config.json").is_file():
+            raise UserError(f"{path} is not a Hugging Face GPT-2 directory: it needs config.json and one of {', '.join(WEIGHT_FILES)}.")
+        return path / "config.json", weights
+    if source in HUB_MODELS:
+        return _from_hub(source)
+    raise UserError(
+        f"model.init_from {source!r} is neither a local directory or file nor one of {', '.join(HUB_MODELS)}."
+    )
+
+
+def _from_hub(name: str) -> tuple[Path, Path]:
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(name, "config.json")), Path(hf_hub_download(name, "model.safetensors"))
+    except ImportError:
+        raise UserError(f"Loading {name!r} from the hub needs huggingface_hub: pip install huggingface_hub.") from None
+    except Exception as err:  # offline, a proxy, a rate limit: say what to do instead
+        raise UserError(
+            f"Could not fetch {name!r} from the Hugging Face hub ({type(err).__name__}). It is needed once, "
+            f"online (it is cached); offline, pass a local copy: model.init_from /path/to/{name} (a directory "
+            "with config.json and model.safetensors)."
+        ) from None
+
+
+def read_hf_gpt2(source: str) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+    """The architecture and the weights, in our names and layout, of a Hugging Face GPT-2 checkpoint.
+
+    Args:
+        source: a hub name (``gpt2`` ... ``gpt2-xl``), a directory, or a weights file with
+            ``config.json`` beside it.
+    """
+    config_path, weights_path = _local_files(source)
+    hf = json.loads(config_path.read_text())
+    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise UserError(f"{config_path}: activation {hf['activation_function']!r}; GPT-2's is gelu_new (tanh GELU).")
+    config = GPTConfig(**{ours: hf[theirs] for ours, theirs in _CONFIG_KEYS.items()}, dropout=0.0, bias=True)
+    if weights_path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        raw = load_file(str(weights_path))
+    else:
+        raw = torch.load(weights_path, map_location="cpu", weights_only=True)
+    state: dict[str, torch.Tensor] = {}
+    for key, value in raw.items():
+        key = key if key.startswith(("transformer.", _TIED)) else f"transformer.{key}"
+        if key.endswith(_MASK_BUFFERS) or key == _TIED:
+            continue  # causal-mask buffers; the LM head is the (tied) token embedding
+        state[key] = value.t().contiguous() if key.endswith(_CONV1D) else value
+    with torch.device("meta"):  # only the names: no memory, no initialisation
+        expected = set(GPT(config).state_dict()) - {_TIED}
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise UserError(
+            f"{weights_path} does not match its config.json as GPT-2: "
+            + (f"missing {', '.join(missing[:5])}" if missing else "")
+            + ("; " if missing and unexpected else "")
+            + (f"unexpected {', '.join(unexpected[:5])}" if unexpected else "")
+            + "."
+        )
+    return config, state
+
+
+def export_hf(model: GPT, out_dir: str | Path) -> Path:
+    """Write ``model`` as a Hugging Face GPT-2 directory (config.json + model.safetensors) with the
+    GPT-2 tokenizer files beside it, so ``GPT2LMHeadModel`` and ``AutoTokenizer`` load it."""
+    from safetensors.torch import save_file
+
+    from gpt_lightning.data.tokenizer import bpe_files
+
+    out_dir = Path(out_dir)
+    c = model.config
+    state = {}
+    for key, value in model.state_dict().items():
+        if key == _TIED:
+            continue
+        state[key] = (value.t() if key.endswith(_CONV1D) else value).contiguous().cpu()
+    config: dict[str, Any] = {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
+        "n_positions": c.block_size, "n_ctx": c.block_size, "vocab_size": c.vocab_size, "n_layer": c.n_layer,
+        "n_head": c.n_head, "n_embd": c.n_embd, "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
+        "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout, "tie_word_embeddings": True,
+        "bos_token_id": 50256, "eos_token_id": 50256, "gpt_lightning_config": asdict(c),
+    }
+    vocab_bpe, encoder_json = bpe_files()
+    files = {
+        "config.json": json.dumps(config, indent=2).encode(),
+        "vocab.json": Path(encoder_json).read_bytes(),
+        "merges.txt": Path(vocab_bpe).read_bytes(),
+        "tokenizer_config.json": json.dumps({"tokenizer_class": "GPT2Tokenizer", "model_max_length": c.block_size,
+                                             "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+                                             "unk_token": "<|endoftext|>"}).encode(),
+    }
+    for name, data in files.items():
+        with atomic_output(out_dir / name) as tmp:
+            tmp.write_bytes(data)
+    with atomic_output(out_dir / "model.safetensors") as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
+    return out_dir
+
+
+def agree_with_pretrained(given: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The architecture and weights to start from ``source``, checked against what the user gave.
+
+    An architecture option left at its default takes the checkpoint's value; one set to anything
+    else must agree with it. ``block_size`` may be shorter than the checkpoint's position table
+    (the table is cropped, as nanoGPT does) but never longer.
+
+    Args:
+        given: ``block_size``, ``vocab_size``, ``n_layer``, ``n_head``, ``n_embd`` and ``bias`` as given.
+        source: as for ``read_hf_gpt2``.
+    """
+    theirs, state = read_hf_gpt2(source)
+    defaults = GPTConfig()
+    resolved: dict[str, Any] = {}
+    for name in ("vocab_size", "n_layer", "n_head", "n_embd", "bias"):
+        value, pretrained = given[name], getattr(theirs, name)
+        if value != getattr(defaults, name) and value != pretrained:
+            raise UserError(
+                f"model.{name} {value} contradicts {source}'s {pretrained}. Leave model.{name} out to take "
+                "the checkpoint's, or start from scratch without model.init_from."
+            )
+        resolved[name] = pretrained
+    block_size = theirs.block_size if given["block_size"] == defaults.block_size else given["block_size"]
+    if block_size > theirs.block_size:
+        raise UserError(
+            f"model.block_size {block_size} is longer than {source}'s position table ({theirs.block_size}): a "
+            f"pretrained model cannot be lengthened. Use data.block_size <= {theirs.block_size}."
+        )
+    resolved["block_size"] = block_size
+    state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:block_size].contiguous()
+    return resolved, state
