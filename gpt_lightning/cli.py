@@ -17,6 +17,7 @@ COMMANDS = {
     "sample": "continue a prompt with a checkpoint",
     "export": "write a checkpoint's GPT weights to safetensors",
     "tokenize": "turn a folder of .txt files into GPT-2 .npy shards",
+    "eval": "score a checkpoint or a Hugging Face GPT-2 on HellaSwag",
 }
 OVERVIEW = "\n".join([
     "usage: gpt-lightning COMMAND [options]",

@@ -171,3 +171,11 @@ def agree_with_pretrained(given: dict[str, Any], source: str) -> tuple[dict[str,
     resolved["block_size"] = block_size
     state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:block_size].contiguous()
     return resolved, state
+
+
+def gpt_from_hf(source: str) -> GPT:
+    """A plain ``GPT`` with the weights of a Hugging Face GPT-2 checkpoint, as it is."""
+    config, state = read_hf_gpt2(source)
+    model = GPT(config)
+    model.load_state_dict({**state, _TIED: state["transformer.wte.weight"]})
+    return model
