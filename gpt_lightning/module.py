@@ -251,6 +251,10 @@ class GPTLightningModule(LightningModule):
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)  # 16-mixed: it handles overflows
         grads = None if scaler is not None else [p.grad for p in self.model.parameters() if p.grad is not None]
         skip = self._nonfinite.skip_update(self.global_step, grads)
+        if self._nonfinite.grad_norm is not None:
+            # Before Lightning's gradient clipping (--trainer.gradient_clip_val); a device tensor, read
+            # only when the logger writes it. Identical on every rank: the gradients are all-reduced.
+            self.log("train/grad_norm", self._nonfinite.grad_norm)
         if scaler is None and optimizer.defaults.get("fused"):
             optimizer.found_inf = skip.float()  # the fused kernel leaves weights and moments untouched
         elif bool(skip):  # this optimizer cannot skip on the device: decide on the host, now

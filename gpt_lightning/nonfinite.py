@@ -25,6 +25,7 @@ class NonFiniteGuard:
     def __init__(self) -> None:
         self._loss_bad: torch.Tensor | None = None  # a micro-batch of this step had a non-finite loss
         self._first_bad: torch.Tensor | None = None  # first bad optimizer step; -1 while there is none
+        self.grad_norm: torch.Tensor | None = None  # total 2-norm of the last step's gradients, on the device
 
     def observe_loss(self, loss: torch.Tensor) -> None:
         bad = ~torch.isfinite(loss.detach())
@@ -40,8 +41,10 @@ class NonFiniteGuard:
                 (``GradScaler`` under ``16-mixed``, where an overflow is routine, not an error).
         """
         bad = self._loss_bad if self._loss_bad is not None else torch.zeros((), dtype=torch.bool)
+        self.grad_norm = None
         if grads:
-            bad = bad.to(grads[0].device) | ~torch.isfinite(torch.nn.utils.get_total_norm(grads))
+            self.grad_norm = torch.nn.utils.get_total_norm(grads)  # before any clipping
+            bad = bad.to(grads[0].device) | ~torch.isfinite(self.grad_norm)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             # Ranks see different losses: they must agree, or their weights would drift apart. A
             # plain all-reduce is queued on the device; Lightning's reduce adds a host barrier.

@@ -3,12 +3,15 @@
 import os
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.data import gpt2_encoding
+from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.lightning_cli import GPTLightningCLI
 
 from conftest import REPO
@@ -75,7 +78,8 @@ def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
     events.Reload()
     tags = events.Tags()["scalars"]
     assert {"train/loss", "val/loss", "val/perplexity", "throughput/tokens_per_sec", "throughput/step_ms",
-            "lr-AdamW/pg1", "lr-AdamW/pg2", "throughput/first_step_s", "throughput/warmup_s"} <= set(tags)
+            "lr-AdamW/pg1", "lr-AdamW/pg2", "throughput/first_step_s", "throughput/warmup_s", "train/grad_norm"} <= set(tags)
+    assert all(0 < e.value < 1e3 for e in events.Scalars("train/grad_norm"))
     # Once-only values appear once, not at every logging step.
     assert len(events.Scalars("throughput/first_step_s")) == len(events.Scalars("throughput/warmup_s")) == 1
     losses = [e.value for e in events.Scalars("train/loss")]
@@ -124,3 +128,15 @@ def test_the_fast_config_is_the_reference_plus_only_its_speed_choices():
     changed = {key for key in reference.keys() | fast.keys() if reference.get(key) != fast.get(key)}
     assert changed == {"model.vocab_size", "model.compile_scope", "trainer.logger.init_args.name", "config"}
     assert (fast["model.vocab_size"], fast["model.compile_scope"]) == (50304, "blocks")
+
+
+@pytest.mark.parametrize(
+    ("name", "published"),
+    [("gpt2-124m.yaml", 124_439_808), ("gpt2-medium.yaml", 354_823_168), ("gpt2-large.yaml", 774_030_080),
+     ("gpt2-xl.yaml", 1_557_611_200)],
+)
+def test_gpt2_family_configs_have_the_published_parameter_counts(name, published):
+    model_args = ParseOnlyCLI(run=False, args=["--config", str(REPO / "configs" / name)]).config.model
+    with torch.device("meta"):  # no memory: only the shapes count
+        model = GPT(GPTConfig(**{f.name: model_args[f.name] for f in fields(GPTConfig)}))
+    assert model.num_parameters() == published
