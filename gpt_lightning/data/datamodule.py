@@ -46,6 +46,10 @@ class TokenStreamDataModule(LightningDataModule):
         val_fraction: for a text file, the share of tokens, taken from the end, held out for
             validation. 0 trains on everything and skips validation (as the reference does).
             Shard directories split by file name instead.
+        tokens_per_step: tokens per optimizer step over all processes (build-nanogpt uses 524288).
+            Gradient accumulation is derived from it: tokens_per_step / (world_size x batch_size x
+            block_size), which must divide evenly; it is set on the trainer when training starts.
+            None keeps the trainer's own ``accumulate_grad_batches``.
         cache_dir: where token caches live. None: ``$GPT_LIGHTNING_CACHE_DIR``, else
             ``$XDG_CACHE_HOME/gpt_lightning`` or ``~/.cache/gpt_lightning``.
     """
@@ -56,6 +60,7 @@ class TokenStreamDataModule(LightningDataModule):
         batch_size: int = 16,
         block_size: int = 1024,
         val_fraction: float = 0.1,
+        tokens_per_step: int | None = None,
         cache_dir: str | None = None,
     ) -> None:
         super().__init__()
@@ -65,6 +70,8 @@ class TokenStreamDataModule(LightningDataModule):
             raise UserError(f"data.block_size must be a positive integer, got {block_size!r}.")
         if not 0.0 <= val_fraction < 1.0:
             raise UserError(f"data.val_fraction must be in [0, 1), got {val_fraction!r}.")
+        if tokens_per_step is not None and (not isinstance(tokens_per_step, int) or tokens_per_step <= 0):
+            raise UserError(f"data.tokens_per_step must be a positive integer, got {tokens_per_step!r}.")
         # Saved in checkpoints (a resume picks them up) but kept out of the logger's hparams: there
         # Lightning refuses a key that the module also has with another value, and block_size means
         # the position-table size to the module but the training length here, which may be shorter.
@@ -73,6 +80,7 @@ class TokenStreamDataModule(LightningDataModule):
         self.batch_size = batch_size
         self.block_size = block_size
         self.val_fraction = val_fraction
+        self.tokens_per_step = tokens_per_step
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         self.tokens: np.ndarray | None = None  # text sources: all token ids, memory-mapped
         self.shards: dict[str, list[Path]] | None = None  # shard directories: files by split
@@ -99,6 +107,8 @@ class TokenStreamDataModule(LightningDataModule):
             self._verified_token_file = build_token_cache(self.corpus(), self.cache_dir)
 
     def setup(self, stage: str | None = None) -> None:
+        if self.tokens_per_step is not None and self.trainer is not None and stage in ("fit", None):
+            self._set_gradient_accumulation()  # every fit: a new trainer may have another world size
         if self.tokens is not None or self.shards is not None:
             return
         if self.is_sharded:
@@ -124,6 +134,30 @@ class TokenStreamDataModule(LightningDataModule):
         per_rank = " per process" if self.world_size > 1 else ""
         rank_zero_info(f"1 epoch = {batches} batches{per_rank}")
         self._check_validation_interval(batches)
+
+    def _set_gradient_accumulation(self) -> None:
+        """Derive the trainer's gradient accumulation from ``tokens_per_step`` (as Lightning's
+        ``GradientAccumulationScheduler`` does, by setting ``trainer.accumulate_grad_batches``)."""
+        W, B, T = self.world_size, self.batch_size, self.block_size
+        micro = W * B * T  # tokens of one micro-batch over all processes
+        if self.tokens_per_step % micro:
+            lower, higher = max(micro, self.tokens_per_step // micro * micro), (self.tokens_per_step // micro + 1) * micro
+            raise UserError(
+                f"data.tokens_per_step {self.tokens_per_step:,} is not a multiple of world_size x batch_size x "
+                f"block_size = {W} x {B} x {T} = {micro:,}. Use {lower:,} or {higher:,}, or change data.batch_size."
+            )
+        accumulate = self.tokens_per_step // micro
+        given = self.trainer.accumulate_grad_batches
+        if given not in (1, accumulate):
+            raise UserError(
+                f"trainer.accumulate_grad_batches {given} and data.tokens_per_step {self.tokens_per_step:,} (which "
+                f"means {accumulate}) disagree: give only data.tokens_per_step."
+            )
+        self.trainer.accumulate_grad_batches = accumulate
+        rank_zero_info(
+            f"{self.tokens_per_step:,} tokens per optimizer step = {W} process(es) x {B} x {T} x {accumulate} "
+            "accumulated micro-batches"
+        )
 
     def _check_validation_interval(self, batches: int) -> None:
         """Say in our words what Lightning's fit loop would raise as a ValueError traceback."""

@@ -1,0 +1,50 @@
+"""data.tokens_per_step: the accumulation is derived from it, and one process accumulating 4
+micro-batches, two DDP processes accumulating 2, and one process with a 4x batch train the same
+weights from the same tokens (fp32, CPU), all through the CLI."""
+
+import os
+
+import pytest
+import torch
+
+from gpt_lightning.cli import main
+
+from conftest import REPO
+from test_cli import run_cli
+
+TINY = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.compile", "false",
+        "--trainer.precision", "32-true", "--trainer.limit_val_batches", "0", "--data.block_size", "16",
+        "--data.val_fraction", "0", "--trainer.max_steps", "3", "--model.val_sample_tokens", "0"]
+
+
+def fit(tmp_path, small_text, name, *extra):
+    result = run_cli(
+        "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *TINY, "--data.data_path", str(small_text),
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"), "--trainer.logger.init_args.name", name,
+        *extra, cwd=tmp_path, env_extra={"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ckpt = next((tmp_path / "tb" / name).rglob("last.ckpt"))
+    return torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"], result.stdout + result.stderr
+
+
+def test_accumulation_ddp_and_a_bigger_batch_train_the_same_weights(small_text, tmp_path):
+    accumulated, log = fit(tmp_path, small_text, "accumulate", "--data.batch_size", "2", "--data.tokens_per_step", "128")
+    assert "128 tokens per optimizer step = 1 process(es) x 2 x 16 x 4 accumulated micro-batches" in log
+    big, _ = fit(tmp_path, small_text, "big", "--data.batch_size", "8")
+    ddp, log = fit(tmp_path, small_text, "ddp", "--data.batch_size", "2", "--data.tokens_per_step", "128",
+                   "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu")
+    assert "128 tokens per optimizer step = 2 process(es) x 2 x 16 x 2 accumulated micro-batches" in log
+    for key, value in big.items():
+        torch.testing.assert_close(accumulated[key], value, rtol=0, atol=1e-5, msg=key)
+        torch.testing.assert_close(ddp[key], value, rtol=0, atol=1e-5, msg=key)
+
+
+def test_tokens_per_step_that_does_not_divide_says_what_would(small_text, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *TINY, "--data.data_path", str(small_text),
+              "--data.batch_size", "2", "--data.tokens_per_step", "100",
+              "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "data.tokens_per_step 100 is not a multiple of world_size x batch_size x block_size = 1 x 2 x 16 = 32. Use 96 or 128" in err
