@@ -57,7 +57,11 @@ class Corpus:
         """A user's UTF-8 text file, with a clear error when it is missing, empty or a directory."""
         path = Path(path).expanduser().absolute()
         if not path.exists():
-            raise UserError(f"Data file {path} does not exist. Check --data.data_path.")
+            raise UserError(
+                f"Data path {path} does not exist. Check --data.data_path: a UTF-8 text file, or a folder of "
+                "token shards (make one with `gpt-lightning tokenize --input TEXTS/ --output SHARDS/`, or "
+                "build-nanogpt's fineweb.py)."
+            )
         if not path.is_file():
             raise UserError(f"Data path {path} is not a file. Pass a UTF-8 text file to --data.data_path.")
         return cls(str(path), sha256_file(path), lambda: _decode_text_file(path))
