@@ -1,8 +1,14 @@
-"""The examples run as users would run them."""
+"""The examples run as users would run them; the multi-node launch scripts parse."""
 
 import os
+import shlex
 import subprocess
 import sys
+
+import pytest
+import yaml
+
+from gpt_lightning.cli import main
 
 from conftest import REPO
 
@@ -24,3 +30,18 @@ def test_throughput_only_example(tmp_path):
     result = run_example("throughput_only.py", "--max_steps", "12", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "MFU" in result.stdout
+
+
+@pytest.mark.parametrize("script", ["slurm_multinode.sbatch", "torchrun_multinode.sh"])
+def test_multinode_launch_scripts_parse(script, capfd):
+    """The fit command line of each launch script parses (the launchers themselves need a cluster)."""
+    text = (REPO / "examples" / script).read_text().replace("\\\n", " ")
+    words = shlex.split(text[text.index("fit --config"):].splitlines()[0])
+    words = [w.replace('"$SLURM_JOB_NUM_NODES"', "2").replace("$SLURM_JOB_NUM_NODES", "2").replace("$NNODES", "2") for w in words]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*words, "--print_config"])
+    assert exit_info.value.code == 0, capfd.readouterr().err
+    printed = yaml.safe_load(capfd.readouterr().out)
+    trainer = printed["trainer"]
+    assert (trainer["num_nodes"], str(trainer["devices"]), trainer["strategy"]) == (2, "8", "ddp")  # devices: int | str
+    assert printed["data"]["tokens_per_step"] == 524288
