@@ -1,10 +1,13 @@
-"""A callback the DDP test attaches through the CLI: each rank writes what it saw to a JSON file."""
+"""Helpers of the two-process tests: a callback each rank uses to write what it saw to a JSON file,
+and the checks that the ranks trained one job."""
 
 import json
 import statistics
 from pathlib import Path
 
+import pytest
 from lightning.pytorch import Callback
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.throughput import ThroughputMonitor
 
@@ -31,3 +34,30 @@ class RecordRank(Callback):
         }
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+def check_one_job_on_two_ranks(tmp_path: Path) -> None:
+    """What a 2-rank job must show: disjoint windows, one TensorBoard run, the loss logged as the
+    mean over ranks and tokens/s as their sum. Shared by the DDP and the two-node torchrun tests."""
+    ranks = [json.loads((tmp_path / "ranks" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+
+    # Disjoint windows: rank r reads batches r, r+2, ... of the stream.
+    seen = [{tuple(row) for window in r["windows"] for row in window} for r in ranks]
+    assert len(ranks[0]["windows"]) == len(ranks[1]["windows"]) == 6
+    assert not seen[0] & seen[1]
+
+    (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    # The logged loss is the mean over both ranks, not rank 0's own.
+    logged = [e.value for e in events.Scalars("train/loss")]
+    mean_of_ranks = [(a + b) / 2 for a, b in zip(ranks[0]["losses"], ranks[1]["losses"])]
+    assert logged == pytest.approx(mean_of_ranks, rel=1e-5)
+    assert logged != pytest.approx(ranks[0]["losses"], rel=1e-5)
+
+    # Tokens/sec is the sum of what each rank processed.
+    summary = json.loads((run_dir / "throughput.json").read_text())
+    assert summary["world_size"] == 2
+    expected = sum(r["local_median_tokens_per_sec"] for r in ranks)
+    assert summary["tokens_per_sec_median"] == pytest.approx(expected, rel=1e-5)

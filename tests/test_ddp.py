@@ -1,55 +1,62 @@
-"""Two CPU processes under Lightning's DDP (gloo): disjoint windows, global loss and throughput."""
+"""One job on two CPU processes (gloo): under Lightning's DDP launcher on one "node", and as two
+torchrun launches on two "nodes" of this machine. Disjoint windows, global loss and throughput."""
 
 import json
 import os
-
-import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+import socket
+import subprocess
+import sys
 
 from gpt_lightning.data import gpt2_encoding
 
+from ddp_probe import check_one_job_on_two_ranks
 from test_cli import REPO, run_cli
 
+ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
 
-def test_ddp_on_two_cpu_processes(small_text, tmp_path):
+
+def fit_args(small_text, tmp_path):
     probe = {"class_path": "ddp_probe.RecordRank", "init_args": {"out_dir": str(tmp_path / "ranks")}}
-    result = run_cli(
-        "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"),
-        "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu",
-        "--trainer.precision", "32-true", "--model.compile", "false",
+    return [
+        "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--trainer.strategy", "ddp",
+        "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--model.compile", "false",
         "--model.n_layer", "1", "--model.n_embd", "32", "--model.n_head", "2",
         "--data.data_path", str(small_text), "--data.cache_dir", str(tmp_path / "cache"),
         "--data.batch_size", "2", "--data.block_size", "32",
         "--trainer.max_steps", "6", "--trainer.log_every_n_steps", "1", "--trainer.limit_val_batches", "0",
         "--throughput.warmup_steps", "2", f"--trainer.callbacks+={json.dumps(probe)}",
         "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
-        cwd=tmp_path,
-        env_extra={"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])},
-    )
+    ]
+
+
+def test_ddp_on_two_cpu_processes(small_text, tmp_path):
+    result = run_cli(*fit_args(small_text, tmp_path), "--trainer.devices", "2", cwd=tmp_path, env_extra=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     # Each process trains (train tokens - 1) // (world x B x T) batches an epoch, and is told so.
     n = len(gpt2_encoding().encode_ordinary(small_text.read_text()))
     per_rank = (n - int(n * 0.1) - 1) // (2 * 2 * 32)
     assert f"1 epoch = {per_rank} batches per process" in result.stdout + result.stderr
-    ranks = [json.loads((tmp_path / "ranks" / f"rank{r}.json").read_text()) for r in range(2)]
-    assert [r["world_size"] for r in ranks] == [2, 2]
+    check_one_job_on_two_ranks(tmp_path)
 
-    # Disjoint windows: rank r reads batches r, r+2, ... of the stream.
-    seen = [{tuple(row) for window in r["windows"] for row in window} for r in ranks]
-    assert len(ranks[0]["windows"]) == len(ranks[1]["windows"]) == 6
-    assert not seen[0] & seen[1]
 
-    (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
-    events = EventAccumulator(str(run_dir))
-    events.Reload()
-    # The logged loss is the mean over both ranks, not rank 0's own.
-    logged = [e.value for e in events.Scalars("train/loss")]
-    mean_of_ranks = [(a + b) / 2 for a, b in zip(ranks[0]["losses"], ranks[1]["losses"])]
-    assert logged == pytest.approx(mean_of_ranks, rel=1e-5)
-    assert logged != pytest.approx(ranks[0]["losses"], rel=1e-5)
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    # Tokens/sec is the sum of what each rank processed.
-    summary = json.loads((run_dir / "throughput.json").read_text())
-    assert summary["world_size"] == 2
-    expected = sum(r["local_median_tokens_per_sec"] for r in ranks)
-    assert summary["tokens_per_sec_median"] == pytest.approx(expected, rel=1e-5)
+
+def test_two_nodes_launched_by_torchrun(small_text, tmp_path):
+    port = free_port()
+    launches = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
+             "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
+             "-m", "gpt_lightning", *fit_args(small_text, tmp_path), "--trainer.num_nodes", "2", "--trainer.devices", "1"],
+            cwd=tmp_path, env={**os.environ, **ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for node in (0, 1)
+    ]
+    outputs = [launch.communicate(timeout=300)[0] for launch in launches]
+    for node, (launch, output) in enumerate(zip(launches, outputs)):
+        assert launch.returncode == 0, f"node {node}:\n{output[-3000:]}"
+    check_one_job_on_two_ranks(tmp_path)  # one TensorBoard run, written by global rank 0
