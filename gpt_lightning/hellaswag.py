@@ -100,13 +100,16 @@ def evaluate(model: GPT, examples: Iterator[Example], encode, device: torch.devi
     for example in examples:
         if limit is not None and n >= limit:
             break
-        if example.context and len(encode(example.context)) >= model.config.block_size:
-            raise UserError(f"A HellaSwag context is longer than the model's block_size {model.config.block_size}.")
         tokens, mask = render(example, encode)
-        tokens, mask = tokens[:, -model.config.block_size :].to(device), mask[:, -model.config.block_size :].to(device)
-        mean, summed = ending_losses(model, tokens, mask)
-        correct_norm += int(mean.argmin()) == example.label
-        correct += int(summed.argmin()) == example.label
+        # Longer than the model's table: keep the last block_size tokens, which must still hold
+        # every ending token and one token of context before them.
+        tokens, mask = tokens[:, -model.config.block_size :], mask[:, -model.config.block_size :]
+        if mask[:, 0].any() or tokens.size(1) < 2:
+            raise UserError(f"A HellaSwag example is longer than the model's block_size {model.config.block_size}.")
+        mean, summed = ending_losses(model, tokens.to(device), mask.to(device))
+        by_mean, by_sum = torch.stack((mean.argmin(), summed.argmin())).tolist()  # one read back
+        correct_norm += by_mean == example.label
+        correct += by_sum == example.label
         n += 1
     if n == 0:
         raise UserError("The HellaSwag file holds no examples.")

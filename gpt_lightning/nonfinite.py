@@ -53,7 +53,7 @@ class NonFiniteGuard:
             bad = flag.bool()
         if self._first_bad is None:
             self._first_bad = torch.full((), -1, dtype=torch.long, device=bad.device)
-        self._first_bad = torch.where((self._first_bad < 0) & bad, torch.full_like(self._first_bad, step), self._first_bad)
+        self._first_bad = torch.where((self._first_bad < 0) & bad, step, self._first_bad)
         self._loss_bad = None
         return self._first_bad >= 0  # once bad, every later update is skipped too
 

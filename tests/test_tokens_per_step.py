@@ -48,3 +48,11 @@ def test_tokens_per_step_that_does_not_divide_says_what_would(small_text, tmp_pa
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
     assert "data.tokens_per_step 100 is not a multiple of world_size x batch_size x block_size = 1 x 2 x 16 = 32. Use 96 or 128" in err
+
+
+def test_a_step_smaller_than_one_micro_batch_names_the_smallest(small_text, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *TINY, "--data.data_path", str(small_text),
+              "--data.batch_size", "2", "--data.tokens_per_step", "20",
+              "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
+    assert "= 32. Use 32, or change data.batch_size." in capsys.readouterr().err

@@ -141,10 +141,11 @@ class TokenStreamDataModule(LightningDataModule):
         W, B, T = self.world_size, self.batch_size, self.block_size
         micro = W * B * T  # tokens of one micro-batch over all processes
         if self.tokens_per_step % micro:
-            lower, higher = max(micro, self.tokens_per_step // micro * micro), (self.tokens_per_step // micro + 1) * micro
+            nearest = sorted({max(micro, self.tokens_per_step // micro * micro), (self.tokens_per_step // micro + 1) * micro})
             raise UserError(
                 f"data.tokens_per_step {self.tokens_per_step:,} is not a multiple of world_size x batch_size x "
-                f"block_size = {W} x {B} x {T} = {micro:,}. Use {lower:,} or {higher:,}, or change data.batch_size."
+                f"block_size = {W} x {B} x {T} = {micro:,}. Use {' or '.join(f'{n:,}' for n in nearest)}, or "
+                "change data.batch_size."
             )
         accumulate = self.tokens_per_step // micro
         given = self.trainer.accumulate_grad_batches
