@@ -1,5 +1,8 @@
 """Reading a ``gpt-lightning`` checkpoint: a clear error for a missing, damaged or foreign file.
 
+A checkpoint is a ``.ckpt`` file, or, written under ``ModelParallelStrategy`` (FSDP2), a folder of
+shards (``torch.distributed.checkpoint``) with Lightning's ``meta.pt`` beside them; both read the same.
+
 ``torch.load`` answers a truncated file with a zip-archive traceback and a damaged one with an
 ``UnpicklingError`` that advises ``weights_only=False``: the wrong advice for a broken file, and an
 unsafe one. Everything here loads with ``weights_only=True`` and ``mmap=True`` (the weights are not
@@ -9,6 +12,7 @@ read into memory until used), and turns each failure into one ``UserError`` that
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -20,16 +24,20 @@ from gpt_lightning.model import GPT, GPTConfig
 
 # Values of Trainer.fit(ckpt_path=...) that Lightning resolves itself rather than reading a file.
 LIGHTNING_CKPT_ALIASES = ("last", "best", "hpc", "registry")
+# What Lightning writes beside the shards of a sharded checkpoint: everything but the tensors.
+SHARDED_METADATA = "meta.pt"
 # Keys Lightning adds to saved hyper-parameters that are not constructor arguments.
 _BOOKKEEPING_KEYS = ("_instantiator", "_class_path")
 
 
-def read_checkpoint(path: str | Path, option: str = "--ckpt_path") -> dict[str, Any]:
+def read_checkpoint(path: str | Path, option: str = "--ckpt_path", weights: bool = True) -> dict[str, Any]:
     """The checkpoint dict of a ``GPTLightningModule`` checkpoint, tensors memory-mapped on the CPU.
 
     Args:
-        path: the ``.ckpt`` file.
+        path: the ``.ckpt`` file, or the folder of a sharded checkpoint.
         option: the command-line option that named it, for the error messages.
+        weights: read the weights (``state_dict``) of a sharded checkpoint too, gathered into whole
+            tensors; False reads only its settings. A ``.ckpt`` file is memory-mapped either way.
     """
     path = Path(path).expanduser()
     if not path.exists():
@@ -37,15 +45,21 @@ def read_checkpoint(path: str | Path, option: str = "--ckpt_path") -> dict[str, 
             f"Checkpoint {path} does not exist. Check {option}: a run keeps its checkpoints in "
             "logs/<name>/version_N/checkpoints/ (last.ckpt is the newest)."
         )
-    if path.is_dir():
-        raise UserError(f"Checkpoint {path} is a directory. Pass a .ckpt file to {option}, e.g. {path / 'last.ckpt'}.")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for a bad file
+    if path.is_dir() and not (path / SHARDED_METADATA).is_file():
         raise UserError(
-            f"Checkpoint {path} cannot be read ({type(err).__name__}): it is truncated or damaged, or not a "
-            f"PyTorch checkpoint. Pass another file to {option}, e.g. an earlier checkpoint of the same run."
-        ) from None
+            f"Checkpoint {path} is a directory without {SHARDED_METADATA}, so not a sharded checkpoint either. "
+            f"Pass a .ckpt file to {option}, e.g. {path / 'last.ckpt'}."
+        )
+    checkpoint = _load(path / SHARDED_METADATA if path.is_dir() else path, option)
+    if path.is_dir() and isinstance(checkpoint, dict):
+        if "n_embd" not in (checkpoint.get("hyper_parameters") or {}):
+            raise UserError(
+                f"{path} is not a gpt-lightning checkpoint (no model settings in its {SHARDED_METADATA}). "
+                f"Pass a checkpoint written by gpt-lightning fit to {option}."
+            )
+        if not weights:
+            return checkpoint
+        checkpoint["state_dict"] = _gather_sharded_weights(path, checkpoint, option)
     state = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
     if not isinstance(state, dict) or "model.transformer.wte.weight" not in state:
         raise UserError(
@@ -55,6 +69,35 @@ def read_checkpoint(path: str | Path, option: str = "--ckpt_path") -> dict[str, 
     return checkpoint
 
 
+def _load(path: Path, option: str) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for a bad file
+        raise UserError(
+            f"Checkpoint {path} cannot be read ({type(err).__name__}): it is truncated or damaged, or not a "
+            f"PyTorch checkpoint. Pass another file to {option}, e.g. an earlier checkpoint of the same run."
+        ) from None
+
+
+def _gather_sharded_weights(path: Path, checkpoint: dict[str, Any], option: str) -> dict[str, torch.Tensor]:
+    """The whole ``state_dict`` of a sharded checkpoint, read into a freshly built model of the saved
+    architecture by ``torch.distributed.checkpoint`` (no process group needed)."""
+    from torch.distributed.checkpoint import load
+
+    model = GPT(saved_config(checkpoint))
+    state = {f"model.{name}": tensor for name, tensor in model.state_dict().items()}
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            load({"state_dict": state}, checkpoint_id=path, no_dist=True)
+    except Exception as err:  # CheckpointException wraps each rank's error
+        raise UserError(
+            f"The shards of checkpoint {path} cannot be read ({type(err).__name__}): a file is missing or damaged, "
+            f"or they are of another architecture. Pass another checkpoint to {option}."
+        ) from None
+    return state
+
+
 def saved_arguments(checkpoint: dict[str, Any], cls: type, key: str = "hyper_parameters") -> dict[str, Any]:
     """The constructor arguments of ``cls`` saved in ``checkpoint[key]``, Lightning's own keys dropped."""
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
@@ -62,12 +105,16 @@ def saved_arguments(checkpoint: dict[str, Any], cls: type, key: str = "hyper_par
     return {k: v for k, v in saved.items() if k in accepted and k not in _BOOKKEEPING_KEYS}
 
 
+def saved_config(checkpoint: dict[str, Any]) -> GPTConfig:
+    """The architecture recorded in a checkpoint's hyper-parameters."""
+    hparams = checkpoint.get("hyper_parameters") or {}
+    return GPTConfig(**{f.name: hparams[f.name] for f in fields(GPTConfig) if f.name in hparams})
+
+
 def gpt_from_checkpoint(path: str | Path, option: str = "--ckpt_path") -> GPT:
     """The plain ``GPT`` of a checkpoint, its architecture from the saved hyper-parameters (on the CPU)."""
     checkpoint = read_checkpoint(path, option)
-    hparams = checkpoint.get("hyper_parameters") or {}
-    config = GPTConfig(**{f.name: hparams[f.name] for f in fields(GPTConfig) if f.name in hparams})
-    model = GPT(config)
+    model = GPT(saved_config(checkpoint))
     prefix = "model."
     state = {k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
     try:

@@ -137,7 +137,7 @@ class GPTLightningCLI(LightningCLI):
         ckpt_path = self.config[subcommand].get("ckpt_path")
         if not ckpt_path or ckpt_path in LIGHTNING_CKPT_ALIASES:
             return
-        checkpoint = read_checkpoint(ckpt_path)
+        checkpoint = read_checkpoint(ckpt_path, weights=False)  # the settings are all it needs
         model = saved_arguments(checkpoint, self._model_class)
         model.pop("block_size", None)  # set through the link from data.block_size
         data = saved_arguments(checkpoint, self._datamodule_class, "datamodule_hyper_parameters")

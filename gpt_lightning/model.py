@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -121,6 +122,10 @@ class GPT(nn.Module):
         # Weight tying (GPT-2): the output projection is the token embedding. One tensor, one name
         # in state_dict() per module, shared storage.
         self.transformer.wte.weight = self.lm_head.weight
+        # Recompute each block's activations in the backward pass instead of keeping them: a run
+        # setting, not architecture, so it is an attribute (the training module sets it) and not a
+        # GPTConfig field. Parameter names do not change.
+        self.activation_checkpointing = False
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -161,8 +166,10 @@ class GPT(nn.Module):
         pos = torch.arange(T, dtype=torch.long, device=idx.device)  # (T,)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C) + (T, C)
         x = self.transformer.drop(x)
+        recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for block in self.transformer.h:
-            x = block(x)  # (B, T, C)
+            # Checkpointed: only the block's input (B, T, C) is kept; the backward runs it again.
+            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)  # (B, T, C)
         return self.head_and_loss(x, targets)
 
     def head_and_loss(

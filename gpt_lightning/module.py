@@ -8,6 +8,7 @@ from typing import Any, Literal
 import torch
 from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch import LightningModule
+from torch.distributed.fsdp import FSDPModule
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
@@ -15,6 +16,7 @@ from gpt_lightning.errors import UserError
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.nonfinite import NonFiniteGuard
 from gpt_lightning.pretrained import agree_with_pretrained
+from gpt_lightning.sharding import shard_gpt, sharding_mesh
 from gpt_lightning.data.tokenizer import gpt2_encoding
 
 _DEFAULT = GPTConfig()  # the architecture defaults live in GPTConfig alone
@@ -67,6 +69,9 @@ class GPTLightningModule(LightningModule):
         compile_mode: ``torch.compile`` mode: None (default), "reduce-overhead", "max-autotune", ...
         compile_dynamic: ``torch.compile(dynamic=...)``; False suits the fixed (B, T) batches.
         compile_fullgraph: fail on any graph break instead of falling back to eager.
+        activation_checkpointing: recompute each block's activations in the backward pass instead
+            of keeping them: activation memory drops to one (B, T, n_embd) tensor per block plus one
+            block's worth, for about a third more compute. For models or batches that do not fit.
         float32_matmul_precision: ``torch.set_float32_matmul_precision`` value set in ``setup``;
             "high" allows TF32 on Ampere and newer GPUs. None leaves the process setting alone.
         val_sample_tokens: after each validation, sample this many tokens from ``val_sample_prompt``
@@ -102,6 +107,7 @@ class GPTLightningModule(LightningModule):
         compile_mode: str | None = None,
         compile_dynamic: bool | None = False,
         compile_fullgraph: bool = False,
+        activation_checkpointing: bool = False,
         float32_matmul_precision: Literal["highest", "high", "medium"] | None = None,
         val_sample_tokens: int = 48,
         val_sample_prompt: str = "\n",
@@ -131,6 +137,7 @@ class GPTLightningModule(LightningModule):
             hint = " (the CLI sets it from data.block_size)" if "block_size" in str(err) else ""
             raise UserError(str(err).replace("GPTConfig.", "model.") + hint) from err
         self.model = GPT(self.config)
+        self.model.activation_checkpointing = activation_checkpointing
         if pretrained_state is not None:
             self.model.load_state_dict({**pretrained_state, "lm_head.weight": pretrained_state["transformer.wte.weight"]})
         self.val_loss = MeanMetric()  # token-weighted mean, reduced across ranks at compute()
@@ -175,26 +182,36 @@ class GPTLightningModule(LightningModule):
         self._apply_optimizer_settings(checkpoint)
 
     def _apply_optimizer_settings(self, checkpoint: dict[str, Any]) -> None:
-        """Rewrite the saved AdamW and scheduler state with this module's lr, betas, eps and weight
+        """Rewrite the restored AdamW and scheduler state with this module's lr, betas, eps and weight
         decay, keeping the moments and the schedule's position: a learning rate given on resume is the
         one training continues with (scaled by the schedule, if any), not the one saved."""
         hp = self.hparams
         saved_lr = (checkpoint.get("hyper_parameters") or {}).get("learning_rate") or hp.learning_rate
         scale = hp.learning_rate / saved_lr
-        for state in checkpoint.get("optimizer_states") or []:
-            # configure_optimizers builds two groups: decayed weights, then never-decayed vectors
-            for group, weight_decay in zip(state.get("param_groups", []), (hp.weight_decay, 0.0)):
-                group["lr"] *= scale
-                if "initial_lr" in group:
-                    group["initial_lr"] = hp.learning_rate
-                group.update(betas=tuple(hp.betas), eps=hp.eps, weight_decay=weight_decay)
+        if "optimizer_states" in checkpoint:  # restored from this dict after this hook
+            param_groups = [group for state in checkpoint["optimizer_states"] for group in state.get("param_groups", [])]
+        else:  # ModelParallelStrategy loaded the (sharded) optimizer in place before this hook
+            optimizers = self._trainer.optimizers if self._trainer is not None else []  # none: load_from_checkpoint
+            param_groups = [group for optimizer in optimizers for group in optimizer.param_groups]
+        # configure_optimizers builds two groups: decayed weights, then never-decayed vectors
+        for group, weight_decay in zip(param_groups, (hp.weight_decay, 0.0) * len(param_groups)):
+            group["lr"] *= scale
+            if "initial_lr" in group:
+                group["initial_lr"] = hp.learning_rate
+            group.update(betas=tuple(hp.betas), eps=hp.eps, weight_decay=weight_decay)
         for scheduler in checkpoint.get("lr_schedulers") or []:
             for key in ("base_lrs", "_last_lr"):
                 if key in scheduler:
                     scheduler[key] = [lr * scale for lr in scheduler[key]]
 
     def configure_model(self) -> None:
-        """Compile in place: ``state_dict`` keys stay ``model.transformer...`` (no ``_orig_mod.``)."""
+        """Shard under ``ModelParallelStrategy`` (FSDP2, see ``gpt_lightning.sharding``), then compile.
+
+        Both work in place: ``state_dict`` keys stay ``model.transformer...`` (no ``_orig_mod.``).
+        """
+        if self.device_mesh is not None and not isinstance(self.model, FSDPModule):
+            bf16 = str(self.trainer.precision) == "bf16-mixed"
+            shard_gpt(self.model, sharding_mesh(self.device_mesh), param_dtype=torch.bfloat16 if bf16 else None)
         if not self.hparams.compile or self.is_compiled:
             return
         options = dict(

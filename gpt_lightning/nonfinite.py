@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 
 class NonFiniteGuard:
@@ -44,6 +45,8 @@ class NonFiniteGuard:
         self.grad_norm = None
         if grads:
             self.grad_norm = torch.nn.utils.get_total_norm(grads)  # before any clipping
+            if isinstance(self.grad_norm, DTensor):  # FSDP2: each rank holds a shard's part
+                self.grad_norm = self.grad_norm.full_tensor()  # an all-reduce, no host read
             bad = bad.to(grads[0].device) | ~torch.isfinite(self.grad_norm)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             # Ranks see different losses: they must agree, or their weights would drift apart. A

@@ -1,0 +1,58 @@
+"""Sharded data parallelism (FSDP2) for the GPT, applied under Lightning's ``ModelParallelStrategy``.
+
+Each ``Block`` becomes one FSDP unit (its parameters are all-gathered just before it runs and freed
+after), then the root takes what is left: the embeddings (tied to the LM head), the final LayerNorm.
+Parameters, gradients and AdamW's moments are then split across ranks instead of copied to each.
+``fully_shard`` works in place, so ``state_dict`` keys stay ``transformer.h.N...``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from gpt_lightning.model import GPT
+
+
+def sharding_mesh(device_mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh FSDP2 shards over, from ``ModelParallelStrategy``'s 2-D
+    ``(data_parallel, tensor_parallel)`` mesh.
+
+    gpt-lightning has no tensor parallelism, so both dimensions carry data parallelism and every
+    rank reads its own batches:
+
+    - one dimension of size 1: FSDP over the other, i.e. over all ranks. With the strategy's
+      defaults on one node (``data_parallel_size`` = nodes = 1, ``tensor_parallel_size`` = GPUs),
+      that is every GPU.
+    - both larger than 1 (several nodes, the defaults): HSDP. Parameters are sharded across the
+      inner dimension (the GPUs of a node, fast links) and replicated across the outer one (nodes),
+      so only gradients cross the slower links, once per step.
+    """
+    if device_mesh.ndim != 2:
+        return device_mesh
+    outer, inner = device_mesh.mesh_dim_names or ("data_parallel", "tensor_parallel")
+    if device_mesh[inner].size() == 1:
+        return device_mesh[outer]
+    if device_mesh[outer].size() == 1:
+        return device_mesh[inner]
+    return device_mesh  # 2-D: fully_shard replicates over dim 0 and shards over dim 1
+
+
+def shard_gpt(model: GPT, mesh: DeviceMesh, param_dtype: torch.dtype | None = None) -> None:
+    """Apply FSDP2 in place: ``fully_shard`` on every ``Block``, then on the root.
+
+    Args:
+        model: the GPT, still unsharded.
+        mesh: 1-D (FSDP) or 2-D (HSDP) mesh, see ``sharding_mesh``.
+        param_dtype: dtype the parameters are all-gathered and computed in (bf16 under
+            ``bf16-mixed``: half the traffic and the memory of the gathered copies); gradients are
+            still reduced in float32 and the sharded master weights stay float32. None keeps float32.
+    """
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
+    blocks = list(model.transformer.h)
+    for i, block in enumerate(blocks):
+        # The last block's backward starts right after the forward: keeping it gathered saves one
+        # all-gather per step for one block's worth of memory.
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=i < len(blocks) - 1)
+    fully_shard(model, mesh=mesh, mp_policy=policy)

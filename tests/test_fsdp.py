@@ -1,0 +1,160 @@
+"""FSDP2 through Lightning's ModelParallelStrategy, on CPU processes with gloo, through the CLI.
+
+Lightning documents ModelParallelStrategy for GPUs, but its FSDP2 path runs on a CPU mesh too, so
+everything but NCCL and speed is tested here: the plan shards every Block, compiled regions and
+activation checkpointing compose with it, sharded checkpoints resume and load, and 1, 2 and 4
+processes (HSDP) train what DDP trains. FSDP2 over gloo has had a gradient-averaging bug upstream
+(gradients summed, not averaged, over ranks); AdamW hides a constant gradient scale from the loss
+for a few steps, so every comparison here also checks the logged gradient norm, which would double.
+"""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from gpt_lightning.checkpoint import gpt_from_checkpoint
+from gpt_lightning.model import GPT, GPTConfig
+from gpt_lightning.sharding import shard_gpt, sharding_mesh
+
+from conftest import REPO
+from test_cli import run_cli
+
+TINY = ["--model.n_layer", "2", "--model.n_head", "2", "--model.n_embd", "32", "--model.compile", "false",
+        "--trainer.precision", "32-true", "--trainer.limit_val_batches", "0", "--data.block_size", "16",
+        "--data.val_fraction", "0", "--model.val_sample_tokens", "0", "--trainer.log_every_n_steps", "1",
+        "--trainer.accelerator", "cpu"]
+FSDP = ["--trainer.strategy.class_path", "ModelParallelStrategy"]
+
+
+def fit(workdir, text, name, *extra):
+    result = run_cli(
+        "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *TINY, "--data.data_path", str(text),
+        "--trainer.logger.init_args.save_dir", str(workdir / "tb"), "--trainer.logger.init_args.name", name,
+        *extra, cwd=workdir,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def logged(workdir, name, tag, version=None):
+    runs = sorted((workdir / "tb" / name).glob("version_*"))
+    events = EventAccumulator(str(runs[-1] if version is None else runs[version]))
+    events.Reload()
+    return [event.value for event in events.Scalars(tag)]
+
+
+def last_checkpoint(workdir, name):
+    return sorted((workdir / "tb" / name).glob("version_*/checkpoints/last.ckpt"))[-1]
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory, shakespeare):
+    """The reference: 2 DDP processes, eager, 2 rows each, 4 steps."""
+    workdir = tmp_path_factory.mktemp("fsdp")
+    (workdir / "small.txt").write_text(shakespeare[:50_000])
+    fit(workdir, workdir / "small.txt", "ddp", "--trainer.strategy", "ddp", "--trainer.devices", "2",
+        "--data.batch_size", "2", "--trainer.max_steps", "4")
+    return workdir
+
+
+def assert_trains_like_ddp(workdir, name):
+    assert logged(workdir, name, "train/loss") == pytest.approx(logged(workdir, "ddp", "train/loss"), rel=1e-5)
+    # A sum over ranks instead of a mean would double the norm (the gloo averaging bug).
+    assert logged(workdir, name, "train/grad_norm") == pytest.approx(logged(workdir, "ddp", "train/grad_norm"), rel=1e-4)
+
+
+def test_the_plan_shards_every_block_then_the_root_and_keeps_the_keys(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
+        assert sharding_mesh(mesh).ndim == 1  # no tensor parallelism here: plain FSDP
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=16))
+        reference = GPT(model.config)
+        reference.load_state_dict(model.state_dict())
+        keys = list(model.state_dict())
+        shard_gpt(model, sharding_mesh(mesh))
+        assert all(isinstance(block, FSDPModule) for block in model.transformer.h)
+        assert isinstance(model, FSDPModule)
+        assert all(isinstance(p, DTensor) for p in model.parameters())
+        assert list(model.state_dict()) == keys  # in place: no wrapper prefix in any key
+        assert model.lm_head.weight is model.transformer.wte.weight  # still tied
+        x = torch.randint(0, model.config.vocab_size, (2, 16))
+        torch.testing.assert_close(model(x, x)[1], reference(x, x)[1])
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_processes_compiled_and_checkpointed_train_like_ddp(ddp_run):
+    workdir = ddp_run
+    fit(workdir, workdir / "small.txt", "fsdp", *FSDP, "--trainer.devices", "2", "--data.batch_size", "2",
+        "--trainer.max_steps", "4", "--model.compile", "true", "--model.compile_scope", "blocks",
+        "--model.activation_checkpointing", "true")
+    assert_trains_like_ddp(workdir, "fsdp")
+    sharded = last_checkpoint(workdir, "fsdp")
+    assert sharded.is_dir() and (sharded / "meta.pt").is_file()  # one shard file per rank
+    assert len(list(sharded.glob("*.distcp"))) == 2
+    weights, reference = gpt_from_checkpoint(sharded).state_dict(), gpt_from_checkpoint(last_checkpoint(workdir, "ddp")).state_dict()
+    assert weights.keys() == reference.keys()
+    for key in reference:
+        torch.testing.assert_close(weights[key], reference[key], rtol=0, atol=1e-5, msg=key)
+    # What users do with a checkpoint works on the folder as on a file.
+    sample = run_cli("sample", "--ckpt_path", str(sharded), "--max_new_tokens", "5", "--device", "cpu", cwd=workdir)
+    assert sample.returncode == 0, sample.stderr[-2000:]
+    export = run_cli("export", "--ckpt_path", str(sharded), "--out", str(workdir / "w.safetensors"), cwd=workdir)
+    assert export.returncode == 0, export.stderr[-2000:]
+
+
+def test_four_processes_on_a_two_by_two_mesh_train_like_ddp(ddp_run):
+    """data_parallel 2 x tensor_parallel 2, the strategy's defaults on 2 nodes x 2 GPUs: HSDP."""
+    workdir = ddp_run
+    fit(workdir, workdir / "small.txt", "hsdp", *FSDP, "--trainer.strategy.init_args.data_parallel_size", "2",
+        "--trainer.strategy.init_args.tensor_parallel_size", "2", "--trainer.devices", "4", "--data.batch_size", "1",
+        "--trainer.max_steps", "4")
+    assert_trains_like_ddp(workdir, "hsdp")  # same 4 rows a step as 2 ranks x 2 rows
+
+
+def test_one_rank_mesh_trains_like_unsharded_and_resumes_exactly(tmp_path, small_text):
+    fit(tmp_path, small_text, "plain", "--data.batch_size", "4", "--trainer.max_steps", "6")
+    fit(tmp_path, small_text, "mesh", *FSDP, "--trainer.devices", "1", "--data.batch_size", "4",
+        "--trainer.max_steps", "4", "--checkpoint.every_n_train_steps", "2")
+    # The folder's meta.pt gives the run's model settings, as a .ckpt file would (tiny-cpu.yaml,
+    # given again, sets its own batch size: the command line wins over the checkpoint).
+    fit(tmp_path, small_text, "mesh", *FSDP, "--trainer.devices", "1", "--data.batch_size", "4",
+        "--trainer.max_steps", "6", "--ckpt_path", str(last_checkpoint(tmp_path, "mesh")))
+    losses = logged(tmp_path, "mesh", "train/loss", 0) + logged(tmp_path, "mesh", "train/loss", 1)
+    assert losses == pytest.approx(logged(tmp_path, "plain", "train/loss"), rel=1e-5)
+
+    # A learning rate given on resume is the one used, though the strategy restores AdamW itself.
+    fit(tmp_path, small_text, "mesh", *FSDP, "--trainer.devices", "1", "--data.batch_size", "4", "--trainer.max_steps", "7",
+        "--model.learning_rate", "0.005", "--ckpt_path", str(last_checkpoint(tmp_path, "mesh")))
+    rates = logged(tmp_path, "mesh", "lr-AdamW/pg1", 2)
+    assert rates and rates == pytest.approx([0.005] * len(rates))
+
+
+def test_activation_checkpointing_keeps_less_and_computes_the_same_gradients():
+    torch.manual_seed(0)
+    # A small vocabulary, so that the blocks' activations, not the logits, dominate what is kept.
+    model = GPT(GPTConfig(n_layer=4, n_head=2, n_embd=32, block_size=16, vocab_size=128))
+    x = torch.randint(0, model.config.vocab_size, (2, 16))
+
+    def backward(checkpointing: bool):
+        model.zero_grad()
+        model.activation_checkpointing = checkpointing
+        kept = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.numel() * t.element_size()) or t, lambda t: t):
+            _, loss = model(x, x)
+        loss.backward()
+        return sum(kept), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    kept_all, grads = backward(False)
+    kept_inputs, grads_recomputed = backward(True)
+    assert kept_inputs < kept_all / 4  # the blocks' insides are recomputed, not kept
+    for name, grad in grads.items():
+        torch.testing.assert_close(grads_recomputed[name], grad, msg=name)
