@@ -29,7 +29,7 @@ TINY = ["--model.n_layer", "2", "--model.n_head", "2", "--model.n_embd", "32", "
         "--trainer.precision", "32-true", "--trainer.limit_val_batches", "0", "--data.block_size", "16",
         "--data.val_fraction", "0", "--model.val_sample_tokens", "0", "--trainer.log_every_n_steps", "1",
         "--trainer.accelerator", "cpu"]
-FSDP = ["--trainer.strategy.class_path", "ModelParallelStrategy"]
+FSDP = ["--config", str(REPO / "configs/fsdp2.yaml")]  # what the README gives users
 
 
 def fit(workdir, text, name, *extra):

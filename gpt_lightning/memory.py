@@ -1,0 +1,131 @@
+"""Memory per GPU of a training run, computed: what decides between DDP and FSDP2 for a GPT-2 size.
+
+Every byte counted here is named: float32 weights, gradients and AdamW's two moments (16 bytes a
+parameter), DDP's gradient buckets and autocast's bfloat16 weight copies, and the activations
+autograd keeps for the backward pass. The activation count follows the tensors this package's
+``Block`` saves in eager mode (SDPA attention keeps q, k, v, its output and a log-sum-exp, never the
+T x T matrix); in float32 it equals what autograd really keeps, byte for byte up to a few bytes a
+token (tests/test_memory.py measures it). ``torch.compile`` fuses GELU and the loss and keeps less,
+so the figures are an upper bound for compiled runs. CUDA's allocator, NCCL buffers and the
+backward's transient tensors (about 6 x vocab_size bytes a token at the LM head) come on top.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpt_lightning.model import GPT, GPTConfig
+
+GIB = 2**30
+
+
+def parameter_count(config: GPTConfig) -> int:
+    """Parameters of the GPT, the tied embedding counted once, without building it."""
+    C, L, V, T = config.n_embd, config.n_layer, config.vocab_size, config.block_size
+    bias = int(config.bias)
+    per_block = 12 * C * C + bias * 9 * C + (2 + 2 * bias) * C  # 4 matmuls + their biases, 2 LayerNorms
+    return V * C + T * C + L * per_block + (1 + bias) * C  # embeddings, blocks, final LayerNorm
+
+
+def activation_bytes_per_token(config: GPTConfig, mixed: bool = True, activation_checkpointing: bool = False) -> int:
+    """Bytes autograd keeps per token of a micro-batch until the backward pass.
+
+    Args:
+        config: the architecture.
+        mixed: ``bf16-mixed`` (matmul inputs kept as bfloat16 copies; LayerNorms and the loss in
+            float32) rather than ``32-true``.
+        activation_checkpointing: each block keeps only its float32 input; one block's activations
+            exist at a time while it is recomputed.
+    """
+    C, V = config.n_embd, config.vocab_size
+    head = (6 if mixed else 8) * C + 4 * V + 20  # final LayerNorm, LM-head input, float32 log-softmax, ids
+    layer = block_activation_bytes_per_token(config, mixed)
+    if activation_checkpointing:
+        return config.n_layer * 4 * C + layer + head  # the blocks' inputs, and one block recomputed
+    return config.n_layer * layer + head
+
+
+def block_activation_bytes_per_token(config: GPTConfig, mixed: bool = True) -> int:
+    """Bytes one ``Block`` keeps per token. float32: LayerNorm inputs 2 x 4C, q/k/v 12C, attention
+    output 4C and its contiguous copy 4C, LayerNorm outputs (the matmuls' inputs) 2 x 4C, GELU input
+    and output 2 x 16C; plus a log-sum-exp per head and LayerNorm means and rstds. bf16-mixed keeps
+    every matmul input and the attention tensors as 2-byte copies; LayerNorm inputs stay float32."""
+    return (38 if mixed else 64) * config.n_embd + 4 * config.n_head + 16
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """Bytes per GPU, by what holds them."""
+
+    weights_grads_adamw: float  # float32 weights, gradients, AdamW exp_avg and exp_avg_sq: 16 B a parameter
+    ddp_buckets_and_copies: float  # DDP's gradient buckets (4 B) and autocast's bf16 weight copies (2 B)
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.weights_grads_adamw + self.ddp_buckets_and_copies + self.activations
+
+
+def training_memory(
+    config: GPTConfig,
+    micro_batch_size: int,
+    seq_len: int | None = None,
+    shards: int = 1,
+    mixed: bool = True,
+    activation_checkpointing: bool = False,
+) -> TrainingMemory:
+    """Memory per GPU of one training step.
+
+    Args:
+        config: the architecture.
+        micro_batch_size: rows per GPU per forward (``data.batch_size``).
+        seq_len: tokens per row; the model's block_size if None.
+        shards: 1 for DDP (every GPU holds everything); the number of GPUs FSDP2 shards over.
+        mixed: bf16-mixed rather than 32-true.
+        activation_checkpointing: see ``activation_bytes_per_token``.
+    """
+    n = parameter_count(config)
+    tokens = micro_batch_size * (seq_len or config.block_size)
+    copies = (4 + (2 if mixed else 0)) * n if shards == 1 else 0.0  # FSDP2 gathers one block at a time
+    return TrainingMemory(
+        weights_grads_adamw=16 * n / shards,
+        ddp_buckets_and_copies=copies,
+        activations=tokens * activation_bytes_per_token(config, mixed, activation_checkpointing),
+    )
+
+
+# The GPT-2 family at T = 1024 with its published shapes, as configs/gpt2*.yaml define it.
+GPT2_FAMILY = {
+    "124M": GPTConfig(),
+    "350M": GPTConfig(n_layer=24, n_head=16, n_embd=1024),
+    "774M": GPTConfig(n_layer=36, n_head=20, n_embd=1280),
+    "1558M": GPTConfig(n_layer=48, n_head=25, n_embd=1600),
+}
+
+
+def guide_table(micro_batch_size: int = 16, gpus: int = 8) -> str:
+    """The README's memory table: GiB per GPU at ``micro_batch_size`` rows of 1024 tokens, bf16-mixed."""
+    rows = [
+        f"| model | parameters | states, DDP | states, FSDP2 over {gpus} | activations | activations, "
+        f"checkpointed | total, DDP | total, FSDP2 | total, FSDP2 checkpointed |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, config in GPT2_FAMILY.items():
+        ddp = training_memory(config, micro_batch_size)
+        fsdp = training_memory(config, micro_batch_size, shards=gpus)
+        checkpointed = training_memory(config, micro_batch_size, shards=gpus, activation_checkpointing=True)
+        cells = [
+            ddp.weights_grads_adamw + ddp.ddp_buckets_and_copies,
+            fsdp.weights_grads_adamw,
+            ddp.activations,
+            checkpointed.activations,
+            ddp.total,
+            fsdp.total,
+            checkpointed.total,
+        ]
+        rows.append(f"| {name} | {parameter_count(config):,} | " + " | ".join(f"{c / GIB:.1f}" for c in cells) + " |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(guide_table())

@@ -1,0 +1,75 @@
+"""The memory guide's arithmetic against what PyTorch really holds, and the README's table against it."""
+
+import pytest
+import torch
+import yaml
+
+from gpt_lightning.memory import (
+    GPT2_FAMILY,
+    activation_bytes_per_token,
+    block_activation_bytes_per_token,
+    guide_table,
+    parameter_count,
+    training_memory,
+)
+from gpt_lightning.model import GPT, GPTConfig
+
+from conftest import REPO
+
+
+def kept_for_backward(model: GPT, x: torch.Tensor) -> int:
+    """Bytes of the distinct storages autograd saves during a forward, parameters excluded."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            kept[storage.data_ptr()] = storage.nbytes()  # views of one storage count once
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x, x)
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("n_layer, n_head, n_embd, vocab_size, bias", [(1, 4, 64, 256, True), (3, 2, 32, 512, True), (2, 3, 48, 300, False)])
+def test_activation_count_is_what_autograd_keeps_in_float32(n_layer, n_head, n_embd, vocab_size, bias):
+    config = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size, block_size=32, bias=bias)
+    torch.manual_seed(0)
+    model = GPT(config)
+    x = torch.randint(0, vocab_size, (2, 32))
+    tokens = x.numel()
+    assert kept_for_backward(model, x) == pytest.approx(tokens * activation_bytes_per_token(config, mixed=False), abs=16)
+    # Checkpointed, the forward keeps the blocks' inputs; one block's activations come back in the backward.
+    model.activation_checkpointing = True
+    checkpointed = activation_bytes_per_token(config, mixed=False, activation_checkpointing=True)
+    assert kept_for_backward(model, x) == pytest.approx(
+        tokens * (checkpointed - block_activation_bytes_per_token(config, mixed=False)), abs=16
+    )
+
+
+def test_weights_gradients_and_adamw_take_16_bytes_a_parameter():
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=300, block_size=16)
+    model = GPT(config)
+    optimizer = torch.optim.AdamW(model.parameters())
+    x = torch.randint(0, 300, (2, 16))
+    model(x, x)[1].backward()
+    optimizer.step()
+    held = sum(p.nbytes + p.grad.nbytes for p in model.parameters())
+    held += sum(s[k].nbytes for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq"))
+    assert held == training_memory(config, 1, shards=1, mixed=False).weights_grads_adamw == 16 * parameter_count(config)
+    assert training_memory(config, 1, shards=8).weights_grads_adamw == held / 8
+
+
+def test_the_family_is_the_shipped_configs_and_counts_its_parameters():
+    for name, config in zip(("124m", "medium", "large", "xl"), GPT2_FAMILY.values()):
+        shipped = yaml.safe_load((REPO / f"configs/gpt2-{name}.yaml").read_text())["model"]
+        for field in ("n_layer", "n_head", "n_embd"):
+            assert shipped.get(field, getattr(GPTConfig(), field)) == getattr(config, field), (name, field)
+        with torch.device("meta"):
+            assert parameter_count(config) == GPT(config).num_parameters()
+
+
+def test_the_readme_table_is_the_computed_one():
+    assert guide_table() in (REPO / "README.md").read_text()
