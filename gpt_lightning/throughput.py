@@ -207,8 +207,8 @@ class ThroughputMonitor(Callback):
         mfu = f", MFU {s['mfu']:.1%}" if s["mfu"] is not None else ""
         rank_zero_info(
             f"throughput: {s['tokens_per_sec_median']:,.0f} tokens/s median over {s['measured_steps']} "
-            f"post-warm-up steps ({s['step_ms_median']:.1f} ms/step{mfu}); first step "
-            f"{s['first_step_s']:.2f} s, warm-up {s['warmup_s']:.2f} s"
+            f"post-warm-up steps ({s['step_ms_median']:.1f} ms/step{mfu}, {s['tokens_per_optimizer_step']:,} tokens per "
+            f"optimizer step); first step {s['first_step_s']:.2f} s, warm-up {s['warmup_s']:.2f} s"
         )
         log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
         if self.filename and trainer.is_global_zero and log_dir:
@@ -317,6 +317,8 @@ class ThroughputMonitor(Callback):
             "world_size": world,
             "accumulate_grad_batches": trainer.accumulate_grad_batches,
             "tokens_per_step_per_device": first.tokens,
+            # all ranks, all micro-batches: what one AdamW update averages over
+            "tokens_per_optimizer_step": int(summed_over_ranks(float(first.tokens))),
             "batch_size": getattr(trainer.datamodule, "batch_size", None),
             "block_size": getattr(trainer.datamodule, "block_size", None),
             "torch": torch.__version__,

@@ -61,3 +61,4 @@ def check_one_job_on_two_ranks(tmp_path: Path) -> None:
     assert summary["world_size"] == 2
     expected = sum(r["local_median_tokens_per_sec"] for r in ranks)
     assert summary["tokens_per_sec_median"] == pytest.approx(expected, rel=1e-5)
+    assert summary["tokens_per_optimizer_step"] == 2 * summary["tokens_per_step_per_device"]  # both ranks

@@ -57,7 +57,7 @@ def drive(monitor, trainer, module, clock, monkeypatch, steps, accumulate, valid
     monitor.on_train_end(trainer, module)
 
 
-def test_arithmetic_with_warmup_world_size_accumulation_and_validation(tmp_path, monkeypatch):
+def test_arithmetic_with_warmup_world_size_accumulation_and_validation(tmp_path, monkeypatch, caplog):
     trainer = SimpleNamespace(
         global_step=0, world_size=2, accumulate_grad_batches=2, log_every_n_steps=2, precision="32-true",
         is_global_zero=True, log_dir=str(tmp_path), datamodule=SimpleNamespace(batch_size=4, block_size=8),
@@ -66,8 +66,9 @@ def test_arithmetic_with_warmup_world_size_accumulation_and_validation(tmp_path,
     module = FakeModule()
     monitor = ThroughputMonitor(warmup_steps=2, peak_flops=1000.0)
     # Step ends at 10 (compiling step), 13, 13.5, 14.5; validation; restart at 20; 20.5, 21.5.
-    drive(monitor, trainer, module, [0, 10, 13, 13.5, 14.5, 20, 20.5, 21.5], monkeypatch,
-          steps=6, accumulate=2, validation_after=3)
+    with caplog.at_level("INFO"):
+        drive(monitor, trainer, module, [0, 10, 13, 13.5, 14.5, 20, 20.5, 21.5], monkeypatch,
+              steps=6, accumulate=2, validation_after=3)
 
     # Each optimizer step: 2 micro-batches x 32 tokens per rank.
     assert [s.tokens for s in monitor.steps] == [64] * 6
@@ -94,6 +95,8 @@ def test_arithmetic_with_warmup_world_size_accumulation_and_validation(tmp_path,
     assert saved["first_step_s"] == pytest.approx(10) and saved["warmup_s"] == pytest.approx(13)
     assert saved["world_size"] == 2 and saved["accumulate_grad_batches"] == 2
     assert saved["tokens_per_step_per_device"] == 64
+    assert saved["tokens_per_optimizer_step"] == 128  # 2 ranks x 2 micro-batches x 4 x 8
+    assert "ms/step, MFU 960.0%, 128 tokens per optimizer step)" in caplog.text
     assert (saved["batch_size"], saved["block_size"], saved["compiled"]) == (4, 8, True)
     for field in ("device", "precision", "torch", "lightning", "peak_host_rss_bytes", "flops_per_token"):
         assert saved[field]
