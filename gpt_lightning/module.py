@@ -260,8 +260,22 @@ class GPTLightningModule(LightningModule):
         self._nonfinite.observe_loss(loss)
         # Not prog_bar: Lightning turns every prog_bar value into a Python number after every batch,
         # a host read each step. StepProgressBar reads it at logging intervals instead.
-        self.log("train/loss", loss, sync_dist=True)
+        if self._loss_is_written_now():
+            self.log("train/loss", loss, sync_dist=True)  # the mean over ranks
         return loss
+
+    def _loss_is_written_now(self) -> bool:
+        """Whether the logger writes this step's ``train/loss``. With several processes the loss is
+        logged only then: ``sync_dist`` puts a host-blocking barrier before its all-reduce, which on
+        every step would stall the GPU queue. Other steps leave ``callback_metrics`` at the last
+        written value. One process logs every step (there is nothing to synchronize)."""
+        trainer = self.trainer
+        if trainer.world_size == 1 or trainer.fast_dev_run or trainer.should_stop:
+            return True
+        every = trainer.log_every_n_steps
+        # the condition Lightning's logger connector applies after this batch (global_step is the
+        # number of optimizer steps done before this one)
+        return every > 0 and (trainer.global_step + 1) % every == 0
 
     # --- non-finite losses and gradients, without a per-step host sync -----------------------------
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:

@@ -74,3 +74,35 @@ class SyncDebugProbe(Callback):
     def on_train_end(self, trainer, pl_module):
         torch.cuda.set_sync_debug_mode("default")
         self.out.write_text(json.dumps({"watched": self.watched}))
+
+
+class BarrierCounter(Callback):
+    """``torch.distributed.barrier`` calls per training step (Lightning's ``sync_dist`` makes one
+    before each all-reduce; on NCCL a barrier blocks the host until the device catches up)."""
+
+    def __init__(self, out: str) -> None:
+        self.out = Path(out)
+        self.step: int | None = None
+        self.barriers: dict[int, int] = defaultdict(int)
+
+    def on_train_start(self, trainer, pl_module):
+        self.original = torch.distributed.barrier
+
+        def counted(*args, **kwargs):
+            if self.step is not None:
+                self.barriers[self.step] += 1
+            return self.original(*args, **kwargs)
+
+        torch.distributed.barrier = counted
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.step = trainer.global_step
+
+    def on_validation_start(self, trainer, pl_module):
+        self.step = None
+
+    def on_train_end(self, trainer, pl_module):
+        self.step = None
+        torch.distributed.barrier = self.original
+        if trainer.is_global_zero:
+            self.out.write_text(json.dumps({"steps": trainer.global_step, "barriers": self.barriers}))

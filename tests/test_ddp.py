@@ -7,6 +7,9 @@ import socket
 import subprocess
 import sys
 
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
 from gpt_lightning.data import gpt2_encoding
 
 from ddp_probe import check_one_job_on_two_ranks
@@ -15,7 +18,7 @@ from test_cli import REPO, run_cli
 ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
 
 
-def fit_args(small_text, tmp_path):
+def fit_args(small_text, tmp_path, max_steps=6, log_every_n_steps=1):
     probe = {"class_path": "ddp_probe.RecordRank", "init_args": {"out_dir": str(tmp_path / "ranks")}}
     return [
         "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--trainer.strategy", "ddp",
@@ -23,7 +26,8 @@ def fit_args(small_text, tmp_path):
         "--model.n_layer", "1", "--model.n_embd", "32", "--model.n_head", "2",
         "--data.data_path", str(small_text), "--data.cache_dir", str(tmp_path / "cache"),
         "--data.batch_size", "2", "--data.block_size", "32",
-        "--trainer.max_steps", "6", "--trainer.log_every_n_steps", "1", "--trainer.limit_val_batches", "0",
+        "--trainer.max_steps", str(max_steps), "--trainer.log_every_n_steps", str(log_every_n_steps),
+        "--trainer.limit_val_batches", "0",
         "--throughput.warmup_steps", "2", f"--trainer.callbacks+={json.dumps(probe)}",
         "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
     ]
@@ -37,6 +41,29 @@ def test_ddp_on_two_cpu_processes(small_text, tmp_path):
     per_rank = (n - int(n * 0.1) - 1) // (2 * 2 * 32)
     assert f"1 epoch = {per_rank} batches per process" in result.stdout + result.stderr
     check_one_job_on_two_ranks(tmp_path)
+
+
+def test_the_loss_is_averaged_over_ranks_only_when_it_is_written(small_text, tmp_path):
+    """Lightning's sync_dist puts a barrier (host-blocking on NCCL) before each all-reduce: the loss
+    is synchronized at logging steps only, and still logged as the mean over ranks there."""
+    counter = {"class_path": "host_reads.BarrierCounter", "init_args": {"out": str(tmp_path / "barriers.json")}}
+    args = fit_args(small_text, tmp_path, max_steps=8, log_every_n_steps=4)
+    result = run_cli(*args, "--trainer.devices", "2", f"--trainer.callbacks+={json.dumps(counter)}",
+                     "--checkpoint.every_n_train_steps", "1000", cwd=tmp_path, env_extra=ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((tmp_path / "barriers.json").read_text())
+    assert record["steps"] == 8
+    barriers = {int(step) for step, count in record["barriers"].items() if count}
+    assert barriers and barriers <= {3, 7}, record  # steps 3 and 7 end the logging intervals
+
+    ranks = [json.loads((tmp_path / "ranks" / f"rank{r}.json").read_text()) for r in range(2)]
+    (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    logged = {event.step: event.value for event in events.Scalars("train/loss")}
+    assert sorted(logged) == [3, 7]
+    for step, value in logged.items():
+        assert value == pytest.approx((ranks[0]["losses"][step] + ranks[1]["losses"][step]) / 2, rel=1e-5)
 
 
 def free_port() -> int:
