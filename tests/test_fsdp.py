@@ -18,11 +18,16 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.strategies import ModelParallelStrategy
+
+from gpt_lightning import GPTLightningModule, TokenStreamDataModule, UserError
 from gpt_lightning.checkpoint import gpt_from_checkpoint
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.sharding import shard_gpt, sharding_mesh
 
-from conftest import REPO
+from conftest import REPO, TINY_MODEL
+from test_bad_input import NaNAtStep
 from test_cli import run_cli
 
 TINY = ["--model.n_layer", "2", "--model.n_head", "2", "--model.n_embd", "32", "--model.compile", "false",
@@ -158,3 +163,30 @@ def test_activation_checkpointing_keeps_less_and_computes_the_same_gradients():
     assert kept_inputs < kept_all / 4  # the blocks' insides are recomputed, not kept
     for name, grad in grads.items():
         torch.testing.assert_close(grads_recomputed[name], grad, msg=name)
+
+
+def test_a_nan_is_skipped_on_the_device_and_reported_as_without_sharding(small_text, tmp_path):
+    """The fused AdamW of sharded (DTensor) parameters honours the device-side found_inf flag."""
+
+    def fit(module, max_steps):
+        seed_everything(0)
+        data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0)
+        trainer = Trainer(accelerator="cpu", devices=1, strategy=ModelParallelStrategy(), precision="32-true",
+                          max_steps=max_steps, log_every_n_steps=5, logger=False, enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(module, data)
+
+    try:
+        seed_everything(0)
+        bad = NaNAtStep(nan_step=3, **TINY_MODEL)
+        with pytest.raises(UserError, match="non-finite .* at step 3"):
+            fit(bad, max_steps=10)
+        assert bad.trainer.global_step == 5  # found at the logging interval
+        seed_everything(0)
+        good = GPTLightningModule(**TINY_MODEL)
+        fit(good, max_steps=3)
+        for (name, ours), theirs in zip(bad.state_dict().items(), good.state_dict().values()):
+            assert torch.equal(ours.full_tensor(), theirs.full_tensor()), name  # steps 3 and 4 changed nothing
+    finally:
+        if dist.is_initialized():  # the strategy leaves its process group behind
+            dist.destroy_process_group()
