@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from gpt_lightning.cli import main
+from gpt_lightning.memory import parameter_count, training_memory
+from gpt_lightning.model import GPTConfig
 
 from conftest import REPO
 
@@ -37,3 +39,27 @@ def test_throughput_on_a_gpu_uses_cuda_events_and_reports_memory_and_mfu(small_t
     assert summary["peak_device_memory_bytes"] > 0 and summary["tokens_per_sec_median"] > 0
     if any(name in summary["device"] for name in ("A100", "H100", "H200")):
         assert 0 < summary["mfu"] < 1
+
+
+def test_fsdp2_on_one_gpu_compiled_and_checkpointed(small_text, tmp_path):
+    summary = fit_on_cuda(small_text, tmp_path, "--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.devices", "1",
+                          "--model.activation_checkpointing", "true", "--trainer.max_steps", "20")
+    assert summary["compiled"] is True and summary["tokens_per_sec_median"] > 0
+    assert (next((tmp_path / "tb").rglob("last.ckpt")) / "meta.pt").is_file()  # a sharded checkpoint
+
+
+@pytest.mark.parametrize("overlay", [[], ["--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.devices", "1"]],
+                         ids=["one-gpu", "fsdp2"])
+def test_peak_memory_of_gpt2_124m_is_near_the_guide_estimate(overlay, small_text, tmp_path):
+    """The README's memory figures, measured: GPT-2 124M, eager, bf16-mixed, B=4, T=1024."""
+    summary = fit_on_cuda(small_text, tmp_path, *overlay, "--model.n_layer", "12", "--model.n_head", "12",
+                          "--model.n_embd", "768", "--data.block_size", "1024", "--data.batch_size", "4",
+                          "--data.val_fraction", "0", "--model.compile", "false", "--trainer.max_steps", "3",
+                          "--model.val_sample_tokens", "0")
+    config = GPTConfig()
+    estimate = training_memory(config, 4, 1024)
+    # One process, so no DDP buckets: float32 states, autocast's bf16 weight copies, activations.
+    expected = estimate.weights_grads_adamw + 2 * parameter_count(config) + estimate.activations
+    ratio = summary["peak_device_memory_bytes"] / expected
+    print(f"peak {summary['peak_device_memory_bytes'] / 2**30:.2f} GiB, estimate {expected / 2**30:.2f} GiB, ratio {ratio:.2f}")
+    assert 0.7 < ratio < 1.5

@@ -23,3 +23,4 @@ def test_the_gpu_run_script_end_to_end_in_smoke_mode(tmp_path):
     assert saved["summary"]["gpt2-124m-fast"]["max_loss_diff_vs_eager"] is None  # another config: not compared
     assert saved["runs"]["gpt2-124m-fast"]["compile_scope"] == "blocks"
     assert (dest / "bench.png").read_bytes()[:4] == b"\x89PNG"
+    assert "skipped" in (dest / "gpu_tests.txt").read_text()  # the GPU tests' output is kept
