@@ -335,8 +335,10 @@ class GPTLightningModule(LightningModule):
 
     def _log_sample(self) -> None:
         add_text = getattr(getattr(self.logger, "experiment", None), "add_text", None)
-        if not self.trainer.is_global_zero or add_text is None:
+        if add_text is None:
             return
+        # Every rank samples (the same tokens: same weights, same generator seed): under FSDP each
+        # forward all-gathers the weights, a collective that every rank must join. Rank 0 logs.
         encoding = gpt2_encoding()
         prompt = encoding.encode_ordinary(self.hparams.val_sample_prompt) or [encoding.eot_token]
         idx = torch.tensor([prompt], dtype=torch.long, device=self.device)
@@ -344,6 +346,8 @@ class GPTLightningModule(LightningModule):
         out = self.model.generate(
             idx, self.hparams.val_sample_tokens, temperature=1.0, top_k=50, generator=generator, vocab_limit=encoding.n_vocab
         )
+        if not self.trainer.is_global_zero:
+            return
         text = encoding.decode(out[0].tolist())
         # Markdown would swallow line breaks: indent as a code block.
         add_text("samples", "    " + text.replace("\n", "\n    "), self.global_step)

@@ -28,10 +28,17 @@ def test_configs_exist():
     assert {p.name for p in CONFIGS} >= {"gpt2-124m.yaml", "tiny-cpu.yaml"}
 
 
+OVERLAYS = {"fsdp2.yaml"}  # given after a model config: they set only what they are about
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
 def test_every_config_parses(config):
-    cli = ParseOnlyCLI(run=False, args=["--config", str(config)])
+    base = ["--config", str(REPO / "configs/gpt2-xl.yaml")] if config.name in OVERLAYS else []
+    cli = ParseOnlyCLI(run=False, args=[*base, "--config", str(config)])
     cfg = cli.config
+    if config.name == "fsdp2.yaml":
+        assert cfg.trainer.strategy.class_path == "lightning.pytorch.strategies.ModelParallelStrategy"
+        assert cfg.model.n_layer == 48  # the model config's settings stay
     assert cfg.model.block_size == cfg.data.block_size  # linked
     assert cfg.trainer.precision == "bf16-mixed"
     assert cfg.model.compile is True

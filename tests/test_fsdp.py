@@ -35,6 +35,9 @@ TINY = ["--model.n_layer", "2", "--model.n_head", "2", "--model.n_embd", "32", "
         "--data.val_fraction", "0", "--model.val_sample_tokens", "0", "--trainer.log_every_n_steps", "1",
         "--trainer.accelerator", "cpu"]
 FSDP = ["--config", str(REPO / "configs/fsdp2.yaml")]  # what the README gives users
+# Validation with a sample every 2 steps: generating runs forward passes that, sharded, all ranks join.
+VALIDATE = ["--data.val_fraction", "0.1", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2",
+            "--model.val_sample_tokens", "4"]
 
 
 def fit(workdir, text, name, *extra):
@@ -64,7 +67,7 @@ def ddp_run(tmp_path_factory, shakespeare):
     workdir = tmp_path_factory.mktemp("fsdp")
     (workdir / "small.txt").write_text(shakespeare[:50_000])
     fit(workdir, workdir / "small.txt", "ddp", "--trainer.strategy", "ddp", "--trainer.devices", "2",
-        "--data.batch_size", "2", "--trainer.max_steps", "4")
+        "--data.batch_size", "2", "--trainer.max_steps", "4", *VALIDATE)
     return workdir
 
 
@@ -100,8 +103,9 @@ def test_two_processes_compiled_and_checkpointed_train_like_ddp(ddp_run):
     workdir = ddp_run
     fit(workdir, workdir / "small.txt", "fsdp", *FSDP, "--trainer.devices", "2", "--data.batch_size", "2",
         "--trainer.max_steps", "4", "--model.compile", "true", "--model.compile_scope", "blocks",
-        "--model.activation_checkpointing", "true")
+        "--model.activation_checkpointing", "true", *VALIDATE)
     assert_trains_like_ddp(workdir, "fsdp")
+    assert logged(workdir, "fsdp", "val/loss") == pytest.approx(logged(workdir, "ddp", "val/loss"), rel=1e-5)
     sharded = last_checkpoint(workdir, "fsdp")
     assert sharded.is_dir() and (sharded / "meta.pt").is_file()  # one shard file per rank
     assert len(list(sharded.glob("*.distcp"))) == 2
@@ -121,7 +125,7 @@ def test_four_processes_on_a_two_by_two_mesh_train_like_ddp(ddp_run):
     workdir = ddp_run
     fit(workdir, workdir / "small.txt", "hsdp", *FSDP, "--trainer.strategy.init_args.data_parallel_size", "2",
         "--trainer.strategy.init_args.tensor_parallel_size", "2", "--trainer.devices", "4", "--data.batch_size", "1",
-        "--trainer.max_steps", "4")
+        "--trainer.max_steps", "4", *VALIDATE)
     assert_trains_like_ddp(workdir, "hsdp")  # same 4 rows a step as 2 ranks x 2 rows
 
 
