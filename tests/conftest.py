@@ -35,3 +35,18 @@ def small_text(tmp_path: Path, shakespeare: str) -> Path:
     path = tmp_path / "small.txt"
     path.write_text(shakespeare[:50_000])
     return path
+
+
+@pytest.fixture
+def in_process_group():
+    """For a test that runs ModelParallelStrategy (or any process group) in the pytest process.
+    Lightning exports MASTER_PORT and friends into os.environ and leaves its process group (and
+    the TCP store on that port) behind: later subprocess launches would inherit the taken port."""
+    import torch.distributed as dist
+
+    saved = dict(os.environ)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(saved)

@@ -77,26 +77,23 @@ def assert_trains_like_ddp(workdir, name):
     assert logged(workdir, name, "train/grad_norm") == pytest.approx(logged(workdir, "ddp", "train/grad_norm"), rel=1e-4)
 
 
-def test_the_plan_shards_every_block_then_the_root_and_keeps_the_keys(tmp_path):
+def test_the_plan_shards_every_block_then_the_root_and_keeps_the_keys(tmp_path, in_process_group):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
-        assert sharding_mesh(mesh).ndim == 1  # no tensor parallelism here: plain FSDP
-        torch.manual_seed(0)
-        model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=16))
-        reference = GPT(model.config)
-        reference.load_state_dict(model.state_dict())
-        keys = list(model.state_dict())
-        shard_gpt(model, sharding_mesh(mesh))
-        assert all(isinstance(block, FSDPModule) for block in model.transformer.h)
-        assert isinstance(model, FSDPModule)
-        assert all(isinstance(p, DTensor) for p in model.parameters())
-        assert list(model.state_dict()) == keys  # in place: no wrapper prefix in any key
-        assert model.lm_head.weight is model.transformer.wte.weight  # still tied
-        x = torch.randint(0, model.config.vocab_size, (2, 16))
-        torch.testing.assert_close(model(x, x)[1], reference(x, x)[1])
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    assert sharding_mesh(mesh).ndim == 1  # no tensor parallelism here: plain FSDP
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=16))
+    reference = GPT(model.config)
+    reference.load_state_dict(model.state_dict())
+    keys = list(model.state_dict())
+    shard_gpt(model, sharding_mesh(mesh))
+    assert all(isinstance(block, FSDPModule) for block in model.transformer.h)
+    assert isinstance(model, FSDPModule)
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    assert list(model.state_dict()) == keys  # in place: no wrapper prefix in any key
+    assert model.lm_head.weight is model.transformer.wte.weight  # still tied
+    x = torch.randint(0, model.config.vocab_size, (2, 16))
+    torch.testing.assert_close(model(x, x)[1], reference(x, x)[1])
 
 
 def test_two_processes_compiled_and_checkpointed_train_like_ddp(ddp_run):
@@ -169,7 +166,7 @@ def test_activation_checkpointing_keeps_less_and_computes_the_same_gradients():
         torch.testing.assert_close(grads_recomputed[name], grad, msg=name)
 
 
-def test_a_nan_is_skipped_on_the_device_and_reported_as_without_sharding(small_text, tmp_path):
+def test_a_nan_is_skipped_on_the_device_and_reported_as_without_sharding(small_text, tmp_path, in_process_group):
     """The fused AdamW of sharded (DTensor) parameters honours the device-side found_inf flag."""
 
     def fit(module, max_steps):
@@ -180,17 +177,13 @@ def test_a_nan_is_skipped_on_the_device_and_reported_as_without_sharding(small_t
                           enable_progress_bar=False, enable_model_summary=False)
         trainer.fit(module, data)
 
-    try:
-        seed_everything(0)
-        bad = NaNAtStep(nan_step=3, **TINY_MODEL)
-        with pytest.raises(UserError, match="non-finite .* at step 3"):
-            fit(bad, max_steps=10)
-        assert bad.trainer.global_step == 5  # found at the logging interval
-        seed_everything(0)
-        good = GPTLightningModule(**TINY_MODEL)
-        fit(good, max_steps=3)
-        for (name, ours), theirs in zip(bad.state_dict().items(), good.state_dict().values()):
-            assert torch.equal(ours.full_tensor(), theirs.full_tensor()), name  # steps 3 and 4 changed nothing
-    finally:
-        if dist.is_initialized():  # the strategy leaves its process group behind
-            dist.destroy_process_group()
+    seed_everything(0)
+    bad = NaNAtStep(nan_step=3, **TINY_MODEL)
+    with pytest.raises(UserError, match="non-finite .* at step 3"):
+        fit(bad, max_steps=10)
+    assert bad.trainer.global_step == 5  # found at the logging interval
+    seed_everything(0)
+    good = GPTLightningModule(**TINY_MODEL)
+    fit(good, max_steps=3)
+    for (name, ours), theirs in zip(bad.state_dict().items(), good.state_dict().values()):
+        assert torch.equal(ours.full_tensor(), theirs.full_tensor()), name  # steps 3 and 4 changed nothing
