@@ -14,8 +14,9 @@ import yaml
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import ModelParallelStrategy
 
-from gpt_lightning.checkpoint import LIGHTNING_CKPT_ALIASES, read_checkpoint, saved_arguments
+from gpt_lightning.checkpoint import LIGHTNING_CKPT_ALIASES, SHARDED_METADATA, read_checkpoint, saved_arguments
 from gpt_lightning.console import StepProgressBar, TrainingFlopsSummary, quiet_lightning_console
 from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.errors import UserError
@@ -165,6 +166,15 @@ class GPTLightningCLI(LightningCLI):
 
     def before_fit(self) -> None:
         trainer = self.trainer
+        ckpt_path = self.config[self.subcommand].get("ckpt_path")
+        sharded = bool(ckpt_path) and (Path(ckpt_path).expanduser() / SHARDED_METADATA).is_file()
+        if sharded and not isinstance(trainer.strategy, ModelParallelStrategy):
+            raise UserError(
+                f"Checkpoint {ckpt_path} is a folder of shards, written under FSDP2, and only "
+                "ModelParallelStrategy resumes it. Add --config configs/fsdp2.yaml (or --trainer.strategy.class_path "
+                "ModelParallelStrategy). Its weights alone load anywhere: gpt-lightning export --ckpt_path "
+                f"{ckpt_path} --out weights.safetensors."
+            )
         for option, value in (("max_steps", trainer.max_steps), ("max_epochs", trainer.max_epochs)):
             if value == 0:
                 raise UserError(

@@ -143,6 +143,12 @@ def test_one_rank_mesh_trains_like_unsharded_and_resumes_exactly(tmp_path, small
     rates = logged(tmp_path, "mesh", "lr-AdamW/pg1", 2)
     assert rates and rates == pytest.approx([0.005] * len(rates))
 
+    # Without the strategy that reads shards: one line that says what to add, not a traceback.
+    result = run_cli("fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *TINY, "--data.data_path", str(small_text),
+                     "--trainer.max_steps", "8", "--ckpt_path", str(last_checkpoint(tmp_path, "mesh")), cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "is a folder of shards, written under FSDP2, and only ModelParallelStrategy resumes it" in result.stderr
+
 
 def test_activation_checkpointing_keeps_less_and_computes_the_same_gradients():
     torch.manual_seed(0)
