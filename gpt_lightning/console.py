@@ -13,11 +13,16 @@ import warnings
 from typing import Any
 
 import lightning_utilities.core.rank_zero as lightning_rank_zero
+import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelSummary, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+
+from gpt_lightning.memory import GIB, TrainingMemory, fit_warning, training_memory
+from gpt_lightning.model import GPTConfig
 
 # Shown on the bar under short names, so the line fits a terminal. The first two are logged without
 # prog_bar (Lightning converts every prog_bar value to a Python number after every batch, one host
@@ -111,6 +116,10 @@ class TrainingFlopsSummary(ModelSummary):
     ``training_flops`` (no memory, no compute). The parameter size is that of the fp32 weights,
     which is what ``*-mixed`` precisions keep, so Lightning's warning about it is silenced.
 
+    Below the table, one line estimates the memory per device of this run (``gpt_lightning.memory``:
+    model, micro-batch, precision, strategy, activation checkpointing); on a GPU whose memory it
+    exceeds, a warning says what would fit.
+
     Args:
         max_depth: depth of the layer table, as for ``ModelSummary``.
     """
@@ -124,6 +133,24 @@ class TrainingFlopsSummary(ModelSummary):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*is not supported by the model summary.*")
             super().on_fit_start(trainer, pl_module)
+        estimate = run_memory(trainer, pl_module)
+        if estimate is None:
+            return
+        copies = "DDP buckets and bf16 weight copies" if trainer.world_size > 1 else "bf16 weight copies"
+        parts = [
+            (estimate.weights_grads_adamw, "weights, gradients and AdamW"),
+            (estimate.ddp_buckets_and_copies, copies if "16" in str(trainer.precision) else "DDP buckets"),
+            (estimate.activations, f"activations of {estimate.tokens:,} tokens"),
+        ]
+        rank_zero_info(
+            f"{estimate.total / GIB:.2f} GiB per device, estimated (eager; the README's memory guide): "
+            + " + ".join(f"{value / GIB:.2f} {what}" for value, what in parts if value)
+        )
+        if pl_module.device.type == "cuda":
+            properties = torch.cuda.get_device_properties(pl_module.device)
+            warning = fit_warning(estimate, properties.total_memory, properties.name)
+            if warning:
+                rank_zero_warn(warning)
 
     def summarize(
         self,
@@ -146,6 +173,23 @@ class TrainingFlopsSummary(ModelSummary):
         else:
             lines = [line for line in lines if not line.endswith("Total Flops")]
         rank_zero_info("\n" + "\n".join(lines))
+
+
+def run_memory(trainer: Trainer, pl_module: LightningModule) -> TrainingMemory | None:
+    """The memory estimate of this run per device: its model, micro-batch, precision and strategy."""
+    config = getattr(pl_module, "config", None)
+    batch_size = getattr(trainer.datamodule, "batch_size", None)
+    block_size = getattr(trainer.datamodule, "block_size", None)
+    if not isinstance(config, GPTConfig) or not batch_size or not block_size:
+        return None
+    sharded = isinstance(trainer.strategy, ModelParallelStrategy)
+    return training_memory(
+        config, batch_size, block_size,
+        shards=trainer.world_size if sharded else 1,
+        mixed=str(trainer.precision) in ("bf16-mixed", "16-mixed"),
+        activation_checkpointing=bool(getattr(getattr(pl_module, "model", None), "activation_checkpointing", False)),
+        ddp=trainer.world_size > 1,
+    )
 
 
 def _training_flops_per_batch(trainer: Trainer, pl_module: LightningModule) -> float | None:

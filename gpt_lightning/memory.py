@@ -60,6 +60,7 @@ class TrainingMemory:
     weights_grads_adamw: float  # float32 weights, gradients, AdamW exp_avg and exp_avg_sq: 16 B a parameter
     ddp_buckets_and_copies: float  # DDP's gradient buckets (4 B) and autocast's bf16 weight copies (2 B)
     activations: float
+    tokens: int  # per micro-batch, per device
 
     @property
     def total(self) -> float:
@@ -73,6 +74,7 @@ def training_memory(
     shards: int = 1,
     mixed: bool = True,
     activation_checkpointing: bool = False,
+    ddp: bool = True,
 ) -> TrainingMemory:
     """Memory per GPU of one training step.
 
@@ -83,14 +85,30 @@ def training_memory(
         shards: 1 for DDP (every GPU holds everything); the number of GPUs FSDP2 shards over.
         mixed: bf16-mixed rather than 32-true.
         activation_checkpointing: see ``activation_bytes_per_token``.
+        ddp: with ``shards`` 1, whether DDP keeps gradient buckets (several processes) or not (one).
     """
     n = parameter_count(config)
     tokens = micro_batch_size * (seq_len or config.block_size)
-    copies = (4 + (2 if mixed else 0)) * n if shards == 1 else 0.0  # FSDP2 gathers one block at a time
+    copies = 0.0  # FSDP2 gathers one block at a time
+    if shards == 1:
+        copies = (4 if ddp else 0) * n + (2 if mixed else 0) * n
     return TrainingMemory(
         weights_grads_adamw=16 * n / shards,
         ddp_buckets_and_copies=copies,
         activations=tokens * activation_bytes_per_token(config, mixed, activation_checkpointing),
+        tokens=tokens,
+    )
+
+
+def fit_warning(estimate: TrainingMemory, capacity: float, device_name: str) -> str | None:
+    """A warning when a run's estimate exceeds the device's memory, saying what would fit it."""
+    if estimate.total <= 0.95 * capacity:
+        return None
+    return (
+        f"Estimated {estimate.total / GIB:.1f} GiB per device but the {device_name} has {capacity / GIB:.1f} GiB: "
+        "this run will likely run out of memory. Lower --data.batch_size (keep the batch with "
+        "--data.tokens_per_step), add --model.activation_checkpointing true, or shard with "
+        "--config configs/fsdp2.yaml."
     )
 
 

@@ -11,6 +11,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.data import gpt2_encoding
+from gpt_lightning.memory import GIB, training_memory
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.lightning_cli import GPTLightningCLI
 
@@ -77,6 +78,14 @@ def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
     # A clean console: our step counter and FLOPs, no tips, no warnings the user cannot act on.
     assert "step: 100%" in console and "6/6" in console and "Epoch 0" not in console
     assert "Training FLOPs per batch (forward + backward)" in console and "Total Flops" not in console
+    # The memory estimate of this run: 4 x 128 model, 8 x 128 tokens, bf16-mixed, one process.
+    cfg = ParseOnlyCLI(run=False, args=["--config", str(REPO / "configs/tiny-cpu.yaml")]).config.model
+    config = GPTConfig(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size)
+    memory = training_memory(config, 8, 128, ddp=False)
+    assert (f"{memory.total / GIB:.2f} GiB per device, estimated (eager; the README's memory guide): "
+            f"{memory.weights_grads_adamw / GIB:.2f} weights, gradients and AdamW + "
+            f"{memory.ddp_buckets_and_copies / GIB:.2f} bf16 weight copies + "
+            f"{memory.activations / GIB:.2f} activations of 1,024 tokens") in console
     for noise in ("Tip:", "LeafSpec", "not supported by the model summary", "Warning", "Traceback"):
         assert noise not in console, noise
     run_dirs = list((tmp_path / "tb" / "tiny-cpu").iterdir())

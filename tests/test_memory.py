@@ -73,3 +73,29 @@ def test_the_family_is_the_shipped_configs_and_counts_its_parameters():
 
 def test_the_readme_table_is_the_computed_one():
     assert guide_table() in (REPO / "README.md").read_text()
+
+
+def test_a_run_s_estimate_follows_its_strategy_and_warns_when_it_cannot_fit():
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+
+    from gpt_lightning.console import run_memory
+    from gpt_lightning.memory import GIB, fit_warning
+
+    xl = GPT2_FAMILY["1558M"]
+    module = SimpleNamespace(config=xl, model=SimpleNamespace(activation_checkpointing=True))
+    data = SimpleNamespace(batch_size=16, block_size=1024)
+    fsdp = SimpleNamespace(strategy=ModelParallelStrategy(), world_size=8, precision="bf16-mixed", datamodule=data)
+    estimate = run_memory(fsdp, module)
+    assert estimate == training_memory(xl, 16, 1024, shards=8, activation_checkpointing=True)
+    assert f"| {estimate.total / GIB:.1f} |" in guide_table().splitlines()[-1]  # the README's last column
+    ddp = SimpleNamespace(strategy=DDPStrategy(), world_size=8, precision="bf16-mixed", datamodule=data)
+    module.model.activation_checkpointing = False
+    assert run_memory(ddp, module) == training_memory(xl, 16, 1024)  # buckets and bf16 copies counted
+    assert run_memory(ddp, module).ddp_buckets_and_copies == 6 * parameter_count(xl)
+
+    too_big = fit_warning(run_memory(ddp, module), 80 * GIB, "NVIDIA H100 80GB HBM3")
+    assert too_big.startswith("Estimated 79.7 GiB per device but the NVIDIA H100 80GB HBM3 has 80.0 GiB")
+    assert "--config configs/fsdp2.yaml" in too_big
+    assert fit_warning(run_memory(fsdp, module), 80 * GIB, "H100") is None
