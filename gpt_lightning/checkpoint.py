@@ -80,12 +80,13 @@ def _load(path: Path, option: str) -> Any:
 
 
 def _gather_sharded_weights(path: Path, checkpoint: dict[str, Any], option: str) -> dict[str, torch.Tensor]:
-    """The whole ``state_dict`` of a sharded checkpoint, read into a freshly built model of the saved
-    architecture by ``torch.distributed.checkpoint`` (no process group needed)."""
+    """The whole ``state_dict`` of a sharded checkpoint, read by ``torch.distributed.checkpoint`` (no
+    process group needed) into empty tensors shaped by the saved architecture."""
     from torch.distributed.checkpoint import load
 
-    model = GPT(saved_config(checkpoint))
-    state = {f"model.{name}": tensor for name, tensor in model.state_dict().items()}
+    with torch.device("meta"):  # shapes and dtypes only: no initialization of weights about to be replaced
+        shapes = GPT(saved_config(checkpoint)).state_dict()
+    state = {f"model.{name}": torch.empty_like(tensor, device="cpu") for name, tensor in shapes.items()}
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
