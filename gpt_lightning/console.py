@@ -23,6 +23,7 @@ from lightning.pytorch.utilities.model_summary.model_summary import _format_summ
 
 from gpt_lightning.memory import GIB, TrainingMemory, fit_warning, training_memory
 from gpt_lightning.model import GPTConfig
+from gpt_lightning.sharding import shard_count
 
 # Shown on the bar under short names, so the line fits a terminal. The first two are logged without
 # prog_bar (Lightning converts every prog_bar value to a Python number after every batch, one host
@@ -136,10 +137,10 @@ class TrainingFlopsSummary(ModelSummary):
         estimate = run_memory(trainer, pl_module)
         if estimate is None:
             return
-        copies = "DDP buckets and bf16 weight copies" if trainer.world_size > 1 else "bf16 weight copies"
         parts = [
             (estimate.weights_grads_adamw, "weights, gradients and AdamW"),
-            (estimate.ddp_buckets_and_copies, copies if "16" in str(trainer.precision) else "DDP buckets"),
+            (estimate.ddp_buckets, "DDP buckets"),
+            (estimate.bf16_weight_copies, "bf16 weight copies"),
             (estimate.activations, f"activations of {estimate.tokens:,} tokens"),
         ]
         rank_zero_info(
@@ -182,10 +183,10 @@ def run_memory(trainer: Trainer, pl_module: LightningModule) -> TrainingMemory |
     block_size = getattr(trainer.datamodule, "block_size", None)
     if not isinstance(config, GPTConfig) or not batch_size or not block_size:
         return None
-    sharded = isinstance(trainer.strategy, ModelParallelStrategy)
+    mesh = getattr(pl_module, "device_mesh", None) if isinstance(trainer.strategy, ModelParallelStrategy) else None
     return training_memory(
         config, batch_size, block_size,
-        shards=trainer.world_size if sharded else 1,
+        shards=shard_count(mesh) if mesh is not None else 1,
         mixed=str(trainer.precision) in ("bf16-mixed", "16-mixed"),
         activation_checkpointing=bool(getattr(getattr(pl_module, "model", None), "activation_checkpointing", False)),
         ddp=trainer.world_size > 1,

@@ -58,13 +58,14 @@ class TrainingMemory:
     """Bytes per GPU, by what holds them."""
 
     weights_grads_adamw: float  # float32 weights, gradients, AdamW exp_avg and exp_avg_sq: 16 B a parameter
-    ddp_buckets_and_copies: float  # DDP's gradient buckets (4 B) and autocast's bf16 weight copies (2 B)
+    ddp_buckets: float  # DDP's gradient buckets: 4 B a parameter, with several processes
+    bf16_weight_copies: float  # autocast's bf16 copies of the weights, kept for the backward: 2 B a parameter
     activations: float
     tokens: int  # per micro-batch, per device
 
     @property
     def total(self) -> float:
-        return self.weights_grads_adamw + self.ddp_buckets_and_copies + self.activations
+        return self.weights_grads_adamw + self.ddp_buckets + self.bf16_weight_copies + self.activations
 
 
 def training_memory(
@@ -89,12 +90,11 @@ def training_memory(
     """
     n = parameter_count(config)
     tokens = micro_batch_size * (seq_len or config.block_size)
-    copies = 0.0  # FSDP2 gathers one block at a time
-    if shards == 1:
-        copies = (4 if ddp else 0) * n + (2 if mixed else 0) * n
+    unsharded = shards == 1  # FSDP2 has no buckets and gathers one block's weights at a time
     return TrainingMemory(
         weights_grads_adamw=16 * n / shards,
-        ddp_buckets_and_copies=copies,
+        ddp_buckets=4 * n if unsharded and ddp else 0.0,
+        bf16_weight_copies=2 * n if unsharded and mixed else 0.0,
         activations=tokens * activation_bytes_per_token(config, mixed, activation_checkpointing),
         tokens=tokens,
     )
@@ -133,7 +133,7 @@ def guide_table(micro_batch_size: int = 16, gpus: int = 8) -> str:
         fsdp = training_memory(config, micro_batch_size, shards=gpus)
         checkpointed = training_memory(config, micro_batch_size, shards=gpus, activation_checkpointing=True)
         cells = [
-            ddp.weights_grads_adamw + ddp.ddp_buckets_and_copies,
+            ddp.weights_grads_adamw + ddp.ddp_buckets + ddp.bf16_weight_copies,
             fsdp.weights_grads_adamw,
             ddp.activations,
             checkpointed.activations,

@@ -39,6 +39,12 @@ def sharding_mesh(device_mesh: DeviceMesh) -> DeviceMesh:
     return device_mesh  # 2-D: fully_shard replicates over dim 0 and shards over dim 1
 
 
+def shard_count(device_mesh: DeviceMesh) -> int:
+    """How many ranks share one copy of the weights: the size of the dimension FSDP2 shards over."""
+    mesh = sharding_mesh(device_mesh)
+    return mesh.size(mesh.ndim - 1)
+
+
 def shard_gpt(model: GPT, mesh: DeviceMesh, param_dtype: torch.dtype | None = None) -> None:
     """Apply FSDP2 in place: ``fully_shard`` on every ``Block``, then on the root.
 

@@ -84,7 +84,7 @@ def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
     memory = training_memory(config, 8, 128, ddp=False)
     assert (f"{memory.total / GIB:.2f} GiB per device, estimated (eager; the README's memory guide): "
             f"{memory.weights_grads_adamw / GIB:.2f} weights, gradients and AdamW + "
-            f"{memory.ddp_buckets_and_copies / GIB:.2f} bf16 weight copies + "
+            f"{memory.bf16_weight_copies / GIB:.2f} bf16 weight copies + "
             f"{memory.activations / GIB:.2f} activations of 1,024 tokens") in console
     assert f"`{memory.total / GIB:.2f} GiB per device,\nestimated ...` for the quick start" in (REPO / "README.md").read_text()
     for noise in ("Tip:", "LeafSpec", "not supported by the model summary", "Warning", "Traceback"):

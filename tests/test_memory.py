@@ -1,5 +1,7 @@
 """The memory guide's arithmetic against what PyTorch really holds, and the README's table against it."""
 
+import math
+
 import pytest
 import torch
 import yaml
@@ -75,6 +77,19 @@ def test_the_readme_table_is_the_computed_one():
     assert guide_table() in (REPO / "README.md").read_text()
 
 
+class FakeMesh:
+    """The DeviceMesh API sharding_mesh uses, without a process group."""
+
+    def __init__(self, *sizes: int, names: tuple[str, ...] = ("data_parallel", "tensor_parallel")) -> None:
+        self.sizes, self.mesh_dim_names, self.ndim = sizes, names, len(sizes)
+
+    def __getitem__(self, name: str) -> "FakeMesh":
+        return FakeMesh(self.sizes[self.mesh_dim_names.index(name)], names=(name,))
+
+    def size(self, dim: int | None = None) -> int:
+        return self.sizes[dim] if dim is not None else math.prod(self.sizes)
+
+
 def test_a_run_s_estimate_follows_its_strategy_and_warns_when_it_cannot_fit():
     from types import SimpleNamespace
 
@@ -84,16 +99,22 @@ def test_a_run_s_estimate_follows_its_strategy_and_warns_when_it_cannot_fit():
     from gpt_lightning.memory import GIB, fit_warning
 
     xl = GPT2_FAMILY["1558M"]
-    module = SimpleNamespace(config=xl, model=SimpleNamespace(activation_checkpointing=True))
+    # ModelParallelStrategy's (data_parallel, tensor_parallel) mesh: 1 node x 8 GPUs, its default.
+    module = SimpleNamespace(config=xl, model=SimpleNamespace(activation_checkpointing=True), device_mesh=FakeMesh(1, 8))
     data = SimpleNamespace(batch_size=16, block_size=1024)
     fsdp = SimpleNamespace(strategy=ModelParallelStrategy(), world_size=8, precision="bf16-mixed", datamodule=data)
     estimate = run_memory(fsdp, module)
     assert estimate == training_memory(xl, 16, 1024, shards=8, activation_checkpointing=True)
     assert f"| {estimate.total / GIB:.1f} |" in guide_table().splitlines()[-1]  # the README's last column
+    # 2 nodes x 8 GPUs: HSDP shards over the 8 GPUs of a node, not over all 16.
+    module.device_mesh, fsdp.world_size = FakeMesh(2, 8), 16
+    assert run_memory(fsdp, module).weights_grads_adamw == 16 * parameter_count(xl) / 8
+    module.device_mesh, fsdp.world_size = FakeMesh(8, 1), 8  # data_parallel_size 8 set by hand: all 8 shard
+    assert run_memory(fsdp, module).weights_grads_adamw == 16 * parameter_count(xl) / 8
     ddp = SimpleNamespace(strategy=DDPStrategy(), world_size=8, precision="bf16-mixed", datamodule=data)
     module.model.activation_checkpointing = False
     assert run_memory(ddp, module) == training_memory(xl, 16, 1024)  # buckets and bf16 copies counted
-    assert run_memory(ddp, module).ddp_buckets_and_copies == 6 * parameter_count(xl)
+    assert run_memory(ddp, module).ddp_buckets + run_memory(ddp, module).bf16_weight_copies == 6 * parameter_count(xl)
 
     too_big = fit_warning(run_memory(ddp, module), 80 * GIB, "NVIDIA H100 80GB HBM3")
     assert too_big.startswith("Estimated 79.7 GiB per device but the NVIDIA H100 80GB HBM3 has 80.0 GiB")
