@@ -27,35 +27,46 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_lightning.atomic import atomic_write_bytes
 
-# Dense (not sparse) bf16/fp16 tensor-core peaks, from NVIDIA's datasheets. Lightning's table has
-# no "NVIDIA H200" entry and lists sparse figures for its H200 / H100 NVL entries. First match wins.
-_DENSE_BF16_PEAKS: tuple[tuple[tuple[str, ...], float], ...] = (
-    (("h200", "nvl"), 835e12),
-    (("h200",), 989.4e12),
-    (("h100", "nvl"), 835e12),
-    (("h100", "pcie"), 756e12),
-    (("h100",), 989.4e12),  # SXM / "80GB HBM3"
-    (("a100",), 312e12),
+# Dense (not sparse) tensor-core peaks from NVIDIA's datasheets: (bf16/fp16, tf32) FLOP/s. Lightning's
+# table has no "NVIDIA H200" entry and lists sparse figures for its H200 / H100 NVL entries. First
+# match wins.
+_DENSE_PEAKS: tuple[tuple[tuple[str, ...], float, float], ...] = (
+    (("h200", "nvl"), 835e12, 417.5e12),
+    (("h200",), 989.4e12, 494.7e12),
+    (("h100", "nvl"), 835e12, 417.5e12),
+    (("h100", "pcie"), 756e12, 378e12),
+    (("h100",), 989.4e12, 494.7e12),  # SXM / "80GB HBM3"
+    (("a100",), 312e12, 156e12),
 )
+# How Lightning's FLOPs table (lightning.fabric.utilities.throughput) spells TF32.
+TF32 = "tfloat32"
 
 
 def dense_bf16_peak_flops(device_name: str) -> float | None:
     """Peak dense bf16 FLOP/s for an A100 / H100 / H200 device name, else None."""
+    return dense_peak_flops(device_name, torch.bfloat16)
+
+
+def dense_peak_flops(device_name: str, dtype: torch.dtype | str) -> float | None:
+    """Peak dense FLOP/s at bf16, fp16 or TF32 (``"tfloat32"``) for an A100 / H100 / H200 device
+    name, else None."""
     name = device_name.lower()
-    for keys, flops in _DENSE_BF16_PEAKS:
+    for keys, half, tf32 in _DENSE_PEAKS:
         if all(key in name for key in keys):
-            return flops
+            return {torch.bfloat16: half, torch.float16: half, TF32: tf32}.get(dtype)
     return None
 
 
 def precision_dtype(precision: str) -> torch.dtype | str:
-    """The matmul dtype a Lightning precision string trains in, as get_available_flops takes it."""
+    """The matmul dtype a Lightning precision string trains in, as ``get_available_flops`` takes it:
+    a ``torch.dtype``, or ``"tfloat32"`` for float32 matmuls that ``float32_matmul_precision`` lets
+    run on TF32 tensor cores."""
     if "bf16" in precision:
         return torch.bfloat16
     if precision.startswith("16"):
         return torch.float16
     if torch.get_float32_matmul_precision() != "highest":
-        return "tf32"
+        return TF32
     return torch.float32
 
 
@@ -64,10 +75,9 @@ def peak_flops_for(device: torch.device, precision: str) -> float | None:
     if device.type != "cuda":
         return None
     dtype = precision_dtype(precision)
-    if dtype in (torch.bfloat16, torch.float16):
-        ours = dense_bf16_peak_flops(torch.cuda.get_device_name(device))
-        if ours is not None:
-            return ours
+    ours = dense_peak_flops(torch.cuda.get_device_name(device), dtype)
+    if ours is not None:
+        return ours
     theirs = get_available_flops(device, dtype)
     return float(theirs) if theirs else None
 

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from gpt_lightning.module import GPTLightningModule
-from gpt_lightning.throughput import ThroughputMonitor, dense_bf16_peak_flops, peak_flops_for
+from lightning.fabric.utilities.throughput import get_available_flops
+
+from gpt_lightning.throughput import ThroughputMonitor, dense_bf16_peak_flops, peak_flops_for, precision_dtype
 
 
 class FakeStrategy:
@@ -129,6 +131,38 @@ def test_cpu_without_peak_logs_no_mfu(tmp_path, monkeypatch):
 )
 def test_dense_bf16_peaks(name, peak):
     assert dense_bf16_peak_flops(name) == peak
+
+
+@pytest.fixture
+def matmul_precision():
+    saved = torch.get_float32_matmul_precision()
+    yield torch.set_float32_matmul_precision
+    torch.set_float32_matmul_precision(saved)
+
+
+@pytest.mark.parametrize(
+    "precision, matmul, dtype",
+    [("bf16-mixed", "highest", torch.bfloat16), ("16-mixed", "high", torch.float16),
+     ("32-true", "highest", torch.float32), ("32-true", "high", "tfloat32"), ("32-true", "medium", "tfloat32")],
+)
+def test_precision_names_the_key_of_lightnings_flops_table(precision, matmul, dtype, matmul_precision):
+    matmul_precision(matmul)
+    assert precision_dtype(precision) == dtype
+
+
+@pytest.mark.parametrize(
+    "name, tf32",
+    [("NVIDIA A100-SXM4-80GB", 156e12), ("NVIDIA H100 80GB HBM3", 494.7e12), ("NVIDIA H100 PCIe", 378e12),
+     ("NVIDIA H200", 494.7e12), ("NVIDIA H100 NVL", 417.5e12)],
+)
+def test_tf32_runs_get_a_dense_tf32_peak(name, tf32, matmul_precision, monkeypatch):
+    """32-true with float32_matmul_precision "high" (TF32) has an MFU: Lightning's table spells the
+    key "tfloat32"; asked for "tf32" it has no entry. No GPU needed: the device name is patched."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    matmul_precision("high")
+    assert peak_flops_for(torch.device("cuda", 0), "32-true") == tf32
+    if "H200" not in name and "NVL" not in name:  # Lightning's own figures for these are dense
+        assert get_available_flops(torch.device("cuda", 0), precision_dtype("32-true")) == tf32
 
 
 def test_no_peak_on_cpu():
