@@ -2,7 +2,8 @@
 # The GPU run: on one CUDA GPU, in a few minutes, from the repository root:
 #   1. the GPU-only tests (tests/test_gpu.py): no synchronizing CUDA call between logging intervals
 #      (torch.cuda.set_sync_debug_mode), CUDA-event timing, MFU and peak memory in throughput.json,
-#      FSDP2 on one GPU, and GPT-2 124M's peak memory against the README guide's estimate; their
+#      FSDP2 on one GPU (training, and validating on NCCL as configs/fsdp2.yaml sets it), and GPT-2
+#      124M's peak memory against the README guide's estimate; their
 #      output goes to gpu_tests.txt, and a failure does not stop the benchmarks;
 #   2. `gpt-lightning bench` on the reference experiment (configs/gpt2-124m.yaml, 100 steps):
 #      eager, whole-model compile and regional compile, each in a fresh process with an empty

@@ -40,6 +40,7 @@ def test_every_config_parses(config):
     if config.name == "fsdp2.yaml":
         assert cfg.trainer.strategy.class_path == "lightning.pytorch.strategies.ModelParallelStrategy"
         assert cfg.model.n_layer == 48  # the model config's settings stay
+        assert cfg.trainer.inference_mode is False  # validation under no_grad on NCCL too
     assert cfg.model.block_size == cfg.data.block_size  # linked
     assert cfg.trainer.precision == "bf16-mixed"
     assert cfg.model.compile is True

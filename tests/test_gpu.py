@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
 from gpt_lightning.memory import parameter_count, training_memory
@@ -46,6 +47,20 @@ def test_fsdp2_on_one_gpu_compiled_and_checkpointed(small_text, tmp_path):
                           "--model.activation_checkpointing", "true", "--trainer.max_steps", "20")
     assert summary["compiled"] is True and summary["tokens_per_sec_median"] > 0
     assert (next((tmp_path / "tb").rglob("last.ckpt")) / "meta.pt").is_file()  # a sharded checkpoint
+
+
+def test_fsdp2_validates_on_nccl(small_text, tmp_path):
+    """On NCCL Lightning validates under torch.inference_mode unless the trainer says otherwise (gloo,
+    the CPU tests' backend, always gets no_grad): configs/fsdp2.yaml as written validates, samples
+    text, and goes on training."""
+    summary = fit_on_cuda(small_text, tmp_path, "--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.devices", "1",
+                          "--trainer.max_steps", "8", "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "2")
+    assert summary["compiled"] is True
+    (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    val = events.Scalars("val/loss")
+    assert [e.step for e in val] == [3, 7] and all(0 < e.value < 12 for e in val)
 
 
 @pytest.mark.parametrize("overlay", [[], ["--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.devices", "1"]],
