@@ -70,8 +70,8 @@ class StepProgressBar(TQDMProgressBar):
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         # The values of a logging step are read when the next step starts: by then every callback
         # (the throughput monitor among them) has logged its values for that step.
-        step = trainer.global_step
-        if not self.train_progress_bar.disable and step % trainer.log_every_n_steps == 0 and step != self._shown_step:
+        step, every = trainer.global_step, trainer.log_every_n_steps  # every == 0: no step logging
+        if not self.train_progress_bar.disable and every > 0 and step % every == 0 and step != self._shown_step:
             self._shown_step = step
             self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
 

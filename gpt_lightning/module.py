@@ -8,6 +8,7 @@ from typing import Any, Literal
 import torch
 from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch.distributed.fsdp import FSDPModule
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
@@ -143,6 +144,8 @@ class GPTLightningModule(LightningModule):
         self.val_loss = MeanMetric()  # token-weighted mean, reduced across ranks at compute()
         self._nonfinite = NonFiniteGuard()
         self._nonfinite_checked_at = -1
+        self._step_loss_sum: torch.Tensor | None = None  # this optimizer step's micro-batch losses, summed
+        self._step_micro_batches = 0
         self._flops_cache: dict[tuple[int, int], float] = {}
 
     # --- setup hooks -----------------------------------------------------------------------------
@@ -258,11 +261,26 @@ class GPTLightningModule(LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
         self._nonfinite.observe_loss(loss)
-        # Not prog_bar: Lightning turns every prog_bar value into a Python number after every batch,
-        # a host read each step. StepProgressBar reads it at logging intervals instead.
-        if self._loss_is_written_now():
-            self.log("train/loss", loss, sync_dist=True)  # the mean over ranks
+        # Summed on the device over the optimizer step's micro-batches; logged as their mean in
+        # on_before_optimizer_step, once per optimizer step (see _log_step_loss).
+        detached = loss.detach()
+        self._step_loss_sum = detached if self._step_loss_sum is None else self._step_loss_sum + detached
+        self._step_micro_batches += 1
         return loss
+
+    def _log_step_loss(self) -> None:
+        """Log ``train/loss``: the mean over this optimizer step's micro-batches (all of equal size)
+        and over ranks, as build-nanogpt's ``loss_accum``; not the last micro-batch's loss.
+
+        Not prog_bar: Lightning turns every prog_bar value into a Python number after every batch,
+        a host read each step. StepProgressBar reads it at logging intervals instead.
+        """
+        if self._step_loss_sum is None:
+            return
+        mean = self._step_loss_sum / self._step_micro_batches  # on the device: no host read
+        self._step_loss_sum, self._step_micro_batches = None, 0
+        if self._loss_is_written_now():
+            self.log("train/loss", mean, sync_dist=True)  # the mean over ranks
 
     def _loss_is_written_now(self) -> bool:
         """Whether the logger writes this step's ``train/loss``. With several processes the loss is
@@ -279,22 +297,89 @@ class GPTLightningModule(LightningModule):
 
     # --- non-finite losses and gradients, without a per-step host sync -----------------------------
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self._log_step_loss()
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)  # 16-mixed: it handles overflows
-        grads = None if scaler is not None else [p.grad for p in self.model.parameters() if p.grad is not None]
-        skip = self._nonfinite.skip_update(self.global_step, grads)
+        grads = self._gradients()
+        skip = self._nonfinite.skip_update(self.global_step, None if scaler is not None else grads)
         if self._nonfinite.grad_norm is not None:
-            # Before Lightning's gradient clipping (--trainer.gradient_clip_val); a device tensor, read
-            # only when the logger writes it. Identical on every rank: the gradients are all-reduced.
+            # Before the gradient clipping of configure_gradient_clipping; a device tensor, read only
+            # when the logger writes it. Identical on every rank: the gradients are all-reduced.
             self.log("train/grad_norm", self._nonfinite.grad_norm)
-        if scaler is None and optimizer.defaults.get("fused"):
+        if self._unscaled_in_step(optimizer):
+            # 16-mixed with fused AdamW: the GradScaler checks the gradients inside optimizer.step and
+            # skips an update whose gradients are not finite (an fp16 overflow, routine: it lowers
+            # its scale). A non-finite loss is an error; its gradients are made non-finite on the
+            # device, so the scaler skips that update and every later one until the host reads the
+            # guard at the next logging interval.
+            if grads:
+                grads[0].masked_fill_(skip, float("nan"))
+        elif scaler is None and optimizer.defaults.get("fused"):
             optimizer.found_inf = skip.float()  # the fused kernel leaves weights and moments untouched
-        elif bool(skip):  # this optimizer cannot skip on the device: decide on the host, now
+        elif bool(skip):
+            # A non-fused optimizer (not one gpt-lightning builds on CPU or CUDA) cannot skip on the
+            # device: decide on the host, every step (one read; the README says what it costs).
             self._stop_if_nonfinite()
 
+    def _gradients(self) -> list[torch.Tensor]:
+        return [p.grad for p in self.model.parameters() if p.grad is not None]
+
+    def _unscaled_in_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether the gradients are still multiplied by the ``GradScaler``'s scale: under 16-mixed
+        with an optimizer that unscales inside its own step (fused AdamW), which Lightning leaves
+        the gradients scaled for (with any other, it unscales before ``on_before_optimizer_step``)."""
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        return scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False)
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: int | float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """``--trainer.gradient_clip_val``, on the device, for every precision, fused AdamW kept.
+
+        Lightning's own clipping refuses fused optimizers under ``*-mixed`` precision (its
+        ``MixedPrecision.clip_gradients`` raises, bf16 included). Here ``"norm"`` (the default)
+        scales the gradients by ``min(1, clip_val / global_norm)`` with the norm the non-finite
+        guard has already taken (``clip_grads_with_norm_``: one norm pass, no host read), and
+        ``"value"`` clamps each gradient element to ``[-clip_val, clip_val]`` on the device. Under
+        16-mixed with fused AdamW the gradients are still scaled by the ``GradScaler`` here, so the
+        norm is divided by the scale (and the value bound multiplied by it): the clip applies to the
+        true gradients.
+        """
+        if not gradient_clip_val:
+            return
+        grads = self._gradients()
+        if not grads:
+            return
+        algorithm = GradClipAlgorithmType(gradient_clip_algorithm or GradClipAlgorithmType.NORM)
+        scale = None
+        if self._unscaled_in_step(optimizer):
+            scale = self.trainer.precision_plugin.scaler._get_scale_async()  # a tensor; get_scale() reads it back
+        norm = self._nonfinite.grad_norm
+        if norm is None:  # 16-mixed: the guard leaves the gradients to the GradScaler
+            norm = self._nonfinite.total_norm(grads)
+            if scale is not None:
+                norm = norm / scale
+                # An infinite norm would zero (norm) or bound (value) the gradients and hide the
+                # overflow from the GradScaler, which must skip this update and lower its scale.
+                grads[0].masked_fill_(~torch.isfinite(norm), float("nan"))
+        if algorithm == GradClipAlgorithmType.NORM:
+            # x min(1, clip / (norm + 1e-6)); a non-finite norm keeps some gradient non-finite
+            # (inf x 0 = nan), which the skip decided above already covers.
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), gradient_clip_val, norm)
+        elif scale is None:
+            torch.nn.utils.clip_grad_value_(self.model.parameters(), gradient_clip_val)
+        else:
+            bound = scale * gradient_clip_val
+            for grad in grads:
+                grad.clamp_(-bound, bound)
+
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        step = self.global_step
-        if step % self.trainer.log_every_n_steps == 0 and step != self._nonfinite_checked_at:
+        step, every = self.global_step, self.trainer.log_every_n_steps
+        if every > 0 and step % every == 0 and step != self._nonfinite_checked_at:
             self._stop_if_nonfinite()  # at each logging interval, where the logger reads values anyway
+        # log_every_n_steps 0 (no step logging): checked before each checkpoint and at the end
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._stop_if_nonfinite()  # no checkpoint is written after a bad step

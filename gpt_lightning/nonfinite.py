@@ -44,9 +44,7 @@ class NonFiniteGuard:
         bad = self._loss_bad if self._loss_bad is not None else torch.zeros((), dtype=torch.bool)
         self.grad_norm = None
         if grads:
-            self.grad_norm = torch.nn.utils.get_total_norm(grads)  # before any clipping
-            if isinstance(self.grad_norm, DTensor):  # FSDP2: each rank holds a shard's part
-                self.grad_norm = self.grad_norm.full_tensor()  # an all-reduce, no host read
+            self.grad_norm = self.total_norm(grads)  # before any clipping
             bad = bad.to(grads[0].device) | ~torch.isfinite(self.grad_norm)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             # Ranks see different losses: they must agree, or their weights would drift apart. A
@@ -59,6 +57,14 @@ class NonFiniteGuard:
         self._first_bad = torch.where((self._first_bad < 0) & bad, step, self._first_bad)
         self._loss_bad = None
         return self._first_bad >= 0  # once bad, every later update is skipped too
+
+    @staticmethod
+    def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+        """The 2-norm of all ``grads`` together, a plain 0-dim tensor on their device."""
+        norm = torch.nn.utils.get_total_norm(grads)
+        if isinstance(norm, DTensor):  # FSDP2: each rank holds a shard's part
+            norm = norm.full_tensor()  # an all-reduce, no host read
+        return norm
 
     def first_bad_step(self) -> int | None:
         """The first optimizer step whose loss or gradients were non-finite, or None. Reads one

@@ -38,6 +38,9 @@ _DENSE_PEAKS: tuple[tuple[tuple[str, ...], float, float], ...] = (
     (("h100",), 989.4e12, 494.7e12),  # SXM / "80GB HBM3"
     (("a100",), 312e12, 156e12),
 )
+# With log_every_n_steps 0 (no step logging), pending step marks are turned into durations every
+# this many steps (on CUDA one wait for an event) instead of piling up until the end.
+_MAX_PENDING = 1000
 # How Lightning's FLOPs table (lightning.fabric.utilities.throughput) spells TF32.
 TF32 = "tfloat32"
 
@@ -114,7 +117,8 @@ class ThroughputMonitor(Callback):
     Logs at the trainer's logging interval: ``throughput/tokens_per_sec`` (the whole job, summed
     over ranks), ``throughput/tokens_per_sec_per_device``, ``throughput/step_ms`` and
     ``throughput/mfu``; and once, ``throughput/first_step_s`` and ``throughput/warmup_s``. At the end
-    of ``fit`` it prints one summary line and writes ``throughput.json`` into the run's log dir.
+    of ``fit`` it prints one summary line and writes ``throughput.json`` into the run's log dir
+    (also with ``log_every_n_steps`` 0, which logs nothing at steps).
 
     Args:
         warmup_steps: optimizer steps, counted from the start of each ``fit`` (a resumed run
@@ -195,8 +199,11 @@ class ThroughputMonitor(Callback):
         self._step_index += 1
         self._step_tokens = 0
         self._step_start = end  # the next step starts now, data loading included
-        if trainer.global_step % trainer.log_every_n_steps == 0:
+        every = trainer.log_every_n_steps
+        if every > 0 and trainer.global_step % every == 0:
             self._log_interval(trainer, pl_module)
+        elif every == 0 and len(self._pending) >= _MAX_PENDING:
+            self._resolve()  # no step logging: only the summary at the end, from a bounded queue
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._step_start = None  # validation time belongs to no training step

@@ -9,6 +9,7 @@ import pytest
 import torch
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins import MixedPrecision
 
 from gpt_lightning.data import token_cache
 from gpt_lightning.data.corpus import Corpus
@@ -158,11 +159,17 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(small_text, 
     assert all(torch.isfinite(p).all() for p in module.parameters())  # the bad update never happened
 
 
-def test_a_nan_is_reported_at_the_next_logging_interval_and_no_update_follows_it(small_text, tmp_path):
+@pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
+def test_a_nan_is_reported_at_the_next_logging_interval_and_no_update_follows_it(precision, small_text, tmp_path):
+    """Under 16-mixed the GradScaler skips the updates (their gradients are made non-finite on the
+    device) and the host reads nothing until the interval, as with fused AdamW's found_inf. On CPU
+    the 16-mixed flag becomes bf16-mixed: the plugin keeps fp16 and its GradScaler."""
     def fit(module, max_steps):
         seed_everything(0)
+        # a fresh GradScaler for each run: its scale shapes the fp16 gradients
+        amp = {"precision": "32-true"} if precision == "32-true" else {"plugins": [MixedPrecision("16-mixed", "cpu")]}
         data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path))
-        trainer = Trainer(accelerator="cpu", precision="32-true", max_steps=max_steps, log_every_n_steps=5, logger=False,
+        trainer = Trainer(accelerator="cpu", **amp, max_steps=max_steps, log_every_n_steps=5, logger=False,
                           enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
         trainer.fit(module, data)
         return trainer

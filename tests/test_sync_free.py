@@ -12,7 +12,12 @@ from conftest import REPO
 FSDP2 = ["--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.accelerator", "cpu", "--trainer.devices", "1"]
 
 
-@pytest.mark.parametrize("overlay", [[], FSDP2], ids=["single-device", "fsdp2"])
+# 16-mixed with its GradScaler: on CPU the precision flag would turn it into bf16-mixed, the plugin keeps it.
+FP16 = ["--trainer.precision", "null", "--trainer.plugins",
+        json.dumps({"class_path": "lightning.pytorch.plugins.MixedPrecision", "init_args": {"precision": "16-mixed", "device": "cpu"}})]
+
+
+@pytest.mark.parametrize("overlay", [[], FSDP2, FP16], ids=["single-device", "fsdp2", "16-mixed"])
 def test_no_host_read_between_logging_intervals(small_text, tmp_path, overlay, in_process_group):
     probe = {"class_path": "host_reads.HostReadCounter", "init_args": {"out": str(tmp_path / "reads.json")}}
     main([

@@ -1,0 +1,56 @@
+"""What a training step logs: train/loss is the optimizer step's loss under gradient accumulation,
+and --trainer.log_every_n_steps 0 (Lightning: no step logging) trains."""
+
+import json
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from gpt_lightning.cli import main
+
+from conftest import REPO
+
+
+def fit_tiny_config(small_text, tmp_path, *extra):
+    """configs/tiny-cpu.yaml (bf16-mixed), shrunk in size and steps, uncompiled for speed."""
+    main([
+        "fit", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--model.compile", "false",
+        "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32",
+        "--data.data_path", str(small_text), "--data.batch_size", "2", "--data.block_size", "32",
+        "--checkpoint.every_n_train_steps", "1000", "--throughput.warmup_steps", "1",
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"), *extra,
+    ])
+    (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return run_dir, events
+
+
+def test_train_loss_is_the_mean_over_the_steps_micro_batches(small_text, tmp_path):
+    """build-nanogpt's loss_accum: with 4 micro-batches per optimizer step the logged loss is their
+    mean, not the last one's."""
+    probe = {"class_path": "grad_probes.StepLossProbe", "init_args": {"out": str(tmp_path / "loss.json")}}
+    _, events = fit_tiny_config(small_text, tmp_path, "--trainer.accumulate_grad_batches", "4",
+                                "--trainer.max_steps", "3", "--trainer.log_every_n_steps", "1",
+                                "--trainer.limit_val_batches", "0", f"--trainer.callbacks+={json.dumps(probe)}")
+    steps = json.loads((tmp_path / "loss.json").read_text())["steps"]
+    assert len(steps) == 3 and all(len(step["micro_batch_losses"]) == 4 for step in steps)
+    for step in steps:
+        losses = step["micro_batch_losses"]
+        assert step["logged"] == pytest.approx(sum(losses) / 4, rel=1e-5)
+    # the case the mean is about: the last micro-batch's loss is measurably another number
+    assert any(abs(step["micro_batch_losses"][-1] - step["logged"]) > 1e-3 for step in steps)
+    written = [e.value for e in events.Scalars("train/loss")]
+    assert written == pytest.approx([step["logged"] for step in steps])
+
+
+def test_log_every_n_steps_0_trains_and_logs_no_steps(small_text, tmp_path, capsys):
+    """Before, the module, the throughput monitor and the progress bar each divided by it."""
+    run_dir, events = fit_tiny_config(small_text, tmp_path, "--trainer.log_every_n_steps", "0", "--trainer.max_steps", "4",
+                                      "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1")
+    assert "4/4" in capsys.readouterr().out  # the bar counted every step
+    assert "train/loss" not in events.Tags()["scalars"]  # no step logging, as Lightning means it
+    assert len(events.Scalars("val/loss")) == 2  # validation still logs
+    summary = json.loads((run_dir / "throughput.json").read_text())
+    assert summary["measured_steps"] == 3 and summary["tokens_per_sec_median"] > 0
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
