@@ -10,7 +10,8 @@ from gpt_lightning.cli import main
 from conftest import REPO
 
 RECIPE = str(REPO / "configs" / "gpt2-124m-fineweb.yaml")
-TINY = ["--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--model.compile", "false",
+# Its precision (bf16-mixed) and clipping as written: clipping under bf16-mixed once died at step 1.
+TINY = ["--trainer.accelerator", "cpu", "--model.compile", "false",
         "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.val_sample_tokens", "0"]
 
 
