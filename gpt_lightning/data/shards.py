@@ -11,14 +11,13 @@ Files whose names contain ``val`` are the validation split, those with ``train``
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset
 
-from gpt_lightning.data.windows import TokenWindows
+from gpt_lightning.data.windows import ResumableStream, TokenWindows
 from gpt_lightning.atomic import atomic_output
 from gpt_lightning.errors import UserError
 from gpt_lightning.data.tokenizer import gpt2_encoding
@@ -65,11 +64,13 @@ def find_shards(directory: Path) -> dict[str, list[Path]]:
     return splits
 
 
-class ShardWindows(IterableDataset):
-    """Contiguous ``(B, T)`` windows over a list of shards, shard after shard, rank-aware.
+class ShardWindows(ResumableStream):
+    """``(B, T)`` windows over a list of shards, shard after shard, rank-aware and resumable.
 
     Within each shard the windows are those of ``TokenWindows`` (rank ``r`` of ``W`` takes batches
-    ``r, r+W, ...``); a window never straddles two shards, as in build-nanogpt's loader.
+    ``r, r+W, ...``); a window never straddles two shards, as in build-nanogpt's loader. Shuffled,
+    each epoch reads the shards in a seeded random order, and each shard's rows in a seeded random
+    order of their own; one shard is open at a time, so memory stays bounded.
 
     Args:
         shards: shard files, in reading order.
@@ -77,28 +78,54 @@ class ShardWindows(IterableDataset):
         block_size: tokens per row (T).
         rank: this process's rank.
         world_size: number of processes.
-        start: batches of this epoch already consumed; the first iteration starts there.
+        shuffle: a new seeded order of shards, and of rows within each shard, every epoch.
+        seed: the shuffle's seed: the same orders in every run and on every rank.
+        progress: the trainer's epoch and batches done (see ``ResumableStream``).
     """
 
-    def __init__(self, shards: list[Path], batch_size: int, block_size: int, rank: int = 0, world_size: int = 1, start: int = 0) -> None:
+    def __init__(
+        self,
+        shards: list[Path],
+        batch_size: int,
+        block_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = False,
+        seed: int = 0,
+        progress: Callable[[], tuple[int, int]] | None = None,
+    ) -> None:
+        super().__init__(progress)
         self.shards = list(shards)
         self.batch_size, self.block_size = batch_size, block_size
-        self.rank, self.world_size, self.start = rank, world_size, start
+        self.rank, self.world_size = rank, world_size
+        self.shuffle, self.seed = shuffle, seed
         per_batch = batch_size * block_size * world_size
         self.batches_per_shard = [max(0, (len(open_shard(p)) - 1) // per_batch) for p in self.shards]
 
     def __len__(self) -> int:
         return sum(self.batches_per_shard)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        skip, self.start = self.start, 0
-        for path, count in zip(self.shards, self.batches_per_shard):
+    def layout(self) -> list[int]:
+        return [self.batch_size, self.block_size, self.world_size, *self.batches_per_shard]
+
+    def shard_order(self, epoch: int) -> list[int]:
+        """Indices into ``shards`` in this epoch's reading order."""
+        if not self.shuffle:
+            return list(range(len(self.shards)))
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.shards)).tolist()
+
+    def batches(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        skip = start
+        for i in self.shard_order(epoch):
+            count = self.batches_per_shard[i]
             if skip >= count:
                 skip -= count
                 continue
-            windows = TokenWindows(open_shard(path), self.batch_size, self.block_size, self.rank, self.world_size, start=skip)
+            # Rows within the shard: seeded by the shard's own number too, so orders differ by shard.
+            windows = TokenWindows(open_shard(self.shards[i]), self.batch_size, self.block_size, self.rank,
+                                   self.world_size, shuffle=self.shuffle, seed=[self.seed, i])
+            yield from windows.batches(epoch, skip)  # the shard's memory map is dropped when the next one opens
             skip = 0
-            yield from windows  # the shard's memory map is dropped when the next one opens
 
 
 def tokenize_folder(input_dir: Path, output_dir: Path, shard_tokens: int = 100_000_000, progress: bool = True) -> list[Path]:
