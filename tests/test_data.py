@@ -185,3 +185,15 @@ def test_setup_reuses_the_cache_prepare_data_verified(small_text, tmp_path, monk
     monkeypatch.setattr("gpt_lightning.data.datamodule.build_token_cache", lambda *a: calls.append(a))
     dm.setup("fit")
     assert calls == [] and len(dm.tokens) > 0
+
+
+def test_data_shuffle_serves_the_training_split_in_a_seeded_order(small_text, tmp_path):
+    def firsts(**kwargs):
+        dm = TokenStreamDataModule(str(small_text), batch_size=2, block_size=16, val_fraction=0.1, cache_dir=str(tmp_path), **kwargs)
+        dm.setup("fit")
+        return [x[:, 0].tolist() for x, _ in dm.train_dataloader()], [x[:, 0].tolist() for x, _ in dm.val_dataloader()]
+
+    (plain, val), (shuffled, shuffled_val) = firsts(), firsts(shuffle=True, seed=1)
+    assert shuffled != plain and len(shuffled) == len(plain)
+    assert shuffled == firsts(shuffle=True, seed=1)[0] and shuffled != firsts(shuffle=True, seed=2)[0]
+    assert shuffled_val == val  # validation always reads the same batches

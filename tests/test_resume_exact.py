@@ -4,6 +4,7 @@ last, short accumulation of an epoch also steps), with limit_train_batches, and 
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -32,6 +33,16 @@ def corpus(tmp_path_factory, shakespeare) -> Path:
     return path
 
 
+def shard_folder(corpus: Path, folder: Path) -> Path:
+    from gpt_lightning.data import gpt2_encoding
+
+    ids = np.array(gpt2_encoding().encode_ordinary(corpus.read_text()), dtype=np.uint16)
+    folder.mkdir()
+    for i, part in enumerate(np.array_split(ids, 3)):  # 124 tokens: 3 batches of 2 x 16 (+1) each
+        np.save(folder / f"corpus_train_{i:06d}.npy", part)
+    return folder
+
+
 def weights(ckpt: Path) -> dict[str, torch.Tensor]:
     return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
 
@@ -51,10 +62,13 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
         (4, ["--trainer.accumulate_grad_batches", "3"]),  # 3+3+3+2 batches an epoch: stopped on the short one
         (4, ["--trainer.accumulate_grad_batches", "3", "--trainer.limit_train_batches", "7"]),  # 3+3+1
         (5, ["--data.tokens_per_step", "96", "--data.shuffle", "true"]),  # accumulation 3, shuffled
+        (4, ["--data.tokens_per_step", "96", "--data.shuffle", "true", "shards"]),  # 3 shards of 3 batches
     ],
-    ids=["epoch-end", "accumulation", "limit_train_batches", "shuffled"],
+    ids=["epoch-end", "accumulation", "limit_train_batches", "shuffled", "shuffled-shards"],
 )
 def test_resumed_run_ends_with_the_weights_of_the_uninterrupted_one(tmp_path, corpus, stop, flags):
+    if flags[-1] == "shards":  # the corpus's tokens as a shard folder: the shard order is shuffled too
+        flags, corpus = flags[:-1], shard_folder(corpus, tmp_path / "shards")
     every = ["--checkpoint.every_n_train_steps", str(stop), "--trainer.max_steps", str(2 * stop)]
     whole = fit(tmp_path, "whole", corpus, *flags, *every)
     (at_stop,) = whole.glob(f"*step={stop}.ckpt")
