@@ -168,7 +168,7 @@ def test_token_cache_is_reused_then_rebuilt_when_the_source_changes(small_text, 
     def must_not_tokenize():
         raise AssertionError("a sound cache was tokenized again")
 
-    monkeypatch.setattr(token_cache, "gpt2_encoding", must_not_tokenize)
+    monkeypatch.setattr(token_cache, "encode_items", must_not_tokenize)
     assert token_cache.build_token_cache(Corpus.from_file(small_text), tmp_path) == first
     monkeypatch.undo()
 

@@ -103,7 +103,7 @@ def test_tokenize_command_then_train_windows_from_the_shards(small_text, tmp_pat
     (texts / "sub" / "b.txt").write_text(content[20000:40000])
     main(["tokenize", "--input", str(texts), "--output", str(tmp_path / "shards"), "--shard_tokens", "3000"])
     assert "shard(s)" in capsys.readouterr().out
-    shards = sorted((tmp_path / "shards").iterdir(), key=lambda p: p.stem[-6:])  # by shard number
+    shards = sorted((tmp_path / "shards").glob("*.npy"), key=lambda p: p.stem[-6:])  # by shard number
     assert shards[0].name == "shard_val_000000.npy" and all("train" in p.name for p in shards[1:])
 
     enc = gpt2_encoding()
