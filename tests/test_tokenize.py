@@ -12,7 +12,8 @@ from gpt_lightning.cli import main
 from gpt_lightning.data import TokenStreamDataModule, gpt2_encoding, token_cache
 from gpt_lightning.data.corpus import Corpus
 from gpt_lightning.data.documents import safe_cut, text_pieces
-from gpt_lightning.data.shards import find_shards, open_shard, tokenize_to_shards
+from gpt_lightning.data.shard_writer import tokenize_to_shards
+from gpt_lightning.data.shards import find_shards, open_shard
 
 from conftest import REPO
 

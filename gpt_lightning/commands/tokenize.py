@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gpt_lightning.data.documents import SUFFIXES
 from gpt_lightning.data.encode import default_workers
-from gpt_lightning.data.shards import FORMATS, tokenize_to_shards
+from gpt_lightning.data.shard_writer import FORMATS, tokenize_to_shards
 
 
 def main(argv: list[str]) -> None:
