@@ -103,7 +103,7 @@ def test_bad_inputs_are_one_clear_line(tmp_path, capsys):
     assert not list((tmp_path / "out").glob("*.npy"))  # nothing half-written left behind
 
 
-def test_a_fineweb_edu_style_parquet_folder_trains_the_fineweb_recipe(shakespeare, tmp_path):
+def test_a_fineweb_edu_style_parquet_folder_trains_the_fineweb_recipe(shakespeare, tmp_path, capsys):
     pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
     folder = tmp_path / "fineweb-edu" / "sample" / "10BT"
     folder.mkdir(parents=True)
@@ -115,6 +115,8 @@ def test_a_fineweb_edu_style_parquet_folder_trains_the_fineweb_recipe(shakespear
     main(["tokenize", "--input", str(folder), "--output", str(tmp_path / "edu_fineweb10B"), "--shard_tokens", "4000",
           "--workers", "2"])
     assert len(find_shards(tmp_path / "edu_fineweb10B")["train"]) >= 3
+    progress = capsys.readouterr().err
+    assert "tokenizing: 100.0%" in progress and "M tokens/s, ETA" in progress
     # 32-true as in test_fineweb_recipe.py until clipping under bf16-mixed works (issue 15, item 1).
     main(["fit", "--config", str(REPO / "configs" / "gpt2-124m-fineweb.yaml"), "--trainer.accelerator", "cpu",
           "--trainer.precision", "32-true",

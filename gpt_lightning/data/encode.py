@@ -88,8 +88,8 @@ def encode_items(items: Iterable[WorkItem], workers: int, separate_documents: bo
 class Progress:
     """One line, rewritten in place: bytes read of the total, tokens, tokens/s and the time left."""
 
-    def __init__(self, total_bytes: int, enabled: bool = True, stream=sys.stderr) -> None:
-        self.total, self.enabled, self.stream = total_bytes, enabled, stream
+    def __init__(self, total_bytes: int, enabled: bool = True, stream=None) -> None:
+        self.total, self.enabled, self.stream = total_bytes, enabled, stream or sys.stderr
         self.start = self.last = time.perf_counter()
         self.tokens = 0
 
@@ -104,7 +104,7 @@ class Progress:
         left = (self.total - bytes_done) / (bytes_done / elapsed) if bytes_done else float("inf")
         eta = "?" if left == float("inf") else time.strftime("%H:%M:%S", time.gmtime(left))
         share = 100 * bytes_done / self.total if self.total else 100.0
-        self.stream.write(f"\rtokenizing: {share:5.1f}% of {self.total / 1e6:,.0f} MB, {self.tokens:,} tokens, "
+        self.stream.write(f"\rtokenizing: {share:5.1f}% of {self.total / 1e6:,.1f} MB, {self.tokens:,} tokens, "
                           f"{rate / 1e6:.2f}M tokens/s, ETA {eta}   ")
         self.stream.flush()
 

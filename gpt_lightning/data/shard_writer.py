@@ -69,13 +69,13 @@ class ShardWriter:
             self._close()
         return self.written
 
-    def abort(self) -> None:
-        """Remove the shard being written (its temporary file) and every finished one."""
+    def abort(self, remove_finished: bool = False) -> None:
+        """Remove the shard being written (its temporary file), and the finished ones if asked."""
         if self._file is not None:
             self._file.close()
             self._context.__exit__(RuntimeError, RuntimeError("aborted"), None)
             self._file = None
-        for path, _ in self.written:
+        for path, _ in self.written if remove_finished else ():
             path.unlink(missing_ok=True)
 
     @property
@@ -123,7 +123,8 @@ def tokenize_to_shards(inputs: str, output_dir: Path, shard_tokens: int = 100_00
     Each document starts with ``<|endoftext|>``; a .txt file is one document unless ``separator``
     splits it. The first shard is the validation split (``shard_val_000000``), the rest training, as
     build-nanogpt writes them; the bytes do not depend on ``workers``. ``tokenize.json``, written
-    last, lists the shards with their token counts.
+    last, lists the shards with their token counts: a folder without it was interrupted (its shards
+    are whole, the last one missing).
     """
     files = find_inputs(inputs)
     writer = ShardWriter(output_dir, shard_tokens, format)
@@ -135,11 +136,12 @@ def tokenize_to_shards(inputs: str, output_dir: Path, shard_tokens: int = 100_00
             bar.update(len(ids), position)
         written = writer.close()
     except BaseException:
+        # Finished shards stay (each is whole); tokenize.json, the mark of a finished folder, is not written.
         writer.abort()
         raise
     bar.close()
     if len(written) < 2:
-        writer.abort()
+        writer.abort(remove_finished=True)
         count = written[0][1] if written else 0
         raise UserError(
             f"{inputs} holds {count:,} tokens, one shard of --shard_tokens {shard_tokens:,}. The first "
