@@ -187,16 +187,20 @@ def _parquet_items(path: Path, text_key: str, chunk_chars: int) -> Iterator[tupl
                         "Name the text column with --text_key.")
     rows = max(parquet.metadata.num_rows, 1)
     batch, chars, read = [], 0, 0
-    # A batch of rows at a time, never a whole row group (FineWeb-edu's hold ~1 GB of text each).
-    for record_batch in parquet.iter_batches(batch_size=1024, columns=[text_key]):
-        for text in record_batch.column(0).to_pylist():
-            read += 1
-            if not text:
-                continue
-            batch.append((True, text))
-            chars += len(text)
-            if chars >= chunk_chars:
-                yield WorkItem(pieces=tuple(batch), source=str(path)), read / rows
-                batch, chars = [], 0
+    # One row group's text column at a time (iter_batches reads ahead: its memory grew with the file).
+    for group in range(parquet.num_row_groups):
+        column = parquet.read_row_group(group, columns=[text_key], use_threads=False).column(0)
+        for chunk in column.chunks:
+            for start in range(0, len(chunk), 1024):  # Python strings for 1,024 rows at a time
+                for text in chunk.slice(start, 1024).to_pylist():
+                    read += 1
+                    if not text:
+                        continue
+                    batch.append((True, text))
+                    chars += len(text)
+                    if chars >= chunk_chars:
+                        yield WorkItem(pieces=tuple(batch), source=str(path)), read / rows
+                        batch, chars = [], 0
+        del column
     if batch:
         yield WorkItem(pieces=tuple(batch), source=str(path)), 1.0
