@@ -37,7 +37,7 @@ def test_tokenize_benchmark_compares_with_build_nanogpt_on_the_same_tokens(tmp_p
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     runs = report["runs"]
-    assert set(runs) == {"ours/parquet/full", "ours/parquet/quarter", "ours/jsonl/full",
+    assert set(runs) == {"ours/parquet/full", "ours/parquet/quarter", "ours/jsonl/full", "ours/jsonl/quarter",
                          "build-nanogpt/parquet/full", "build-nanogpt/jsonl/full"}
     # The same corpus gives the same tokens both ways (the script checks the shards' counts too).
     assert runs["ours/parquet/full"]["tokens"] == runs["build-nanogpt/jsonl/full"]["tokens"] > 50_000
