@@ -1,23 +1,36 @@
-"""Train GPT-2 style language models with PyTorch Lightning, fast."""
+"""Train GPT-2 style language models with PyTorch Lightning, fast.
 
-from gpt_lightning.data import ShardWindows, TokenStreamDataModule, TokenWindows, gpt2_encoding
-from gpt_lightning.errors import UserError
-from gpt_lightning.model import GPT, GPTConfig
-from gpt_lightning.module import GPTLightningModule
-from gpt_lightning.throughput import ThroughputMonitor
-from gpt_lightning.weights import export_weights, load_gpt
+The names below are imported on first use (PEP 562), so ``gpt-lightning tokenize`` and its worker
+processes do not load torch and Lightning (about 350 MB and seconds of start-up) to encode text.
+"""
 
-__all__ = [
-    "GPT",
-    "GPTConfig",
-    "GPTLightningModule",
-    "ShardWindows",
-    "ThroughputMonitor",
-    "TokenStreamDataModule",
-    "TokenWindows",
-    "UserError",
-    "export_weights",
-    "gpt2_encoding",
-    "load_gpt",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "GPT": "gpt_lightning.model",
+    "GPTConfig": "gpt_lightning.model",
+    "GPTLightningModule": "gpt_lightning.module",
+    "ShardWindows": "gpt_lightning.data.shards",
+    "ThroughputMonitor": "gpt_lightning.throughput",
+    "TokenStreamDataModule": "gpt_lightning.data.datamodule",
+    "TokenWindows": "gpt_lightning.data.windows",
+    "UserError": "gpt_lightning.errors",
+    "export_weights": "gpt_lightning.weights",
+    "gpt2_encoding": "gpt_lightning.data.tokenizer",
+    "load_gpt": "gpt_lightning.weights",
+}
+__all__ = sorted(_WHERE)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'gpt_lightning' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

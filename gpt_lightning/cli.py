@@ -7,8 +7,6 @@ from __future__ import annotations
 import importlib
 import sys
 
-from lightning.fabric.utilities.exceptions import MisconfigurationException
-
 from gpt_lightning.errors import UserError
 
 # Our own commands, each a module of gpt_lightning.commands with a main(argv); imported on use.
@@ -29,6 +27,15 @@ OVERVIEW = "\n".join([
 ])
 
 
+def _lightning_errors() -> tuple[type[Exception], ...]:
+    """Lightning's configuration error, once Lightning is loaded (``tokenize`` never loads it)."""
+    if "lightning" not in sys.modules:
+        return ()
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    return (MisconfigurationException,)
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``gpt-lightning`` and ``python -m gpt_lightning``."""
     argv = sys.argv[1:] if args is None else args
@@ -42,6 +49,6 @@ def main(args: list[str] | None = None) -> None:
             from gpt_lightning.lightning_cli import GPTLightningCLI
 
             GPTLightningCLI(args=args)
-    except (UserError, MisconfigurationException) as err:
+    except (UserError, *_lightning_errors()) as err:  # evaluated only when something was raised
         print(f"gpt-lightning: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -73,13 +73,71 @@ def test_ranks_read_disjoint_windows():
     assert first_rank1[0, 0].item() == 8  # rank 1 starts one B*T later
 
 
-def test_start_applies_to_the_first_pass_only():
+def test_a_restored_position_applies_to_its_own_epoch_only():
     tokens = np.arange(101, dtype=np.uint16)
-    windows = TokenWindows(tokens, 2, 4, start=3)
+    windows = TokenWindows(tokens, 2, 4)
+    windows.load_state_dict({"epoch": 0, "batches": 3})
     first = [x[0, 0].item() for x, _ in windows]
     second = [x[0, 0].item() for x, _ in windows]
     assert first == [24, 32, 40, 48, 56, 64, 72, 80, 88]
     assert second[0] == 0 and len(second) == 12
+    # Saved on an epoch's last batch, the position means nothing to the next epoch: it starts at 0.
+    windows.load_state_dict({"epoch": 0, "batches": 12})
+    assert len(list(windows)) == 12 and windows.state_dict()["epoch"] == 1
+    # Under a trainer, the trainer says whether the epoch goes on: with limit_train_batches it ends early.
+    windows = TokenWindows(tokens, 2, 4, progress=lambda: (0, 0))
+    windows.load_state_dict({"epoch": 0, "batches": 7})
+    assert len(list(windows)) == 12 and windows.state_dict()["epoch"] == 1
+    # A checkpoint written after fit stopped mid-epoch at max_steps: the trainer counts the epoch as
+    # ended (epoch 1) but goes on with its batches; the stream goes on with its own epoch 0.
+    windows = TokenWindows(tokens, 2, 4, progress=lambda: (1, 3))
+    windows.load_state_dict({"epoch": 0, "batches": 3})
+    assert next(iter(windows))[0][0, 0].item() == 24 and windows.state_dict()["epoch"] == 0
+
+
+def test_the_state_counts_the_batches_served_so_far():
+    windows = TokenWindows(np.arange(101, dtype=np.uint16), 2, 4)
+    stream = iter(windows)
+    for _ in range(5):
+        next(stream)
+    assert windows.state_dict() == {"epoch": 0, "batches": 5, "layout": [2, 4, 1, 101]}
+    resumed = TokenWindows(np.arange(101, dtype=np.uint16), 2, 4)
+    resumed.load_state_dict(windows.state_dict())
+    assert resumed.state_dict()["batches"] == 5  # restored, not yet served: saved on unchanged
+    assert [x[0, 0].item() for x, _ in resumed] == [x[0, 0].item() for x, _ in stream]
+
+
+def test_another_layout_on_resume_is_warned_about():
+    windows = TokenWindows(np.arange(101, dtype=np.uint16), 2, 4)
+    with pytest.warns(UserWarning, match="another layout"):
+        windows.load_state_dict({"epoch": 0, "batches": 3, "layout": [4, 4, 1, 101]})
+
+
+def shuffled_firsts(windows, epoch):
+    return [x[:, 0].tolist() for x, _ in windows.batches(epoch, 0)]
+
+
+def test_shuffled_rows_are_a_new_permutation_each_epoch_and_the_same_every_run():
+    tokens = np.arange(1001, dtype=np.uint16)  # 250 rows of T + 1 = 5 tokens (row s starts at 4s)
+    windows = TokenWindows(tokens, 2, 4, shuffle=True, seed=7)
+    assert len(windows) == 125
+    x, y = next(windows.batches(0, 0))
+    assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y[:, -1], x[:, -1] + 1)  # rows stay contiguous
+    assert bool((x[:, 0] % 4 == 0).all())  # and start on row boundaries
+    epoch0, epoch1 = shuffled_firsts(windows, 0), shuffled_firsts(windows, 1)
+    rows0 = sorted(r // 4 for batch in epoch0 for r in batch)
+    assert rows0 == list(range(250))  # every row once
+    assert epoch0 != epoch1 and epoch0 != [[8 * i, 8 * i + 4] for i in range(125)]
+    assert shuffled_firsts(TokenWindows(tokens, 2, 4, shuffle=True, seed=7), 0) == epoch0  # another run
+    assert shuffled_firsts(TokenWindows(tokens, 2, 4, shuffle=True, seed=8), 0) != epoch0  # another seed
+    # Ranks split each epoch's batches of the single-process stream: disjoint, and all of them.
+    per_rank = [shuffled_firsts(TokenWindows(tokens, 2, 4, rank=r, world_size=2, shuffle=True, seed=7), 1) for r in (0, 1)]
+    assert per_rank[0] == epoch1[0:124:2] and per_rank[1] == epoch1[1:124:2]
+    # Iterated as a dataset, each pass is the next epoch; resuming mid-epoch continues the same order.
+    passes = TokenWindows(tokens, 2, 4, shuffle=True, seed=7)
+    assert [x[:, 0].tolist() for x, _ in passes] == epoch0
+    passes.load_state_dict({"epoch": 1, "batches": 100})
+    assert [x[:, 0].tolist() for x, _ in passes] == epoch1[100:]
 
 
 def test_data_module_reports_the_reference_numbers(cache_dir, capsys, caplog):
@@ -110,7 +168,7 @@ def test_token_cache_is_reused_then_rebuilt_when_the_source_changes(small_text, 
     def must_not_tokenize():
         raise AssertionError("a sound cache was tokenized again")
 
-    monkeypatch.setattr(token_cache, "gpt2_encoding", must_not_tokenize)
+    monkeypatch.setattr(token_cache, "encode_items", must_not_tokenize)
     assert token_cache.build_token_cache(Corpus.from_file(small_text), tmp_path) == first
     monkeypatch.undo()
 
@@ -127,3 +185,15 @@ def test_setup_reuses_the_cache_prepare_data_verified(small_text, tmp_path, monk
     monkeypatch.setattr("gpt_lightning.data.datamodule.build_token_cache", lambda *a: calls.append(a))
     dm.setup("fit")
     assert calls == [] and len(dm.tokens) > 0
+
+
+def test_data_shuffle_serves_the_training_split_in_a_seeded_order(small_text, tmp_path):
+    def firsts(**kwargs):
+        dm = TokenStreamDataModule(str(small_text), batch_size=2, block_size=16, val_fraction=0.1, cache_dir=str(tmp_path), **kwargs)
+        dm.setup("fit")
+        return [x[:, 0].tolist() for x, _ in dm.train_dataloader()], [x[:, 0].tolist() for x, _ in dm.val_dataloader()]
+
+    (plain, val), (shuffled, shuffled_val) = firsts(), firsts(shuffle=True, seed=1)
+    assert shuffled != plain and len(shuffled) == len(plain)
+    assert shuffled == firsts(shuffle=True, seed=1)[0] and shuffled != firsts(shuffle=True, seed=2)[0]
+    assert shuffled_val == val  # validation always reads the same batches

@@ -101,6 +101,11 @@ def test_the_readme_walkthrough_runs_on_a_cpu(tmp_path, shakespeare):
     (tmp_path / "my_corpus.txt").write_text(shakespeare[:60_000])
     (tmp_path / "my_texts").mkdir()
     (tmp_path / "my_texts" / "plays.txt").write_text(shakespeare)
+    parquet = pytest.importorskip("pyarrow.parquet")  # FineWeb-edu's layout: a text column among others
+    (tmp_path / "fineweb-edu" / "sample" / "10BT").mkdir(parents=True)
+    parquet.write_table(__import__("pyarrow").table({"text": [shakespeare[i:i + 5000] for i in range(0, 300_000, 5000)],
+                                                     "score": [3.0] * 60}),
+                        tmp_path / "fineweb-edu" / "sample" / "10BT" / "000_00000.parquet")
     (main_py,) = [b for b in blocks("python") if b.startswith("# main.py")]
     (tmp_path / "main.py").write_text(main_py)
     (tmp_path / "my_config.yaml").write_text(blocks("yaml")[0])

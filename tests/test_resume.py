@@ -51,9 +51,16 @@ def test_resume_mid_epoch_continues_with_the_same_batches_and_losses(small_text,
     assert monitor.summary["measured_steps"] == 30 - k - 2
 
 
-def test_datamodule_state_comes_from_the_trainer_step():
-    data = TokenStreamDataModule(batch_size=2, block_size=4)
-    data.trainer = type("T", (), {"global_step": 5, "accumulate_grad_batches": 3})()
-    assert data.state_dict() == {"train_batches_consumed": 15}
-    data.load_state_dict({"train_batches_consumed": 15})
-    assert data._resume_batches == 15
+def test_the_position_is_the_loader_state_lightning_saves(small_text, tmp_path):
+    """Lightning stores a stateful loader's state_dict in the checkpoint's fit loop."""
+    train(small_text, tmp_path, max_steps=3, save_to=tmp_path / "s3.ckpt")
+    checkpoint = torch.load(tmp_path / "s3.ckpt", weights_only=False)
+    assert checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batches"] == 3
+    assert "TokenStreamDataModule" not in checkpoint
+    # A checkpoint from before the loader kept its state resumes where Lightning's batch count says.
+    del checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    checkpoint["TokenStreamDataModule"] = {"train_batches_consumed": 3}
+    torch.save(checkpoint, tmp_path / "old.ckpt")
+    _, resumed, _, _ = train(small_text, tmp_path, max_steps=5, ckpt_path=tmp_path / "old.ckpt")
+    _, whole, _, _ = train(small_text, tmp_path, max_steps=5)
+    assert resumed == whole[3:]

@@ -62,7 +62,31 @@ def test_windows_run_shard_after_shard_and_never_straddle(tmp_path):
     per_rank = [[x[0, 0].item() for x, _ in ShardWindows(splits["train"], 2, 4, rank=r, world_size=2)] for r in (0, 1)]
     assert per_rank == [[0, 100], [8, 108]]  # each shard holds one batch per rank (2 x 8 + 1 <= 20)
     # Resuming mid-stream skips whole shards, then part of one.
-    assert [x[0, 0].item() for x, _ in ShardWindows(splits["train"], 2, 4, start=3)] == [108, 116]
+    resumed = ShardWindows(splits["train"], 2, 4)
+    resumed.load_state_dict({"epoch": 0, "batches": 3})
+    assert [x[0, 0].item() for x, _ in resumed] == [108, 116]
+
+
+def test_shuffled_shards_change_order_each_epoch_and_resume_in_it(tmp_path):
+    for i in range(4):  # shard i holds ids 1000 i ... : 12 rows of 4 (+1), 3 batches of 2 x 4 per rank of 2
+        write_npy(tmp_path / f"s_train_{i}.npy", np.arange(1000 * i, 1000 * i + 49))
+    shards = find_shards(tmp_path)["train"]
+
+    def epoch(e, rank=0, world=2):
+        return [x[:, 0].tolist() for x, _ in ShardWindows(shards, 2, 4, rank, world, shuffle=True, seed=3).batches(e, 0)]
+
+    orders = [[batch[0] // 1000 for batch in epoch(e)[::3]] for e in range(4)]
+    assert all(sorted(o) == [0, 1, 2, 3] for o in orders) and len({tuple(o) for o in orders}) > 1
+    first = epoch(0)
+    assert [b[0] // 1000 for b in first] == [s for s in orders[0] for _ in range(3)]  # a shard at a time
+    assert first != [[1000 * s + 16 * i, 1000 * s + 16 * i + 4] for s in orders[0] for i in range(3)]  # rows shuffled
+    assert epoch(0) == first  # the same in every run
+    both = epoch(0, 0) + epoch(0, 1)
+    rows = [r for batch in both for r in batch]
+    assert len(rows) == len(set(rows)) == 4 * 12  # ranks disjoint, every row of every shard once
+    windows = ShardWindows(shards, 2, 4, 0, 2, shuffle=True, seed=3)
+    windows.load_state_dict({"epoch": 0, "batches": 5})
+    assert [x[:, 0].tolist() for x, _ in windows] == first[5:]
 
 
 def test_directory_without_training_shards_is_a_clear_error(tmp_path):
@@ -79,7 +103,7 @@ def test_tokenize_command_then_train_windows_from_the_shards(small_text, tmp_pat
     (texts / "sub" / "b.txt").write_text(content[20000:40000])
     main(["tokenize", "--input", str(texts), "--output", str(tmp_path / "shards"), "--shard_tokens", "3000"])
     assert "shard(s)" in capsys.readouterr().out
-    shards = sorted((tmp_path / "shards").iterdir(), key=lambda p: p.stem[-6:])  # by shard number
+    shards = sorted((tmp_path / "shards").glob("*.npy"), key=lambda p: p.stem[-6:])  # by shard number
     assert shards[0].name == "shard_val_000000.npy" and all("train" in p.name for p in shards[1:])
 
     enc = gpt2_encoding()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,11 +47,13 @@ class Corpus:
         location: absolute path of the file (for messages and the cache manifest).
         sha256: the sha256 of the text's UTF-8 bytes: the token cache's key.
         read_text: returns the text, with a clear ``UserError`` when it cannot.
+        open_text: the text as a stream (a large file is never read whole), newlines untouched.
     """
 
     location: str
     sha256: str
     read_text: Callable[[], str]
+    open_text: Callable[[], io.TextIOBase]
 
     @classmethod
     def from_file(cls, path: str | Path) -> Corpus:
@@ -64,13 +67,14 @@ class Corpus:
             )
         if not path.is_file():
             raise UserError(f"Data path {path} is not a file. Pass a UTF-8 text file to --data.data_path.")
-        return cls(str(path), sha256_file(path), lambda: _decode_text_file(path))
+        return cls(str(path), sha256_file(path), lambda: _decode_text_file(path), lambda: _open_text_file(path))
 
     @classmethod
     def tiny_shakespeare(cls) -> Corpus:
         """Tiny Shakespeare from the package itself: no network, no download, checked when read."""
         resource = resources.files(__package__) / TINY_SHAKESPEARE_RESOURCE
-        return cls(str(resource), TINY_SHAKESPEARE_SHA256, lambda: _read_packaged(resource))
+        return cls(str(resource), TINY_SHAKESPEARE_SHA256, lambda: _read_packaged(resource),
+                   lambda: io.StringIO(_read_packaged(resource), newline=""))
 
 
 def _read_packaged(resource) -> str:
@@ -82,6 +86,13 @@ def _read_packaged(resource) -> str:
             f"{TINY_SHAKESPEARE_SHA256}). Reinstall gpt-lightning, or pass your own text with --data.data_path."
         )
     return raw.decode("utf-8")
+
+
+def _open_text_file(path: Path) -> io.TextIOBase:
+    """A stream of the file's text; a small file is checked whole first (empty? UTF-8?)."""
+    if path.stat().st_size <= 1 << 20:
+        return io.StringIO(_decode_text_file(path), newline="")
+    return open(path, encoding="utf-8", newline="")  # decoding errors surface while it is read
 
 
 def _decode_text_file(path: Path) -> str:

@@ -3,8 +3,12 @@
 Windows are cut exactly as nanoGPT's ``DataLoaderLite`` cuts them: batch ``g`` is
 ``buf = tokens[g*B*T : (g+1)*B*T + 1]`` with ``x = buf[:-1].view(B, T)`` and ``y = buf[1:].view(B, T)``.
 Under distributed training rank ``r`` of ``W`` takes batches ``r, r+W, r+2W, ...``, so ranks read
-disjoint windows. The stream position is part of the checkpoint, so a resumed run continues with the
-very batches an uninterrupted run would have seen.
+disjoint windows. With ``shuffle``, each epoch serves them in a new seeded order (see ``windows``).
+
+The training loader is stateful (Lightning's ``state_dict`` / ``load_state_dict`` protocol): the
+epoch and the batches it served are saved in the checkpoint, so a resumed run continues with the very
+batches an uninterrupted run would have seen, whatever the accumulation, ``limit_train_batches`` or
+epoch ends in between.
 """
 
 from __future__ import annotations
@@ -28,9 +32,6 @@ from gpt_lightning.data.windows import TokenWindows
 
 # val_fraction=0 serves no validation batches on purpose.
 warnings.filterwarnings("ignore", message=r".*Total length of `list` across ranks is zero.*")
-# Lightning warns that a mid-epoch resume is unreliable unless the *loader* is stateful; here the data
-# module itself restores the stream position (state_dict / load_state_dict below), tested to 1e-6.
-warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that ended before the epoch ended.*")
 
 
 class TokenStreamDataModule(LightningDataModule):
@@ -52,6 +53,11 @@ class TokenStreamDataModule(LightningDataModule):
             None keeps the trainer's own ``accumulate_grad_batches``.
         cache_dir: where token caches live. None: ``$GPT_LIGHTNING_CACHE_DIR``, else
             ``$XDG_CACHE_HOME/gpt_lightning`` or ``~/.cache/gpt_lightning``.
+        shuffle: serve the training windows in a seeded random order, a new one each epoch: rows of
+            block_size tokens for a text, and shards then rows within each shard for a shard folder.
+            False keeps the stream's own order (the reference experiment's).
+        seed: the shuffle's seed. The same seed gives the same order in every run, on every process
+            and after a resume.
     """
 
     def __init__(
@@ -62,6 +68,8 @@ class TokenStreamDataModule(LightningDataModule):
         val_fraction: float = 0.1,
         tokens_per_step: int | None = None,
         cache_dir: str | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         if not isinstance(batch_size, int) or batch_size <= 0:
@@ -82,9 +90,10 @@ class TokenStreamDataModule(LightningDataModule):
         self.val_fraction = val_fraction
         self.tokens_per_step = tokens_per_step
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+        self.shuffle = shuffle
+        self.seed = seed
         self.tokens: np.ndarray | None = None  # text sources: all token ids, memory-mapped
         self.shards: dict[str, list[Path]] | None = None  # shard directories: files by split
-        self._resume_batches = 0  # train batches consumed before a restore
         self._verified_token_file: Path | None = None  # set by prepare_data in this process
 
     # --- preparing -------------------------------------------------------------------------------
@@ -189,29 +198,35 @@ class TokenStreamDataModule(LightningDataModule):
         return len(self.tokens) - int(len(self.tokens) * self.val_fraction)
 
     # --- serving ---------------------------------------------------------------------------------
-    def _windows(self, split: str, start: int = 0) -> TokenWindows | ShardWindows | None:
+    def _windows(self, split: str) -> TokenWindows | ShardWindows | None:
         args = (self.batch_size, self.block_size, self.rank, self.world_size)
+        # Training: shuffled on request, in the trainer's epochs. Validation: always the same batches.
+        train = {"shuffle": self.shuffle, "seed": self.seed, "progress": self._trainer_progress} if split == "train" else {}
         if self.shards is not None:
-            return ShardWindows(self.shards[split], *args, start=start) if self.shards[split] else None
+            return ShardWindows(self.shards[split], *args, **train) if self.shards[split] else None
         assert self.tokens is not None, "call setup() first"
         if split == "train":
-            return TokenWindows(self.tokens[: self.train_token_count], *args, start=start)
+            return TokenWindows(self.tokens[: self.train_token_count], *args, **train)
         return TokenWindows(self.tokens[self.train_token_count :], *args) if self.val_fraction > 0 else None
+
+    def _trainer_progress(self) -> tuple[int, int]:
+        """The trainer's epoch and the batches of it already done, as a training pass starts: more
+        than 0 when Lightning resumes mid-epoch (it then runs only the epoch's remaining batches)."""
+        if self.trainer is None:
+            return 0, 0
+        return self.trainer.current_epoch, self.trainer.fit_loop.epoch_loop.batch_progress.current.ready
 
     def _train_windows(self) -> TokenWindows | ShardWindows:
         return self._windows("train")  # type: ignore[return-value]
 
-    def _loader(self, windows: IterableDataset) -> DataLoader:
+    def _loader(self, windows: IterableDataset, loader: type[DataLoader] = DataLoader) -> DataLoader:
         pin = self.trainer is not None and self.trainer.accelerator.__class__.__name__ == "CUDAAccelerator"
         # batch_size=None: each item already is a whole (B, T) batch. Workers would only add IPC:
         # slicing the memory map is far faster than the model consumes tokens.
-        return DataLoader(windows, batch_size=None, num_workers=0, pin_memory=pin)
+        return loader(windows, batch_size=None, num_workers=0, pin_memory=pin)
 
     def train_dataloader(self) -> DataLoader:
-        windows = self._train_windows()
-        windows.start = self._resume_batches % max(len(windows), 1)
-        self._resume_batches = 0
-        return self._loader(windows)
+        return self._loader(self._train_windows(), ResumableLoader)
 
     def val_dataloader(self) -> DataLoader | list:
         windows = self._windows("val")
@@ -229,13 +244,17 @@ class TokenStreamDataModule(LightningDataModule):
         return self.val_dataloader()
 
     # --- resuming --------------------------------------------------------------------------------
+    # The position is the training loader's own state (ResumableLoader), which Lightning saves. Older
+    # checkpoints kept global_step x accumulation here, which overcounts after an epoch's short last
+    # accumulation: they resume where Lightning's own batch count says (ResumableStream._next_pass).
+
+
+class ResumableLoader(DataLoader):
+    """A ``DataLoader`` of a ``ResumableStream`` that Lightning saves in checkpoints and restores (its
+    stateful-loader protocol): the epoch and the batches of it that training consumed."""
+
     def state_dict(self) -> dict[str, Any]:
-        # Derived from the trainer's optimizer steps, not from the loader: Lightning fetches one
-        # batch ahead, so a loader-side count would be one too far at checkpoint time.
-        consumed = 0
-        if self.trainer is not None:
-            consumed = self.trainer.global_step * self.trainer.accumulate_grad_batches
-        return {"train_batches_consumed": consumed}
+        return self.dataset.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._resume_batches = int(state_dict.get("train_batches_consumed", 0))
+        self.dataset.load_state_dict(state_dict)

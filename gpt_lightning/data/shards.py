@@ -1,4 +1,4 @@
-"""Pre-tokenized shard directories: read nanoGPT, build-nanogpt and llm.c shards; write our own.
+"""Pre-tokenized shard directories: read nanoGPT, build-nanogpt and llm.c shards (``shard_writer`` writes them).
 
 Formats read (memory-mapped, one shard open at a time, so memory stays bounded):
 
@@ -11,21 +11,15 @@ Files whose names contain ``val`` are the validation split, those with ``train``
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset
 
-from gpt_lightning.data.windows import TokenWindows
-from gpt_lightning.atomic import atomic_output
+from gpt_lightning.data.shard_writer import LLMC_HEADER_INTS, LLMC_MAGIC, SHARD_SUFFIXES
+from gpt_lightning.data.windows import ResumableStream, TokenWindows
 from gpt_lightning.errors import UserError
-from gpt_lightning.data.tokenizer import gpt2_encoding
-
-LLMC_MAGIC = 20240520
-LLMC_HEADER_INTS = 256
-SHARD_SUFFIXES = (".bin", ".npy")
 
 
 def open_shard(path: Path) -> np.ndarray:
@@ -65,11 +59,13 @@ def find_shards(directory: Path) -> dict[str, list[Path]]:
     return splits
 
 
-class ShardWindows(IterableDataset):
-    """Contiguous ``(B, T)`` windows over a list of shards, shard after shard, rank-aware.
+class ShardWindows(ResumableStream):
+    """``(B, T)`` windows over a list of shards, shard after shard, rank-aware and resumable.
 
     Within each shard the windows are those of ``TokenWindows`` (rank ``r`` of ``W`` takes batches
-    ``r, r+W, ...``); a window never straddles two shards, as in build-nanogpt's loader.
+    ``r, r+W, ...``); a window never straddles two shards, as in build-nanogpt's loader. Shuffled,
+    each epoch reads the shards in a seeded random order, and each shard's rows in a seeded random
+    order of their own; one shard is open at a time, so memory stays bounded.
 
     Args:
         shards: shard files, in reading order.
@@ -77,75 +73,51 @@ class ShardWindows(IterableDataset):
         block_size: tokens per row (T).
         rank: this process's rank.
         world_size: number of processes.
-        start: batches of this epoch already consumed; the first iteration starts there.
+        shuffle: a new seeded order of shards, and of rows within each shard, every epoch.
+        seed: the shuffle's seed: the same orders in every run and on every rank.
+        progress: the trainer's epoch and batches done (see ``ResumableStream``).
     """
 
-    def __init__(self, shards: list[Path], batch_size: int, block_size: int, rank: int = 0, world_size: int = 1, start: int = 0) -> None:
+    def __init__(
+        self,
+        shards: list[Path],
+        batch_size: int,
+        block_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = False,
+        seed: int = 0,
+        progress: Callable[[], tuple[int, int]] | None = None,
+    ) -> None:
+        super().__init__(progress)
         self.shards = list(shards)
         self.batch_size, self.block_size = batch_size, block_size
-        self.rank, self.world_size, self.start = rank, world_size, start
+        self.rank, self.world_size = rank, world_size
+        self.shuffle, self.seed = shuffle, seed
         per_batch = batch_size * block_size * world_size
         self.batches_per_shard = [max(0, (len(open_shard(p)) - 1) // per_batch) for p in self.shards]
 
     def __len__(self) -> int:
         return sum(self.batches_per_shard)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        skip, self.start = self.start, 0
-        for path, count in zip(self.shards, self.batches_per_shard):
+    def layout(self) -> list[int]:
+        return [self.batch_size, self.block_size, self.world_size, *self.batches_per_shard]
+
+    def shard_order(self, epoch: int) -> list[int]:
+        """Indices into ``shards`` in this epoch's reading order."""
+        if not self.shuffle:
+            return list(range(len(self.shards)))
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.shards)).tolist()
+
+    def batches(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        skip = start
+        for i in self.shard_order(epoch):
+            count = self.batches_per_shard[i]
             if skip >= count:
                 skip -= count
                 continue
-            windows = TokenWindows(open_shard(path), self.batch_size, self.block_size, self.rank, self.world_size, start=skip)
+            # Rows within the shard: seeded by the shard's own number too, so orders differ by shard.
+            windows = TokenWindows(open_shard(self.shards[i]), self.batch_size, self.block_size, self.rank,
+                                   self.world_size, shuffle=self.shuffle, seed=[self.seed, i])
+            yield from windows.batches(epoch, skip)  # the shard's memory map is dropped when the next one opens
             skip = 0
-            yield from windows  # the shard's memory map is dropped when the next one opens
-
-
-def tokenize_folder(input_dir: Path, output_dir: Path, shard_tokens: int = 100_000_000, progress: bool = True) -> list[Path]:
-    """Tokenize every ``*.txt`` under ``input_dir`` into ``.npy`` shards of ``shard_tokens`` uint16 ids.
-
-    Each document starts with ``<|endoftext|>``. The first shard is the validation split
-    (``*_val_000000.npy``), the rest training (``*_train_000001.npy``, ...), as build-nanogpt writes
-    them. Shards are written atomically.
-    """
-    from tqdm import tqdm
-
-    files = sorted(p for p in input_dir.rglob("*.txt") if p.is_file()) if input_dir.is_dir() else []
-    if not files:
-        raise UserError(f"{input_dir} holds no .txt files to tokenize.")
-    if shard_tokens < 2:
-        raise UserError(f"--shard_tokens must be at least 2, got {shard_tokens}.")
-    output_dir.mkdir(parents=True, exist_ok=True)
-    encoding = gpt2_encoding()
-    buffer = np.empty(shard_tokens, dtype=np.uint16)
-    filled, written = 0, []
-
-    def flush(count: int) -> None:
-        split = "val" if not written else "train"
-        path = output_dir / f"shard_{split}_{len(written):06d}.npy"
-        with atomic_output(path) as tmp, open(tmp, "wb") as f:
-            np.save(f, buffer[:count])
-        written.append(path)
-
-    bar = tqdm(total=sum(p.stat().st_size for p in files), unit="B", unit_scale=True, desc="tokenizing", disable=not progress)
-    for path in files:
-        ids = [encoding.eot_token, *encoding.encode_ordinary(path.read_text(encoding="utf-8"))]
-        position = 0
-        while position < len(ids):
-            if filled == shard_tokens:  # a full shard is written once the next one begins
-                flush(filled)
-                filled = 0
-            take = min(shard_tokens - filled, len(ids) - position)
-            buffer[filled : filled + take] = ids[position : position + take]
-            filled, position = filled + take, position + take
-        bar.update(path.stat().st_size)
-    bar.close()
-    if not written:
-        raise UserError(
-            f"{input_dir} holds {filled:,} tokens, one shard of --shard_tokens {shard_tokens:,}. The first "
-            "shard is the validation split, so nothing would be left to train on; nothing was written. "
-            f"Use --shard_tokens {max(2, filled // 10)} (or less) for ten or more shards."
-        )
-    flush(filled)
-    return written
-

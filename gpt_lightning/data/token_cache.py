@@ -1,4 +1,4 @@
-"""Token ids of a text, tokenized once and cached as a flat uint16 file beside a JSON manifest.
+"""Token ids of a text, tokenized once (streamed, on every core) and cached as a flat uint16 file beside a JSON manifest.
 
 The cache is keyed by the source's sha256, so an edited source is re-tokenized. The manifest records
 the tokenizer, the token count and the token file's sha256: a truncated, corrupted or foreign cache is
@@ -10,14 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from gpt_lightning.atomic import atomic_write_bytes
+from gpt_lightning.atomic import atomic_output, atomic_write_bytes
 from gpt_lightning.data.corpus import Corpus, sha256_file
-from gpt_lightning.data.tokenizer import gpt2_encoding
+from gpt_lightning.data.documents import CHUNK_CHARS, WorkItem, text_pieces
+from gpt_lightning.data.encode import default_workers, encode_items
+from gpt_lightning.errors import UserError
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -61,26 +64,44 @@ def _problem(bin_path: Path, json_path: Path, source_sha256: str, tokenizer: str
     return None
 
 
-def build_token_cache(corpus: Corpus, cache_dir: Path) -> Path:
-    """Tokenize ``corpus`` into the cache unless a sound cache exists; return the token file path."""
+def build_token_cache(corpus: Corpus, cache_dir: Path, workers: int | None = None, chunk_chars: int = CHUNK_CHARS) -> Path:
+    """Tokenize ``corpus`` into the cache unless a sound cache exists; return the token file path.
+
+    The text is streamed in pieces cut where GPT-2's pre-tokenizer splits anyway (the same ids as
+    encoding it at once), encoded on ``workers`` processes (every core for a large text) and written
+    as it comes: memory does not grow with the text.
+    """
     bin_path, json_path = cache_paths(cache_dir, corpus.sha256)
     problem = _problem(bin_path, json_path, corpus.sha256, "gpt2")
     if problem is None:
         return bin_path
-    text = corpus.read_text()  # clear errors for empty / non-UTF-8 files, or a damaged package
+    stream = corpus.open_text()  # clear errors for empty / non-UTF-8 files, or a damaged package
     if problem != "not built yet":
         log.warning("Rebuilding token cache %s: %s.", bin_path, problem)
-    ids = np.asarray(gpt2_encoding().encode_ordinary(text), dtype=TOKEN_DTYPE)
-    data = ids.tobytes()
+    digest, count = hashlib.sha256(), 0
+    with stream, atomic_output(bin_path) as tmp, open(tmp, "wb") as out:
+        items = (WorkItem(pieces=(piece,), source=corpus.location) for piece in text_pieces(stream, chunk_chars, False))
+        if workers is None:  # a pool pays off from a few pieces on
+            workers = default_workers() if Path(corpus.location).is_file() and Path(corpus.location).stat().st_size > 4 * chunk_chars else 1
+        try:
+            for _, ids in encode_items(items, workers, separate_documents=False):
+                data = ids.tobytes()
+                out.write(data)
+                digest.update(data)
+                count += ids.size
+        except UnicodeDecodeError as err:
+            raise UserError(f"Data file {corpus.location} is not UTF-8 text ({err.reason}). Convert it, e.g. "
+                            "`iconv -f latin1 -t utf-8`, or point --data.data_path at a text file.") from None
+        out.flush()
+        os.fsync(out.fileno())
     manifest = Manifest(
         format=FORMAT_VERSION,
         tokenizer="gpt2",
-        n_tokens=int(ids.size),
-        tokens_sha256=hashlib.sha256(data).hexdigest(),
+        n_tokens=count,
+        tokens_sha256=digest.hexdigest(),
         source_sha256=corpus.sha256,
         source=corpus.location,
     )
-    atomic_write_bytes(bin_path, data)
     atomic_write_bytes(json_path, json.dumps(asdict(manifest), indent=2).encode())  # commit marker last
     return bin_path
 

@@ -1,0 +1,80 @@
+"""A run stopped at a checkpoint and resumed through the CLI ends with the very weights of the run that
+was never stopped (torch.equal), across epoch ends: with and without gradient accumulation (whose
+last, short accumulation of an epoch also steps), with limit_train_batches, and with shuffling."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gpt_lightning.cli import main
+
+from conftest import REPO
+
+# configs/tiny-cpu.yaml as written (bf16-mixed), shrunk in size and steps; 11 batches an epoch.
+TINY = ["--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--model.compile", "false",
+        "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.val_sample_tokens", "0",
+        "--data.batch_size", "2", "--data.block_size", "16", "--data.val_fraction", "0",
+        "--trainer.limit_val_batches", "0", "--trainer.log_every_n_steps", "1", "--throughput.warmup_steps", "0",
+        "--trainer.enable_progress_bar", "false", "--checkpoint.save_top_k", "-1"]
+EPOCH_TOKENS = 11 * 2 * 16 + 1  # 11 batches of 2 x 16, and the last target
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, shakespeare) -> Path:
+    from gpt_lightning.data import gpt2_encoding
+
+    enc = gpt2_encoding()
+    ids = enc.encode_ordinary(shakespeare[:4000])[: EPOCH_TOKENS + 10]  # +10: not a whole batch more
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text(enc.decode(ids))
+    assert len(enc.encode_ordinary(path.read_text())) == EPOCH_TOKENS + 10
+    return path
+
+
+def shard_folder(corpus: Path, folder: Path) -> Path:
+    from gpt_lightning.data import gpt2_encoding
+
+    ids = np.array(gpt2_encoding().encode_ordinary(corpus.read_text()), dtype=np.uint16)
+    folder.mkdir()
+    for i, part in enumerate(np.array_split(ids, 3)):  # 124 tokens: 3 batches of 2 x 16 (+1) each
+        np.save(folder / f"corpus_train_{i:06d}.npy", part)
+    return folder
+
+
+def weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+
+
+def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
+    main(["fit", *TINY, "--data.data_path", str(corpus), "--data.cache_dir", str(root / "cache"),
+          "--trainer.logger.init_args.save_dir", str(root), "--trainer.logger.init_args.name", name, *args])
+    (run,) = (root / name).iterdir()
+    return run / "checkpoints"
+
+
+# Checkpoints every `stop` steps; the run ends at 2 x stop, so both runs' last.ckpt are of that step.
+@pytest.mark.parametrize(
+    "stop, flags",
+    [
+        (11, []),  # stopped on an epoch's last batch; the resumed run ends on the next one's
+        (4, ["--trainer.accumulate_grad_batches", "3"]),  # 3+3+3+2 batches an epoch: stopped on the short one
+        (4, ["--trainer.accumulate_grad_batches", "3", "--trainer.limit_train_batches", "7"]),  # 3+3+1
+        (5, ["--data.tokens_per_step", "96", "--data.shuffle", "true"]),  # accumulation 3, shuffled
+        (4, ["--data.tokens_per_step", "96", "--data.shuffle", "true", "shards"]),  # 3 shards of 3 batches
+    ],
+    ids=["epoch-end", "accumulation", "limit_train_batches", "shuffled", "shuffled-shards"],
+)
+def test_resumed_run_ends_with_the_weights_of_the_uninterrupted_one(tmp_path, corpus, stop, flags):
+    if flags[-1] == "shards":  # the corpus's tokens as a shard folder: the shard order is shuffled too
+        flags, corpus = flags[:-1], shard_folder(corpus, tmp_path / "shards")
+    every = ["--checkpoint.every_n_train_steps", str(stop), "--trainer.max_steps", str(2 * stop)]
+    whole = fit(tmp_path, "whole", corpus, *flags, *every)
+    (at_stop,) = whole.glob(f"*step={stop}.ckpt")
+    resumed = fit(tmp_path, "resumed", corpus, *flags, *every, "--ckpt_path", str(at_stop))
+    expected, got = weights(whole / "last.ckpt"), weights(resumed / "last.ckpt")
+    assert expected.keys() == got.keys()
+    differ = [k for k in expected if not torch.equal(expected[k], got[k])]
+    assert not differ, f"{len(differ)} tensors differ, e.g. {differ[0]}: max |diff| " \
+        f"{(expected[differ[0]].float() - got[differ[0]].float()).abs().max():.3g}"
