@@ -1,8 +1,8 @@
 """Time to the first training step from an empty compile cache: what a first-time user waits.
 
 Each run launches ``gpt-lightning fit --config CONFIG ...`` as a user does, in its own process, with
-fresh ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` (cold); with ``--warm`` each variant then
-runs again on the cache its cold run filled. A ``Timeline`` callback, added through
+fresh ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` (cold); with ``--warm [NAME ...]`` each
+variant (or those named) then runs again on the cache its cold run filled. A ``Timeline`` callback, added through
 ``--trainer.callbacks+=``, stamps the wall clock at Lightning's hooks and reads Dynamo's count of
 compiled graphs there. Variants alternate within each round (a, b, c, a, b, c, ...) so that drift on
 a shared machine hits them all; each figure is the median over rounds.
@@ -21,7 +21,7 @@ A variant is ``NAME=ARGS`` (more fit arguments, shell-quoted) or ``NAME@SRC=ARGS
 gpt_lightning package found in the source tree SRC instead, e.g. the previous version's, unpacked
 with ``git archive main gpt_lightning | tar -x -C /tmp/before``:
 
-    python benchmarks/first_step.py --config configs/tiny-cpu.yaml --rounds 2 --warm \\
+    python benchmarks/first_step.py --config configs/tiny-cpu.yaml --rounds 2 --warm eager-eval \\
         --variant before@/tmp/before= --variant eager-eval= --variant "compile-eval=--model.compile_eval true"
 """
 
@@ -202,7 +202,8 @@ def main() -> None:
     parser.add_argument("--variant", action="append", required=True, metavar="NAME[@SRC]=ARGS",
                         help="a way to run the config; repeat. The first is the baseline of the tok/s ratio.")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each variant, alternating")
-    parser.add_argument("--warm", action="store_true", help="after each cold run, run again on the cache it filled")
+    parser.add_argument("--warm", nargs="*", default=None, metavar="NAME",
+                        help="after each cold run of these variants (all, given no name), run again on the cache it filled")
     parser.add_argument("--out", default=None, help="write every run's figures to this JSON file")
     args, extra = parser.parse_known_args()
     variants = [parse_variant(text) for text in args.variant]
@@ -211,7 +212,8 @@ def main() -> None:
         for name, src, variant_args in variants:
             with tempfile.TemporaryDirectory(prefix=f"first-step-{name}-") as tmp:
                 scratch = Path(tmp)
-                for cache in ("cold", "warm") if args.warm else ("cold",):
+                warm = args.warm is not None and (not args.warm or name in args.warm)
+                for cache in ("cold", "warm") if warm else ("cold",):
                     run = run_once(args.config, [*extra, *variant_args], src, scratch / "cache", scratch)
                     results[name][cache].append(run)
                     print(f"round {round_index + 1} {name} ({cache}): " + ", ".join(
