@@ -3,8 +3,9 @@
 A compiled model compiles one graph per mode it runs in: training (with gradients) and evaluation
 (without them, in ``eval()`` mode). Evaluation is a few batches: the two of Lightning's sanity check
 before the first step, then ``limit_val_batches`` every ``val_check_interval`` steps. Compiling a
-second graph for them took 41 s on 2 CPU cores for the quick start, before the first training step
-and with no word on screen, to speed up batches that take a fraction of a second eager. So
+second graph for them cost the quick start 41 s on 2 CPU cores, spent in the sanity check before
+the first training step with no word on screen, to speed up batches that take a fraction of a
+second eager. So
 evaluation runs eager (the same module code and weights, without Dynamo) unless
 ``GPTLightningModule(compile_eval=True)`` asks for its graph; even then the sanity check stays eager
 and the evaluation graph compiles at the first real validation, after training has started.
