@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, ContextManager, Literal
 
 import torch
 from lightning.fabric.utilities.throughput import measure_flops
@@ -171,10 +171,6 @@ class GPTLightningModule(LightningModule):
                 f"{self.config.block_size}. Use data.block_size <= {self.config.block_size}."
             )
 
-    def on_fit_start(self) -> None:
-        if self.is_compiled:  # say what the first step's wait is, before it starts
-            rank_zero_info(compile_notice(self.hparams.compile_scope, self.hparams.compile_eval))
-
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another architecture with a message that names the difference, and
         let the optimizer settings of this module (the ones the user gave now) win over the saved ones."""
@@ -242,6 +238,10 @@ class GPTLightningModule(LightningModule):
         return any(
             getattr(module, "_compiled_call_impl", None) is not None for module in (self.model, self.model.transformer.h[0])
         )
+
+    def on_fit_start(self) -> None:
+        if self.is_compiled:  # say what the first step's wait is, before it starts
+            rank_zero_info(compile_notice(self.hparams.compile_scope, self.hparams.compile_eval))
 
     def training_flops(self, batch_size: int, seq_len: int) -> float:
         """FLOPs of one training step (forward + backward) on a (batch_size, seq_len) batch.
@@ -329,7 +329,7 @@ class GPTLightningModule(LightningModule):
             loss = self._loss(batch)
         self.val_loss.update(loss, weight=batch[0].numel())
 
-    def _evaluation_stance(self):
+    def _evaluation_stance(self) -> ContextManager:
         """Eager unless ``compile_eval`` (and never in the sanity check): see ``gpt_lightning.compilation``."""
         sanity_checking = self._trainer is not None and self._trainer.sanity_checking
         return evaluation_stance(self.hparams.compile_eval, sanity_checking)
