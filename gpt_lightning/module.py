@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, ContextManager, Literal
 
 import torch
 from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import GradClipAlgorithmType
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.distributed.fsdp import FSDPModule
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
+from gpt_lightning.compilation import compile_notice, evaluation_stance
 from gpt_lightning.errors import UserError
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.nonfinite import NonFiniteGuard
@@ -70,6 +72,10 @@ class GPTLightningModule(LightningModule):
         compile_mode: ``torch.compile`` mode: None (default), "reduce-overhead", "max-autotune", ...
         compile_dynamic: ``torch.compile(dynamic=...)``; False suits the fixed (B, T) batches.
         compile_fullgraph: fail on any graph break instead of falling back to eager.
+        compile_eval: run validation and test batches through the compiled model too: a second graph
+            (no gradients), compiled at the first validation after the sanity check, which always
+            runs eager. Worth it only for long evaluations; False (the default) runs evaluation and
+            the validation samples eager, the same code and weights (``gpt_lightning.compilation``).
         activation_checkpointing: recompute each block's activations in the backward pass instead
             of keeping them: activation memory drops to one (B, T, n_embd) tensor per block plus one
             block's worth, for about a third more compute. For models or batches that do not fit.
@@ -108,6 +114,7 @@ class GPTLightningModule(LightningModule):
         compile_mode: str | None = None,
         compile_dynamic: bool | None = False,
         compile_fullgraph: bool = False,
+        compile_eval: bool = False,
         activation_checkpointing: bool = False,
         float32_matmul_precision: Literal["highest", "high", "medium"] | None = None,
         val_sample_tokens: int = 48,
@@ -234,6 +241,10 @@ class GPTLightningModule(LightningModule):
         return any(
             getattr(module, "_compiled_call_impl", None) is not None for module in (self.model, self.model.transformer.h[0])
         )
+
+    def on_fit_start(self) -> None:
+        if self.is_compiled:  # say what the first step's wait is, before it starts
+            rank_zero_info(compile_notice(self.hparams.compile_scope, self.hparams.compile_eval))
 
     def training_flops(self, batch_size: int, seq_len: int) -> float:
         """FLOPs of one training step (forward + backward) on a (batch_size, seq_len) batch.
@@ -399,7 +410,14 @@ class GPTLightningModule(LightningModule):
             )
 
     def _eval_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
-        self.val_loss.update(self._loss(batch), weight=batch[0].numel())
+        with self._evaluation_stance():
+            loss = self._loss(batch)
+        self.val_loss.update(loss, weight=batch[0].numel())
+
+    def _evaluation_stance(self) -> ContextManager:
+        """Eager unless ``compile_eval`` (and never in the sanity check): see ``gpt_lightning.compilation``."""
+        sanity_checking = self._trainer is not None and self._trainer.sanity_checking
+        return evaluation_stance(self.hparams.compile_eval, sanity_checking)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._eval_step(batch)
@@ -416,7 +434,8 @@ class GPTLightningModule(LightningModule):
     def on_validation_epoch_end(self) -> None:
         self._log_eval("val")
         if self.hparams.val_sample_tokens > 0 and not self.trainer.sanity_checking:
-            self._log_sample()
+            with torch.compiler.set_stance("force_eager"):  # a new length each token: never compiled
+                self._log_sample()
 
     def _log_sample(self) -> None:
         add_text = getattr(getattr(self.logger, "experiment", None), "add_text", None)

@@ -43,3 +43,22 @@ def test_tokenize_benchmark_compares_with_build_nanogpt_on_the_same_tokens(tmp_p
     assert runs["ours/parquet/full"]["tokens"] == runs["build-nanogpt/jsonl/full"]["tokens"] > 50_000
     assert all(r["peak_memory_mb"] > 10 and r["tokens_per_s"] > 0 for r in runs.values())
     assert "speed_ratio_parquet" in report and "| parquet, 0.4 MB | ours |" in result.stdout
+
+
+def test_first_step_benchmark_splits_the_time_to_the_first_step(cache_dir, tmp_path):
+    out = tmp_path / "first_step.json"
+    result = run_script(
+        "first_step.py", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--variant", "eager=--model.compile false",
+        "--trainer.max_steps", "3", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
+        "--throughput.warmup_steps", "1", "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32",
+        "--data.block_size", "32", "--model.val_sample_tokens", "0", "--out", str(out), cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    (run,) = json.loads(out.read_text())["runs"]["eager"]["cold"]
+    # launch -> first step holds the sanity check; the first step and the rest follow it
+    assert run["to_first_step_s"] > run["sanity_s"] > 0 and run["first_step_s"] > 0 and run["rest_s"] > 0
+    assert run["total_s"] > run["to_first_step_s"] + run["first_step_s"] + run["rest_s"]
+    assert run["validations"] == 1 and run["tokens_per_sec_median"] > 0
+    assert (run["graphs_before_first_step"], run["graphs_in_first_step"], run["compile_notices"]) == (0, 0, 0)
+    assert run["module_file"] == str(REPO / "gpt_lightning" / "module.py")  # this checkout ran, via the CLI
+    assert "eager (cold)" in result.stdout

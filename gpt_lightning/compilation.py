@@ -1,0 +1,80 @@
+"""When ``torch.compile`` compiles, and saying so: training compiles once, evaluation runs eager.
+
+A compiled model compiles one graph per mode it runs in: training (with gradients) and evaluation
+(without them, in ``eval()`` mode). Evaluation is a few batches: the two of Lightning's sanity check
+before the first step, then ``limit_val_batches`` every ``val_check_interval`` steps. Compiling a
+second graph for them cost the quick start 41 s on 2 CPU cores, spent in the sanity check before
+the first training step with no word on screen, to speed up batches that take a fraction of a
+second eager. So
+evaluation runs eager (the same module code and weights, without Dynamo) unless
+``GPTLightningModule(compile_eval=True)`` asks for its graph; even then the sanity check stays eager
+and the evaluation graph compiles at the first real validation, after training has started.
+``benchmarks/first_step.py`` measures both over a whole run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import os
+import re
+import tempfile
+from typing import ContextManager
+
+import torch
+
+
+def evaluation_stance(compile_eval: bool, sanity_checking: bool) -> ContextManager:
+    """The context to run an evaluation batch (or a validation sample) in.
+
+    Args:
+        compile_eval: whether evaluation may run through the compiled model.
+        sanity_checking: whether this is Lightning's sanity check, which is always eager: its few
+            batches would otherwise compile the evaluation graph before the first training step.
+
+    Returns:
+        ``torch.compiler.set_stance("force_eager")`` (every ``torch.compile``'d module and function
+        runs its original code, and nothing is compiled), or a no-op context when the compiled model
+        may run.
+    """
+    if compile_eval and not sanity_checking:
+        return contextlib.nullcontext()
+    return torch.compiler.set_stance("force_eager")
+
+
+def inductor_cache_dir() -> str:
+    """The directory where inductor caches compiled code: ``$TORCHINDUCTOR_CACHE_DIR``, else its
+    default (``/tmp/torchinductor_<user>``). Creates nothing."""
+    configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if configured:
+        return os.path.abspath(configured)
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # older torch kept it beside the other runtime helpers
+        try:
+            from torch._inductor.runtime.runtime_utils import default_cache_dir  # type: ignore[no-redef]
+        except ImportError:
+            default_cache_dir = None  # type: ignore[assignment]
+    if default_cache_dir is not None:
+        return os.path.abspath(default_cache_dir())
+    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+
+
+def compile_notice(scope: str, compile_eval: bool) -> str:
+    """The line printed once when a fit starts with a compiled model: what the wait is and where
+    its result is kept.
+
+    Args:
+        scope: the module's ``compile_scope``.
+        compile_eval: whether validation compiles its own graph (at the first validation).
+    """
+    what = "the model" if scope == "model" else "each transformer block and the head"
+    evaluation = (
+        "validation compiles its own graph at the first validation" if compile_eval
+        else "validation runs eager (--model.compile_eval true compiles it too)"
+    )
+    return (
+        f"torch.compile: compiling {what} in the first training step, which takes longer; cached "
+        f"afterwards in {inductor_cache_dir()}, so later runs start faster. {evaluation[0].upper()}{evaluation[1:]}."
+    )
