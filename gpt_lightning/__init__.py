@@ -2,6 +2,7 @@
 
 from gpt_lightning.data import ShardWindows, TokenStreamDataModule, TokenWindows, gpt2_encoding
 from gpt_lightning.errors import UserError
+from gpt_lightning.hellaswag import HellaSwagEval
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.module import GPTLightningModule
 from gpt_lightning.throughput import ThroughputMonitor
@@ -11,6 +12,7 @@ __all__ = [
     "GPT",
     "GPTConfig",
     "GPTLightningModule",
+    "HellaSwagEval",
     "ShardWindows",
     "ThroughputMonitor",
     "TokenStreamDataModule",

@@ -240,6 +240,18 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))  # (B*T, V) vs (B*T,)
         return logits, loss
 
+    def logits_at(self, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits (N, vocab_size) at ``positions`` (N,), flat indices b * T + t into ``idx`` (B, T):
+        the forward pass with the LM head (a third of GPT-2 124M's FLOPs) only where it is read, as
+        scoring answers (HellaSwag) needs."""
+        B, T = idx.shape
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)  # (T,)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C) + (T, C)
+        for block in self.transformer.h:
+            x = block(x)  # (B, T, C)
+        x = x.reshape(B * T, -1).index_select(0, positions)  # (N, C)
+        return self.lm_head(self.transformer.ln_f(x))  # (N, vocab_size)
+
     def forward_cached(
         self, idx: torch.Tensor, caches: list[KVCache], pos: torch.Tensor, length: int | None = None
     ) -> torch.Tensor:

@@ -11,7 +11,7 @@ from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.pretrained import export_hf
 from gpt_lightning.sharding import shard_gpt
 
-TINY = GPTConfig(block_size=32, vocab_size=50257, n_layer=2, n_head=2, n_embd=32)
+TINY = GPTConfig(block_size=32, vocab_size=4096, n_layer=2, n_head=2, n_embd=32)
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def model():
     return GPT(TINY).eval()
 
 
-def prompt(batch=2, length=5, vocab=50257, seed=1):
+def prompt(batch=2, length=5, vocab=4096, seed=1):
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
@@ -101,12 +101,12 @@ def windowed_reference(model, idx, max_new_tokens):
 
 def test_past_block_size_the_window_slides_and_the_cache_refills():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=8, vocab_size=50257, n_layer=2, n_head=2, n_embd=32)).eval()
+    model = GPT(GPTConfig(block_size=8, vocab_size=4096, n_layer=2, n_head=2, n_embd=32)).eval()
     for length in (3, 8, 13):  # shorter than, as long as and longer than block_size
         idx = prompt(length=length)
-        out = model.generate(idx, 30, temperature=0)
-        assert out.shape == (2, length + 30) and torch.equal(out[:, :length], idx)
-        assert torch.equal(out, windowed_reference(model, idx, 30)), length
+        out = model.generate(idx, 20, temperature=0)
+        assert out.shape == (2, length + 20) and torch.equal(out[:, :length], idx)
+        assert torch.equal(out, windowed_reference(model, idx, 20)), length
     # Within block_size the window rule is the uncached path's own: the first 8 - 3 tokens agree.
     short = model.generate(prompt(length=3), 5, temperature=0)
     assert torch.equal(short, model.generate(prompt(length=3), 5, temperature=0, use_cache=False))
