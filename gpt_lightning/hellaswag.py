@@ -219,7 +219,7 @@ class HellaSwagEval(Callback):
         self.batch_size = batch_size
         self.examples: list[Example] | None = None
         self.evaluated_at: int | None = None
-        self.results: list[dict] = []  # {"step", "acc_norm", "acc", "examples"} of each evaluation
+        self.results: list[dict] = []  # step, acc_norm, acc, examples (all ranks), examples_here (this rank)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -262,7 +262,7 @@ class HellaSwagEval(Callback):
         finally:
             pl_module.train(was_training)
         correct_norm, correct, n = trainer.strategy.reduce(counts, reduce_op="sum").tolist()
-        result = {"step": step, "acc_norm": correct_norm / n, "acc": correct / n, "examples": n}
+        result = {"step": step, "acc_norm": correct_norm / n, "acc": correct / n, "examples": n, "examples_here": len(mine)}
         self.results.append(result)
         for logger in trainer.loggers:
             logger.log_metrics({"eval/hellaswag_acc_norm": result["acc_norm"], "eval/hellaswag_acc": result["acc"]}, step=step)

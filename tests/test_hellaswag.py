@@ -180,3 +180,56 @@ def test_without_the_file_the_callback_says_where_to_put_it_and_training_goes_on
     assert callback.results == []
     with pytest.raises(UserError, match="every_n_steps must be at least 1"):
         hellaswag.HellaSwagEval(every_n_steps=0)
+
+
+def test_two_processes_split_the_examples_and_count_what_one_process_counts(tmp_path, small_text):
+    """Through the CLI, as a user adds the callback: DDP on 2 CPU processes (gloo), 5 examples
+    split 3 + 2, the counts summed over ranks and equal to one process scoring the same weights."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from gpt_lightning.checkpoint import gpt_from_checkpoint
+
+    from test_cli import REPO, run_cli
+
+    path = write_examples(tmp_path / "val.jsonl", synthetic_examples(5))
+    evaluator = {"class_path": "gpt_lightning.HellaSwagEval",
+                 "init_args": {"data_file": str(path), "every_n_steps": 1000, "limit": 5, "batch_size": 2}}
+    probe = {"class_path": "hellaswag_probe.RecordHellaSwag", "init_args": {"out_dir": str(tmp_path / "ranks")}}
+    result = run_cli(
+        "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--trainer.strategy", "ddp", "--trainer.devices", "2",
+        "--trainer.precision", "32-true", "--model.compile", "false", "--model.n_layer", "1", "--model.n_embd", "32",
+        "--model.n_head", "2", "--model.val_sample_tokens", "0", "--data.data_path", str(small_text),
+        "--data.batch_size", "2", "--data.block_size", "32", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
+        "--checkpoint.every_n_train_steps", "2", f"--trainer.callbacks+={json.dumps(evaluator)}",
+        f"--trainer.callbacks+={json.dumps(probe)}", "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
+        cwd=tmp_path, env_extra={"PYTHONPATH": f"{REPO}:{REPO / 'tests'}"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / "ranks" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert [[e["examples_here"] for e in r["results"]] for r in ranks] == [[3, 3], [2, 2]]  # steps 0 and 2
+    assert ranks[0]["results"] == [{**e, "examples_here": 3} for e in ranks[1]["results"]]  # the same sums
+    final = ranks[0]["results"][-1]
+    assert (final["step"], final["examples"]) == (2, 5)
+
+    (ckpt,) = (tmp_path / "tb").glob("tiny-cpu/version_*/checkpoints/last.ckpt")
+    alone = hellaswag.evaluate(gpt_from_checkpoint(ckpt), hellaswag.read_examples(path), ENCODE, torch.device("cpu"))
+    assert alone == {"acc_norm": final["acc_norm"], "acc": final["acc"], "examples": 5}
+    (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    logged = events.Scalars("eval/hellaswag_acc_norm")
+    assert [e.step for e in logged] == [0, 2]
+    assert [e.value for e in logged] == pytest.approx([r["acc_norm"] for r in ranks[0]["results"]])
+
+
+def test_the_fineweb_recipe_attaches_the_callback(small_text, tmp_path, monkeypatch):
+    from gpt_lightning.lightning_cli import GPTLightningCLI
+
+    from conftest import REPO
+
+    monkeypatch.chdir(tmp_path)
+    cli = GPTLightningCLI(args=["--config", str(REPO / "configs/gpt2-124m-fineweb.yaml"), "--trainer.accelerator", "cpu",
+                                "--data.data_path", str(small_text), "--trainer.logger", "false"], run=False)
+    (evaluator,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, hellaswag.HellaSwagEval)]
+    assert (evaluator.every_n_steps, evaluator.data_file) == (250, None)  # the cache's copy, as build-nanogpt's cadence
