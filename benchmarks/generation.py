@@ -42,7 +42,7 @@ def timed(fn, device: torch.device) -> tuple[float, torch.Tensor]:
     return time.perf_counter() - start, out
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n_layer", type=int, default=12)
     parser.add_argument("--n_head", type=int, default=12)
@@ -81,55 +81,70 @@ def main(argv: list[str] | None = None) -> dict:
                            generator=torch.Generator().manual_seed(1)).to(device)
     n = args.new_tokens
 
-    def run_ours(batch: int, **kwargs) -> torch.Tensor:
-        return ours.generate(prompt[:batch], n, temperature=0, **kwargs)
+    def run_ours(batch: int, tokens: int = n, **kwargs) -> torch.Tensor:
+        return ours.generate(prompt[:batch], tokens, temperature=0, **kwargs)
 
     @torch.no_grad()
-    def run_theirs(batch: int) -> torch.Tensor:
+    def run_theirs(batch: int, tokens: int = n) -> torch.Tensor:
         ids = prompt[:batch]
-        return theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, use_cache=True)
+        return theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False, use_cache=True)
 
     contenders = {"ours": run_ours, **({"transformers": run_theirs} if transformers else {})}
     if args.compile:
-        contenders["ours_compiled"] = lambda batch: run_ours(batch, compile=True)
+        contenders["ours_compiled"] = lambda batch, tokens=n: run_ours(batch, tokens, compile=True)
     results: dict[str, dict] = {}
-    for batch in args.batch_sizes:
-        times: dict[str, list[float]] = {name: [] for name in contenders}
-        outputs = {}
-        for name, fn in contenders.items():  # warm-up (and compilation), not timed
-            outputs[name] = fn(batch)
-        for _ in range(args.repeats):
-            for name, fn in contenders.items():
-                seconds, _ = timed(lambda: fn(batch), device)
-                times[name].append(seconds)
-        row = {name: {"tokens_per_sec": batch * n / statistics.median(t), "seconds": t} for name, t in times.items()}
-        reference = outputs.get("transformers", outputs["ours"])
-        row["greedy_tokens_equal"] = {name: bool(torch.equal(out, reference)) for name, out in outputs.items()
-                                      if out is not reference}
-        if batch in args.uncached_batch_sizes:
-            seconds, out = timed(lambda: run_ours(batch, use_cache=False), device)
-            row["ours_uncached"] = {"tokens_per_sec": batch * n / seconds, "seconds": [seconds]}
-            row["greedy_tokens_equal"]["ours_uncached"] = bool(torch.equal(out, reference))
-        ref = row["ours"]["tokens_per_sec"]
-        if "transformers" in row:
-            row["ours_vs_transformers"] = ref / row["transformers"]["tokens_per_sec"]
-        if "ours_uncached" in row:
-            row["ours_vs_uncached"] = ref / row["ours_uncached"]["tokens_per_sec"]
-        results[str(batch)] = row
+
+    def report(batch: int) -> None:
+        row = results[str(batch)]
         summary = ", ".join(f"{name} {row[name]['tokens_per_sec']:.1f}" for name in (*contenders, "ours_uncached") if name in row)
         print(f"batch {batch}: tokens/s {summary}"
               + (f"; ours/transformers {row['ours_vs_transformers']:.2f}x" if "ours_vs_transformers" in row else "")
               + (f"; ours/uncached {row['ours_vs_uncached']:.1f}x" if "ours_vs_uncached" in row else "")
               + f"; greedy tokens equal: {row['greedy_tokens_equal']}", flush=True)
+        # After each measurement: what a long run on a busy machine measured survives an interruption.
+        write_report(args, config, device, transformers, results)
+
+    if not set(args.uncached_batch_sizes) <= set(args.batch_sizes):
+        parser.error("--uncached_batch_sizes must be among --batch_sizes")
+    for batch in args.batch_sizes:
+        times: dict[str, list[float]] = {name: [] for name in contenders}
+        outputs = {}
+        for name, fn in contenders.items():  # warm-up, not timed: a few tokens, all of them to compile
+            fn(batch, n if name == "ours_compiled" else min(n, 8))
+        for _ in range(args.repeats):
+            for name, fn in contenders.items():
+                seconds, outputs[name] = timed(lambda: fn(batch), device)
+                times[name].append(seconds)
+        row = {name: {"tokens_per_sec": batch * n / statistics.median(t), "seconds": t} for name, t in times.items()}
+        reference = outputs.get("transformers", outputs["ours"])
+        row["greedy_tokens_equal"] = {name: bool(torch.equal(out, reference)) for name, out in outputs.items()
+                                      if out is not reference}
+        if "transformers" in row:
+            row["ours_vs_transformers"] = row["ours"]["tokens_per_sec"] / row["transformers"]["tokens_per_sec"]
+        results[str(batch)] = row
+        row["reference"] = reference
+        report(batch)
+    # The slow path last (one run each), so that a busy machine has written the rest before it.
+    for batch in args.uncached_batch_sizes:
+        row = results[str(batch)]
+        seconds, out = timed(lambda: run_ours(batch, use_cache=False), device)
+        row["ours_uncached"] = {"tokens_per_sec": batch * n / seconds, "seconds": [seconds]}
+        row["greedy_tokens_equal"]["ours_uncached"] = bool(torch.equal(out, row["reference"]))
+        row["ours_vs_uncached"] = row["ours"]["tokens_per_sec"] / row["ours_uncached"]["tokens_per_sec"]
+        report(batch)
+    print(f"written to {args.out}")
+    return results
+
+
+def write_report(args, config, device, transformers, results) -> None:
     report = {
-        "benchmark": "generation", "model": {**vars(config)}, "prompt_tokens": args.prompt_tokens, "new_tokens": n,
+        "benchmark": "generation", "model": {**vars(config)}, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
         "repeats": args.repeats, "device": str(device), "dtype": args.dtype, "threads": torch.get_num_threads(),
         "torch": torch.__version__, "transformers": transformers.__version__ if transformers else None, "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(), "results": results,
+        "cpu": platform.processor() or platform.machine(),
+        "results": {batch: {k: v for k, v in row.items() if k != "reference"} for batch, row in results.items()},
     }
     atomic_write_bytes(Path(args.out), (json.dumps(report, indent=2) + "\n").encode())
-    print(f"written to {args.out}")
-    return report
 
 
 if __name__ == "__main__":
