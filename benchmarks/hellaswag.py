@@ -91,16 +91,18 @@ def main(argv: list[str] | None = None) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    contenders = {"per_example_before": lambda: per_example_scorer(model, examples, encode, device)}
+    contenders = {"per_example_before": lambda chosen: per_example_scorer(model, chosen, encode, device)}
     for b in args.batch_sizes:
-        contenders[f"batched_{b}"] = lambda b=b: evaluate(model, iter(examples), encode, device, batch_size=b)
-    results = {name: fn() for name, fn in contenders.items()}  # warm-up, and the answers to compare
+        contenders[f"batched_{b}"] = lambda chosen, b=b: evaluate(model, iter(chosen), encode, device, batch_size=b)
+    for fn in contenders.values():  # warm-up, not timed
+        fn(examples[: max(args.batch_sizes)])
     times: dict[str, list[float]] = {name: [] for name in contenders}
+    results = {}
     for _ in range(args.repeats):
         for name, fn in contenders.items():
             sync()
             start = time.perf_counter()
-            fn()
+            results[name] = fn(examples)
             sync()
             times[name].append(time.perf_counter() - start)
     before = len(examples) / statistics.median(times["per_example_before"])
