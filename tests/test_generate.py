@@ -145,3 +145,18 @@ def test_the_compiled_decode_step_gives_the_eager_tokens():
     idx = prompt(length=3, vocab=256)
     eager = model.generate(idx, 12, temperature=0)  # past block_size: slides once
     assert torch.equal(model.generate(idx, 12, temperature=0, compile=True), eager)
+
+
+def test_seeded_samples_are_those_of_torch_multinomial_as_before(model):
+    """The sampler skips torch.multinomial's host-reading check but draws the same numbers: a
+    seed gives the samples it gave before the cache."""
+    idx = prompt()
+    generator = torch.Generator().manual_seed(5)
+    before = idx
+    for _ in range(10):
+        with torch.no_grad():
+            logits = model(before)[0][:, -1] / 0.8
+        kth = torch.topk(logits, 20).values[:, [-1]]
+        probs = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
+        before = torch.cat((before, torch.multinomial(probs, 1, generator=generator)), dim=1)
+    assert torch.equal(model.generate(idx, 10, temperature=0.8, top_k=20, generator=torch.Generator().manual_seed(5)), before)
