@@ -57,8 +57,11 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--compile", action="store_true", help="also time generate(compile=True)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads for everything timed (default: torch's)")
     parser.add_argument("--out", default="benchmarks/results/cpu-2core/generation.json")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     try:
         import transformers
