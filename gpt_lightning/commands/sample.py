@@ -34,8 +34,10 @@ def sample(
     num_samples: int = 1,
     seed: int = 42,
     device: str = "auto",
+    compile: bool = False,
 ) -> list[str]:
-    """Continuations of ``prompt`` sampled from a ``gpt-lightning`` checkpoint."""
+    """Continuations of ``prompt`` sampled from a ``gpt-lightning`` checkpoint, all
+    ``num_samples`` in one batch; ``compile`` compiles the decode step (see ``GPT.generate``)."""
     for name, value, least in (("max_new_tokens", max_new_tokens, 0), ("num_samples", num_samples, 1), ("top_k", top_k, 1)):
         if value is not None and value < least:
             raise UserError(f"--{name} must be at least {least}, got {value}.")
@@ -49,7 +51,8 @@ def sample(
     idx = torch.tensor([ids] * num_samples, dtype=torch.long, device=torch_device)  # (num_samples, T)
     generator = torch.Generator(device=torch_device).manual_seed(seed)
     out = model.generate(
-        idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator, vocab_limit=encoding.n_vocab
+        idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator, vocab_limit=encoding.n_vocab,
+        compile=compile,
     )
     return [encoding.decode(row.tolist()) for row in out]
 
@@ -64,6 +67,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--num_samples", type=int, default=1)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the decode step (CUDA graphs on CUDA): pays for long or many samples")
     args = parser.parse_args(argv)
     texts = sample(**vars(args))
     for i, text in enumerate(texts):

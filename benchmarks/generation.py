@@ -1,0 +1,154 @@
+"""Generation speed: tokens/s of ``GPT.generate`` (KV cache) against ``transformers``'
+``GPT2LMHeadModel.generate`` (``use_cache=True``) on the same weights, and against our uncached path
+(a full forward pass per token, the path before the cache), side by side in one process.
+
+The weights are a random GPT-2 124M (no hub needed), exported with ``export_hf`` and loaded by
+``transformers``. Every run is greedy with the same prompt, so the outputs are compared too. Runs are
+interleaved (ours, theirs, ours, ...) and each figure is the median over ``--repeats``, so a busy
+machine slows both alike. Results go to a JSON file.
+
+    python benchmarks/generation.py                     # GPT-2 124M, batch 1 and 8, 256 new tokens
+    python benchmarks/generation.py --compile           # also the compiled decode step
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from gpt_lightning.atomic import atomic_write_bytes
+from gpt_lightning.model import GPT, GPTConfig
+from gpt_lightning.pretrained import export_hf
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device) -> tuple[float, torch.Tensor]:
+    sync(device)
+    start = time.perf_counter()
+    out = fn()
+    sync(device)
+    return time.perf_counter() - start, out
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n_layer", type=int, default=12)
+    parser.add_argument("--n_head", type=int, default=12)
+    parser.add_argument("--n_embd", type=int, default=768)
+    parser.add_argument("--block_size", type=int, default=1024)
+    parser.add_argument("--prompt_tokens", type=int, default=16)
+    parser.add_argument("--new_tokens", type=int, default=256)
+    parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each; the median is reported")
+    parser.add_argument("--uncached_batch_sizes", type=int, nargs="*", default=[1],
+                        help="batch sizes to time the uncached path at (slow: one run each)")
+    parser.add_argument("--compile", action="store_true", help="also time generate(compile=True)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads for everything timed (default: torch's)")
+    parser.add_argument("--out", default="benchmarks/results/cpu-2core/generation.json")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    try:
+        import transformers
+    except ImportError:  # a GPU machine without it still measures ours
+        transformers = None
+        print("transformers is not installed: timing ours only", flush=True)
+
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    config = GPTConfig(block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
+    ours = GPT(config).eval()
+    if transformers is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            export_hf(ours, tmp)
+            theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp).eval().to(device, dtype)
+        theirs.generation_config.eos_token_id = None  # always the full number of new tokens, as ours
+        theirs.generation_config.pad_token_id = 50256
+    ours = ours.to(device, dtype)
+    prompt = torch.randint(0, config.vocab_size, (max(args.batch_sizes + args.uncached_batch_sizes), args.prompt_tokens),
+                           generator=torch.Generator().manual_seed(1)).to(device)
+    n = args.new_tokens
+
+    def run_ours(batch: int, tokens: int = n, **kwargs) -> torch.Tensor:
+        return ours.generate(prompt[:batch], tokens, temperature=0, **kwargs)
+
+    @torch.no_grad()
+    def run_theirs(batch: int, tokens: int = n) -> torch.Tensor:
+        ids = prompt[:batch]
+        return theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False, use_cache=True)
+
+    contenders = {"ours": run_ours, **({"transformers": run_theirs} if transformers else {})}
+    if args.compile:
+        contenders["ours_compiled"] = lambda batch, tokens=n: run_ours(batch, tokens, compile=True)
+    results: dict[str, dict] = {}
+
+    def report(batch: int) -> None:
+        row = results[str(batch)]
+        summary = ", ".join(f"{name} {row[name]['tokens_per_sec']:.1f}" for name in (*contenders, "ours_uncached") if name in row)
+        print(f"batch {batch}: tokens/s {summary}"
+              + (f"; ours/transformers {row['ours_vs_transformers']:.2f}x" if "ours_vs_transformers" in row else "")
+              + (f"; ours/uncached {row['ours_vs_uncached']:.1f}x" if "ours_vs_uncached" in row else "")
+              + f"; greedy tokens equal: {row['greedy_tokens_equal']}", flush=True)
+        # After each measurement: what a long run on a busy machine measured survives an interruption.
+        write_report(args, config, device, transformers, results)
+
+    if not set(args.uncached_batch_sizes) <= set(args.batch_sizes):
+        parser.error("--uncached_batch_sizes must be among --batch_sizes")
+    for batch in args.batch_sizes:
+        times: dict[str, list[float]] = {name: [] for name in contenders}
+        outputs = {}
+        for name, fn in contenders.items():  # warm-up, not timed: a few tokens, all of them to compile
+            fn(batch, n if name == "ours_compiled" else min(n, 8))
+        for _ in range(args.repeats):
+            for name, fn in contenders.items():
+                seconds, outputs[name] = timed(lambda: fn(batch), device)
+                times[name].append(seconds)
+        row = {name: {"tokens_per_sec": batch * n / statistics.median(t), "seconds": t} for name, t in times.items()}
+        reference = outputs.get("transformers", outputs["ours"])
+        row["greedy_tokens_equal"] = {name: bool(torch.equal(out, reference)) for name, out in outputs.items()
+                                      if out is not reference}
+        if "transformers" in row:
+            row["ours_vs_transformers"] = row["ours"]["tokens_per_sec"] / row["transformers"]["tokens_per_sec"]
+        results[str(batch)] = row
+        row["reference"] = reference
+        report(batch)
+    # The slow path last (one run each), so that a busy machine has written the rest before it.
+    for batch in args.uncached_batch_sizes:
+        row = results[str(batch)]
+        seconds, out = timed(lambda: run_ours(batch, use_cache=False), device)
+        row["ours_uncached"] = {"tokens_per_sec": batch * n / seconds, "seconds": [seconds]}
+        row["greedy_tokens_equal"]["ours_uncached"] = bool(torch.equal(out, row["reference"]))
+        row["ours_vs_uncached"] = row["ours"]["tokens_per_sec"] / row["ours_uncached"]["tokens_per_sec"]
+        report(batch)
+    print(f"written to {args.out}")
+    return results
+
+
+def write_report(args, config, device, transformers, results) -> None:
+    report = {
+        "benchmark": "generation", "model": {**vars(config)}, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
+        "repeats": args.repeats, "device": str(device), "dtype": args.dtype, "threads": torch.get_num_threads(),
+        "torch": torch.__version__, "transformers": transformers.__version__ if transformers else None, "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "results": {batch: {k: v for k, v in row.items() if k != "reference"} for batch, row in results.items()},
+    }
+    atomic_write_bytes(Path(args.out), (json.dumps(report, indent=2) + "\n").encode())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

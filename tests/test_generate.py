@@ -1,0 +1,162 @@
+"""GPT.generate with its KV cache: the same tokens as the uncached path and as transformers' greedy
+generate, reproducible sampling, top-k, temperature 0, a padded vocabulary, past block_size, batched,
+sharded, and a compiled decode step."""
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from gpt_lightning.model import GPT, GPTConfig
+from gpt_lightning.pretrained import export_hf
+from gpt_lightning.sharding import shard_gpt
+
+TINY = GPTConfig(block_size=32, vocab_size=4096, n_layer=2, n_head=2, n_embd=32)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return GPT(TINY).eval()
+
+
+def prompt(batch=2, length=5, vocab=4096, seed=1):
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_greedy_tokens_equal_the_uncached_path_and_transformers(model, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    idx = prompt()
+    cached = model.generate(idx, 20, temperature=0)
+    assert cached.shape == (2, 25) and torch.equal(cached[:, :5], idx)
+    assert torch.equal(cached, model.generate(idx, 20, temperature=0, use_cache=False))
+    export_hf(model, tmp_path / "hf")
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    theirs.generation_config.eos_token_id = None  # all 20 tokens, as ours
+    with torch.no_grad():
+        expected = theirs.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=20, do_sample=False,
+                                   use_cache=True, pad_token_id=50256)
+    assert torch.equal(cached, expected)
+
+
+def test_seeded_sampling_is_reproducible_and_draws_as_the_uncached_path(model):
+    idx = prompt()
+
+    def draw(seed, **kwargs):
+        return model.generate(idx, 15, temperature=0.8, top_k=100, generator=torch.Generator().manual_seed(seed), **kwargs)
+
+    first = draw(7)
+    assert torch.equal(first, draw(7))
+    assert not torch.equal(first, draw(8))
+    assert torch.equal(first, draw(7, use_cache=False))  # same draws, same numbers: same tokens
+    assert not torch.equal(first[0, 5:], first[1, 5:])  # batch rows draw independently
+
+
+def test_top_k_one_and_temperature_zero_are_greedy(model):
+    idx = prompt()
+    greedy = model.generate(idx, 10, temperature=0)
+    assert torch.equal(greedy, model.generate(idx, 10, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(3)))
+    # Each greedy token is the argmax of a full forward pass over everything before it.
+    with torch.no_grad():
+        logits, _ = model(greedy[:, :-1])
+    torch.testing.assert_close(logits[:, 4:].argmax(-1), greedy[:, 5:], rtol=0, atol=0)
+
+
+def test_top_k_samples_only_among_the_k_likeliest(model):
+    idx = prompt(batch=8, length=3)
+    out = model.generate(idx, 1, temperature=5.0, top_k=3, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        allowed = model(idx)[0][:, -1].topk(3).indices  # (8, 3)
+    assert (allowed == out[:, -1:]).any(dim=1).all()
+
+
+def test_a_padded_vocabulary_is_never_sampled():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=128, n_layer=1, n_head=2, n_embd=16)).eval()
+    with torch.no_grad():  # the padding rows (100..127) dominate every logit
+        model.transformer.wte.weight[100:] = 1.0
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.fill_(1.0)
+    idx = prompt(vocab=100)
+    assert (model.generate(idx, 10, temperature=0)[:, 5:] >= 100).all()  # the trap is armed
+    for kwargs in ({"temperature": 0}, {"temperature": 1.0, "top_k": 5}, {"temperature": 1.0}):
+        out = model.generate(idx, 10, vocab_limit=100, generator=torch.Generator().manual_seed(0), **kwargs)
+        assert (out < 100).all(), kwargs
+
+
+def windowed_reference(model, idx, max_new_tokens):
+    """Greedy tokens by full forward passes under the cache's window rule: at most block_size tokens
+    of context; when a full window gets a new token it restarts from its last block_size // 2."""
+    block, keep = model.config.block_size, model.config.block_size // 2
+    out = idx
+    start = max(0, idx.size(1) - block)
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            logits, _ = model(out[:, start:])
+        out = torch.cat((out, logits[:, -1].argmax(-1, keepdim=True)), dim=1)
+        if out.size(1) - start > block:
+            start = out.size(1) - keep
+    return out
+
+
+def test_past_block_size_the_window_slides_and_the_cache_refills():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=4096, n_layer=2, n_head=2, n_embd=32)).eval()
+    for length in (3, 8, 13):  # shorter than, as long as and longer than block_size
+        idx = prompt(length=length)
+        out = model.generate(idx, 20, temperature=0)
+        assert out.shape == (2, length + 20) and torch.equal(out[:, :length], idx)
+        assert torch.equal(out, windowed_reference(model, idx, 20)), length
+    # Within block_size the window rule is the uncached path's own: the first 8 - 3 tokens agree.
+    short = model.generate(prompt(length=3), 5, temperature=0)
+    assert torch.equal(short, model.generate(prompt(length=3), 5, temperature=0, use_cache=False))
+
+
+def test_zero_new_tokens_and_bad_arguments(model):
+    idx = prompt()
+    assert torch.equal(model.generate(idx, 0), idx)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
+        model.generate(idx, -1)
+    with pytest.raises(ValueError, match="top_k must be >= 1"):
+        model.generate(idx, 1, top_k=0)
+    with pytest.raises(ValueError, match=r"shape \(B, T\) with T >= 1"):
+        model.generate(idx[:, :0], 1)
+
+
+def test_generation_under_bf16_autocast_keeps_a_bf16_cache(model):
+    idx = prompt()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model.generate(idx, 5, temperature=0)
+    assert out.shape == (2, 10) and out.dtype == torch.long
+
+
+def test_a_sharded_model_generates_what_the_unsharded_one_does(model, tmp_path, in_process_group):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    sharded = GPT(TINY).eval()
+    sharded.load_state_dict(model.state_dict())
+    shard_gpt(sharded, init_device_mesh("cpu", (1,)))
+    idx = prompt()
+    assert torch.equal(sharded.generate(idx, 6, temperature=0), model.generate(idx, 6, temperature=0))
+
+
+def test_the_compiled_decode_step_gives_the_eager_tokens():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=256, n_layer=1, n_head=2, n_embd=16)).eval()
+    idx = prompt(length=3, vocab=256)
+    eager = model.generate(idx, 12, temperature=0)  # past block_size: slides once
+    assert torch.equal(model.generate(idx, 12, temperature=0, compile=True), eager)
+
+
+def test_seeded_samples_are_those_of_torch_multinomial_as_before(model):
+    """The sampler skips torch.multinomial's host-reading check but draws the same numbers: a
+    seed gives the samples it gave before the cache."""
+    idx = prompt()
+    generator = torch.Generator().manual_seed(5)
+    before = idx
+    for _ in range(10):
+        with torch.no_grad():
+            logits = model(before)[0][:, -1] / 0.8
+        kth = torch.topk(logits, 20).values[:, [-1]]
+        probs = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
+        before = torch.cat((before, torch.multinomial(probs, 1, generator=generator)), dim=1)
+    assert torch.equal(model.generate(idx, 10, temperature=0.8, top_k=20, generator=torch.Generator().manual_seed(5)), before)
