@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from typing import Any, Literal
 
 import torch
@@ -20,6 +21,9 @@ from gpt_lightning.sharding import shard_gpt, sharding_mesh
 from gpt_lightning.data.tokenizer import gpt2_encoding
 
 _DEFAULT = GPTConfig()  # the architecture defaults live in GPTConfig alone
+# The GPTConfig fields a resumed run must share with its checkpoint. Dropout is a training setting:
+# it changes no weight and no function at inference, so it may change on resume.
+ARCHITECTURE = tuple(f.name for f in fields(GPTConfig) if f.name != "dropout")
 
 
 def _architecture_of(state_dict: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -167,8 +171,12 @@ class GPTLightningModule(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another architecture with a message that names the difference, and
         let the optimizer settings of this module (the ones the user gave now) win over the saved ones."""
-        state = checkpoint.get("state_dict", {})
-        saved = _architecture_of(state)
+        saved = {
+            # What the weights' shapes show, then every architecture field the checkpoint recorded:
+            # n_head (or bias set to the same shapes) changes no shape, yet the computation.
+            **_architecture_of(checkpoint.get("state_dict", {})),
+            **{name: value for name, value in (checkpoint.get("hyper_parameters") or {}).items() if name in ARCHITECTURE},
+        }
         differences = [
             f"{name}: checkpoint {value}, this model {getattr(self.config, name)}"
             for name, value in saved.items()
