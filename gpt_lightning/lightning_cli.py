@@ -101,8 +101,6 @@ class GPTLightningCLI(LightningCLI):
         super().__init__(GPTLightningModule, TokenStreamDataModule, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # T is given once, to the data; the model's position table follows it.
-        parser.link_arguments("data.block_size", "model.block_size")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.add_lightning_class_args(ThroughputMonitor, "throughput")
@@ -139,8 +137,7 @@ class GPTLightningCLI(LightningCLI):
         if not ckpt_path or ckpt_path in LIGHTNING_CKPT_ALIASES:
             return
         checkpoint = read_checkpoint(ckpt_path, weights=False)  # the settings are all it needs
-        model = saved_arguments(checkpoint, self._model_class)
-        model.pop("block_size", None)  # set through the link from data.block_size
+        model = saved_arguments(checkpoint, self._model_class)  # block_size too: it may exceed the data's
         data = saved_arguments(checkpoint, self._datamodule_class, "datamodule_hyper_parameters")
         from_checkpoint = ["--model", json.dumps(model), "--data", json.dumps(data)]
         at = self._cli_args.index(subcommand) + 1
@@ -149,6 +146,14 @@ class GPTLightningCLI(LightningCLI):
         self.config = self.parser.parse_args(self._cli_args[:at] + from_checkpoint + self._cli_args[at:] + fresh_start_only)
 
     # --- building ---------------------------------------------------------------------------------
+    def before_instantiate_classes(self) -> None:
+        """T is given once, to the data, and the model's position table follows it, unless
+        ``model.block_size`` is given, or ``model.init_from`` is: a pretrained model keeps its
+        context (its position table) whatever length it is fine-tuned on."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.model.block_size is None and config.model.init_from is None:
+            config.model.block_size = config.data.block_size
+
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The trainer, with our step-counting progress bar and FLOPs summary unless the user turned
         those off or brought their own."""

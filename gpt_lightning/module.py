@@ -46,8 +46,10 @@ class GPTLightningModule(LightningModule):
 
     Args:
         vocab_size: token-embedding rows; at least the tokenizer's 50257 (50304 is faster on GPUs).
-        block_size: longest sequence, the size of the position table. The CLI links it to
-            ``data.block_size``.
+        block_size: longest sequence, the size of the position table. None: with ``init_from``,
+            the source's table (the training length is not the model's context); otherwise
+            GPTConfig's 1024. The CLI sets it to ``data.block_size`` unless it is given or
+            ``init_from`` is set.
         n_layer: transformer blocks.
         n_head: attention heads per block.
         n_embd: residual-stream width; divisible by ``n_head``.
@@ -93,7 +95,7 @@ class GPTLightningModule(LightningModule):
     def __init__(
         self,
         vocab_size: int = _DEFAULT.vocab_size,
-        block_size: int = _DEFAULT.block_size,
+        block_size: int | None = None,
         n_layer: int = _DEFAULT.n_layer,
         n_head: int = _DEFAULT.n_head,
         n_embd: int = _DEFAULT.n_embd,
@@ -132,6 +134,9 @@ class GPTLightningModule(LightningModule):
             # Checkpoints of this run record the architecture and load without the source.
             self.save_hyperparameters({**architecture, "init_from": None, "pretrained_from": init_from})
             block_size, vocab_size, n_layer, n_head, n_embd, bias = (architecture[k] for k in given)
+        elif block_size is None:
+            block_size = _DEFAULT.block_size
+            self.save_hyperparameters({"block_size": block_size})  # checkpoints record the size built
         try:
             self.config = GPTConfig(
                 block_size=block_size, vocab_size=vocab_size, n_layer=n_layer,
