@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+import torch
 import yaml
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
@@ -153,6 +154,23 @@ class GPTLightningCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.model.block_size is None and config.model.init_from is None:
             config.model.block_size = config.data.block_size
+
+    def instantiate_classes(self) -> None:
+        """Lightning's, with the model built on the meta device under ``ModelParallelStrategy``, as
+        ``trainer.init_module(empty_init=True)`` builds it: no rank allocates or initializes the whole
+        GPT (GPT-2 XL: 6 GB in float32); ``configure_model`` shards it, then gives each rank its
+        shard, initialized. The data module and callbacks, built in the same call, make no tensors."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        strategy = config.get("trainer", {}).get("strategy")
+        class_path = strategy if isinstance(strategy, str) else getattr(strategy, "class_path", type(strategy).__name__)
+        if not str(class_path).endswith("ModelParallelStrategy"):
+            return super().instantiate_classes()
+        with torch.device("meta"):
+            self.config_init = self.parser.instantiate_classes(self.config)
+        self.datamodule = self._get(self.config_init, "data")
+        self.model = self._get(self.config_init, "model")
+        self._add_configure_optimizers_method_to_model(self.subcommand)
+        self.trainer = self.instantiate_trainer()
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The trainer, with our step-counting progress bar and FLOPs summary unless the user turned

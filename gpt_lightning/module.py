@@ -145,11 +145,18 @@ class GPTLightningModule(LightningModule):
         except ValueError as err:
             hint = " (the CLI sets it from data.block_size)" if "block_size" in str(err) else ""
             raise UserError(str(err).replace("GPTConfig.", "model.") + hint) from err
-        self.model = GPT(self.config)
-        self.model.activation_checkpointing = activation_checkpointing
         if pretrained_state is not None:
-            self.model.load_state_dict({**pretrained_state, "lm_head.weight": pretrained_state["transformer.wte.weight"]})
-        self.val_loss = MeanMetric()  # token-weighted mean, reduced across ranks at compute()
+            self.model = GPT.from_state_dict(self.config, pretrained_state)  # no random init, no copy
+        else:
+            # Built where the caller builds: on the CPU, randomly initialized; or, under
+            # torch.device("meta") (trainer.init_module(empty_init=True), and the CLI under
+            # ModelParallelStrategy), empty until configure_model shards it and initializes each
+            # rank's shard with the values an eager build here would have drawn.
+            self.model = GPT(self.config)
+        self._init_rng_state = torch.random.get_rng_state() if self._model_is_empty() else None
+        self.model.activation_checkpointing = activation_checkpointing
+        with torch.device("cpu"):  # a few scalars: real even when the model is built on the meta device
+            self.val_loss = MeanMetric()  # token-weighted mean, reduced across ranks at compute()
         self._nonfinite = NonFiniteGuard()
         self._nonfinite_checked_at = -1
         self._flops_cache: dict[tuple[int, int], float] = {}
@@ -177,10 +184,11 @@ class GPTLightningModule(LightningModule):
         """Refuse a checkpoint of another architecture with a message that names the difference, and
         let the optimizer settings of this module (the ones the user gave now) win over the saved ones."""
         saved = {
-            # What the weights' shapes show, then every architecture field the checkpoint recorded:
-            # n_head (or bias set to the same shapes) changes no shape, yet the computation.
-            **_architecture_of(checkpoint.get("state_dict", {})),
+            # Every architecture field the checkpoint recorded (n_head changes no shape, yet the
+            # computation), then what the weights' shapes show, which wins: load_from_checkpoint
+            # writes its keyword arguments over the recorded ones.
             **{name: value for name, value in (checkpoint.get("hyper_parameters") or {}).items() if name in ARCHITECTURE},
+            **_architecture_of(checkpoint.get("state_dict", {})),
         }
         differences = [
             f"{name}: checkpoint {value}, this model {getattr(self.config, name)}"
@@ -225,6 +233,8 @@ class GPTLightningModule(LightningModule):
         if self.device_mesh is not None and not isinstance(self.model, FSDPModule):
             bf16 = str(self.trainer.precision) == "bf16-mixed"
             shard_gpt(self.model, sharding_mesh(self.device_mesh), param_dtype=torch.bfloat16 if bf16 else None)
+        if self._model_is_empty():
+            self._materialize()
         if not self.hparams.compile or self.is_compiled:
             return
         options = dict(
@@ -237,6 +247,20 @@ class GPTLightningModule(LightningModule):
             block.compile(**options)  # in place, like the whole model: same code, one graph for all
         # A method, not a module: compiling it leaves every parameter name as it is.
         self.model.head_and_loss = torch.compile(self.model.head_and_loss, **options)
+
+    def _model_is_empty(self) -> bool:
+        """Whether the GPT was built on the meta device and has no memory (nor values) yet."""
+        return self.model.transformer.wte.weight.is_meta
+
+    def _materialize(self) -> None:
+        """Memory and GPT-2's initialization for a model built on the meta device, after sharding:
+        each rank allocates only its shard, on the strategy's device. The values are those an eager
+        build in ``__init__`` would have drawn (same generator state), so a sharded run starts from
+        the weights a single-device run with the same seed starts from."""
+        device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
+        self.model.to_empty(device=device)
+        self.model.tie_weights()  # the same Parameter already under FSDP2; a plain to_empty unties them
+        self.model.init_weights(torch.Generator().set_state(self._init_rng_state))
 
     @property
     def is_compiled(self) -> bool:

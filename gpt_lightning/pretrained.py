@@ -176,6 +176,4 @@ def agree_with_pretrained(given: dict[str, Any], source: str) -> tuple[dict[str,
 def gpt_from_hf(source: str) -> GPT:
     """A plain ``GPT`` with the weights of a Hugging Face GPT-2 checkpoint, as it is."""
     config, state = read_hf_gpt2(source)
-    model = GPT(config)
-    model.load_state_dict({**state, _TIED: state["transformer.wte.weight"]})
-    return model
+    return GPT.from_state_dict(config, state)
