@@ -111,3 +111,42 @@ def test_the_config_trains_as_written(name, workdir, monkeypatch, in_process_gro
     losses = [e.value for e in events.Scalars("train/loss")]
     assert len(losses) == STEPS and all(0 < loss < 12 for loss in losses)
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
+
+
+# --- every flag the README shows, at the precision of the config it is shown with -------------------
+# The README's own command lines (checked to be there), shrunk as above; device counts of GPU
+# commands become one CPU process; the CPU commands keep their 2 processes (subprocesses, the
+# costly part of this module, ~35 s each). Eager: compilation as written is the configs' test above.
+README_FLAGS = [
+    "gpt-lightning fit --config configs/gpt2-xl.yaml --config configs/fsdp2.yaml --trainer.devices 8 "
+    "--model.activation_checkpointing true",
+    "gpt-lightning fit --config configs/tiny-cpu.yaml --config configs/fsdp2.yaml --trainer.accelerator cpu "
+    "--trainer.devices 2",
+    "gpt-lightning fit --config configs/tiny-cpu.yaml --trainer.strategy ddp --trainer.devices 2 --trainer.accelerator cpu",
+]
+
+
+@pytest.mark.parametrize("command", README_FLAGS, ids=["fsdp2-activation-checkpointing", "fsdp2-2-cpu", "ddp-2-cpu"])
+def test_the_readme_s_flags_run_at_their_config_s_precision(command, workdir, tmp_path, in_process_group):
+    import shlex
+
+    from test_cli import run_cli
+    from test_readme import COMMANDS
+
+    words = shlex.split(command)
+    assert words in COMMANDS, "the README no longer shows this command"
+    args = [str(REPO / w) if w.startswith("configs/") else w for w in words[2:]]
+    args = [*args, *SHRINK, "--model.compile", "false", "--trainer.logger.init_args.save_dir", str(tmp_path / "logs")]
+    if "--trainer.accelerator" not in words:  # a GPU command: one CPU process
+        args = [*args, "--trainer.devices", "1"]
+        main(["fit", *args])
+    else:
+        result = run_cli("fit", *args, cwd=workdir)
+        assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (tmp_path / "logs").glob("*/version_0")
+    ran = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert ran["trainer"]["precision"] == "bf16-mixed"
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    losses = [e.value for e in events.Scalars("train/loss")]
+    assert len(losses) == STEPS and all(0 < loss < 12 for loss in losses)
