@@ -29,3 +29,12 @@ def test_data_loading_benchmark_reports_a_multiple(cache_dir, tmp_path):
     result = run_script("data_loading.py", "--batches", "20", "--repeats", "2", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "x faster" in result.stdout
+
+
+def test_export_memory_benchmark_reports_peaks_against_the_weights(tmp_path):
+    result = run_script("export_memory.py", "--shape", "tiny", "--modes", "export", "--workdir", str(tmp_path),
+                        cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["weight_bytes"] == 4 * (50257 * 32 + 1024 * 32 + 12 * 32 * 32 + 13 * 32 + 2 * 32)  # tiny's weights
+    assert report["export"]["peak_bytes"] > report["weight_bytes"]
