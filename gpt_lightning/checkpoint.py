@@ -115,11 +115,9 @@ def saved_config(checkpoint: dict[str, Any]) -> GPTConfig:
 def gpt_from_checkpoint(path: str | Path, option: str = "--ckpt_path") -> GPT:
     """The plain ``GPT`` of a checkpoint, its architecture from the saved hyper-parameters (on the CPU)."""
     checkpoint = read_checkpoint(path, option)
-    model = GPT(saved_config(checkpoint))
     prefix = "model."
     state = {k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
-    try:
-        model.load_state_dict(state)
+    try:  # the memory-mapped tensors become the weights: no random model first, no copy
+        return GPT.from_state_dict(saved_config(checkpoint), state)
     except RuntimeError as err:
         raise UserError(f"Checkpoint {path} does not match its own saved architecture: {err}") from None
-    return model

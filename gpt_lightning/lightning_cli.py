@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+import torch
 import yaml
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
@@ -101,8 +102,6 @@ class GPTLightningCLI(LightningCLI):
         super().__init__(GPTLightningModule, TokenStreamDataModule, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # T is given once, to the data; the model's position table follows it.
-        parser.link_arguments("data.block_size", "model.block_size")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.add_lightning_class_args(ThroughputMonitor, "throughput")
@@ -139,8 +138,7 @@ class GPTLightningCLI(LightningCLI):
         if not ckpt_path or ckpt_path in LIGHTNING_CKPT_ALIASES:
             return
         checkpoint = read_checkpoint(ckpt_path, weights=False)  # the settings are all it needs
-        model = saved_arguments(checkpoint, self._model_class)
-        model.pop("block_size", None)  # set through the link from data.block_size
+        model = saved_arguments(checkpoint, self._model_class)  # block_size too: it may exceed the data's
         data = saved_arguments(checkpoint, self._datamodule_class, "datamodule_hyper_parameters")
         from_checkpoint = ["--model", json.dumps(model), "--data", json.dumps(data)]
         at = self._cli_args.index(subcommand) + 1
@@ -149,6 +147,31 @@ class GPTLightningCLI(LightningCLI):
         self.config = self.parser.parse_args(self._cli_args[:at] + from_checkpoint + self._cli_args[at:] + fresh_start_only)
 
     # --- building ---------------------------------------------------------------------------------
+    def before_instantiate_classes(self) -> None:
+        """T is given once, to the data, and the model's position table follows it, unless
+        ``model.block_size`` is given, or ``model.init_from`` is: a pretrained model keeps its
+        context (its position table) whatever length it is fine-tuned on."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.model.block_size is None and config.model.init_from is None:
+            config.model.block_size = config.data.block_size
+
+    def instantiate_classes(self) -> None:
+        """Lightning's, with the model built on the meta device under ``ModelParallelStrategy``, as
+        ``trainer.init_module(empty_init=True)`` builds it: no rank allocates or initializes the whole
+        GPT (GPT-2 XL: 6 GB in float32); ``configure_model`` shards it, then gives each rank its
+        shard, initialized. The data module and callbacks, built in the same call, make no tensors."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        strategy = config.get("trainer", {}).get("strategy")
+        class_path = strategy if isinstance(strategy, str) else getattr(strategy, "class_path", type(strategy).__name__)
+        if not str(class_path).endswith("ModelParallelStrategy"):
+            return super().instantiate_classes()
+        with torch.device("meta"):
+            self.config_init = self.parser.instantiate_classes(self.config)
+        self.datamodule = self._get(self.config_init, "data")
+        self.model = self._get(self.config_init, "model")
+        self._add_configure_optimizers_method_to_model(self.subcommand)
+        self.trainer = self.instantiate_trainer()
+
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The trainer, with our step-counting progress bar and FLOPs summary unless the user turned
         those off or brought their own."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 
 
@@ -73,6 +74,18 @@ class KVCache:
             self.v = v.new_zeros((B, nh, self.max_len, hs))  # (B, nh, max_len, hs)
         self.k.index_copy_(2, pos, k)
         self.v.index_copy_(2, pos, v)
+
+
+def _normal_(weight: torch.Tensor, std: float, generator: torch.Generator | None) -> None:
+    """``weight ~ N(0, std)`` in place, the draw made on the CPU as if ``weight`` were one whole CPU tensor."""
+    if weight.device.type == "cpu" and not isinstance(weight, DTensor):
+        nn.init.normal_(weight, mean=0.0, std=std, generator=generator)
+        return
+    whole = torch.empty(weight.shape, dtype=weight.dtype, device="cpu").normal_(0.0, std, generator=generator)
+    if isinstance(weight, DTensor):  # this rank's shard of the whole; every rank draws the same
+        whole = distribute_tensor(whole, weight.device_mesh, weight.placements, src_data_rank=None)
+    with torch.no_grad():
+        weight.copy_(whole)
 
 
 class CausalSelfAttention(nn.Module):
@@ -165,36 +178,77 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
-                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+        device = torch.empty(0).device  # where the caller builds: the CPU, a torch.device(...) context, or meta
+        # The layers are made on the meta device, so that their own initializations (which GPT-2's
+        # replaces) neither take memory nor draw random numbers; then memory and GPT-2's init. Built
+        # under torch.device("meta") (weights about to be loaded, or sharded first), the model stays
+        # empty until init_weights, which then draws exactly what an eager build draws.
+        with torch.device("meta"):
+            self.transformer = nn.ModuleDict(
+                dict(
+                    wte=nn.Embedding(config.vocab_size, config.n_embd),
+                    wpe=nn.Embedding(config.block_size, config.n_embd),
+                    drop=nn.Dropout(config.dropout),
+                    h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+                    ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+                )
             )
-        )
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # Weight tying (GPT-2): the output projection is the token embedding. One tensor, one name
-        # in state_dict() per module, shared storage.
-        self.transformer.wte.weight = self.lm_head.weight
+            self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.tie_weights()
         # Recompute each block's activations in the backward pass instead of keeping them: a run
         # setting, not architecture, so it is an attribute (the training module sets it) and not a
         # GPTConfig field. Parameter names do not change.
         self.activation_checkpointing = False
-        self.apply(self._init_weights)
+        if device.type != "meta":
+            self.to_empty(device=device)
+            self.tie_weights()  # to_empty gives each module a Parameter of its own
+            self.init_weights()
 
-    def _init_weights(self, module: nn.Module) -> None:
+    def tie_weights(self) -> None:
+        """Weight tying (GPT-2): the output projection is the token embedding. One Parameter, one name
+        in state_dict() per module, shared storage. Again after ``load_state_dict(assign=True)``,
+        or ``to_empty``, which give each module a Parameter of its own."""
+        self.transformer.wte.weight = self.lm_head.weight
+
+    @classmethod
+    def from_state_dict(cls, config: GPTConfig, state: dict[str, torch.Tensor]) -> "GPT":
+        """A GPT that takes the tensors of ``state`` as its weights (``lm_head.weight`` may be left
+        out: it is ``transformer.wte.weight``). Built on the meta device and assigned: no random
+        initialization of weights about to be replaced, and no copy (memory-mapped tensors stay so).
+
+        Raises:
+            RuntimeError: ``state`` does not match ``config`` (missing, unexpected or mis-shaped tensors).
+        """
+        with torch.device("meta"):
+            model = cls(config)
+        state = {"lm_head.weight": state.get("transformer.wte.weight"), **state}
+        # assign keeps the state's dtype: cast (only) what is not the model's float32
+        expected = model.state_dict()
+        state = {k: v.to(expected[k].dtype) if k in expected and v is not None else v for k, v in state.items()}
+        model.load_state_dict(state, assign=True)
+        model.tie_weights()
+        return model
+
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """GPT-2's initialization, drawn in ``nn.Module.apply``'s order from the CPU ``generator``
+        (None: the global one). A weight that is not a plain CPU tensor (on a GPU, or one rank's
+        shard of an FSDP2 ``DTensor``) is drawn whole on the CPU and then copied in, so every
+        placement gets the values a CPU build from the same generator state has."""
+        self.apply(lambda module: self._init_weights(module, generator))
+
+    def _init_weights(self, module: nn.Module, generator: torch.Generator | None = None) -> None:
         if isinstance(module, nn.Linear):
             std = 0.02
             if getattr(module, "residual_projection", False):
                 # GPT-2: scale residual projections by 1/sqrt(number of residual additions)
                 std *= (2 * self.config.n_layer) ** -0.5
-            nn.init.normal_(module.weight, mean=0.0, std=std)
+            _normal_(module.weight, std, generator)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            _normal_(module.weight, 0.02, generator)
+        elif isinstance(module, nn.LayerNorm):
+            module.reset_parameters()  # gain 1, bias 0: no random numbers
 
     def num_parameters(self) -> int:
         """Number of parameters, the tied embedding counted once."""

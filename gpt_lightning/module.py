@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from typing import Any, ContextManager, Literal
 
 import torch
@@ -23,6 +24,9 @@ from gpt_lightning.sharding import shard_gpt, sharding_mesh
 from gpt_lightning.data.tokenizer import gpt2_encoding
 
 _DEFAULT = GPTConfig()  # the architecture defaults live in GPTConfig alone
+# The GPTConfig fields a resumed run must share with its checkpoint. Dropout is a training setting:
+# it changes no weight and no function at inference, so it may change on resume.
+ARCHITECTURE = tuple(f.name for f in fields(GPTConfig) if f.name != "dropout")
 
 
 def _architecture_of(state_dict: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -45,8 +49,10 @@ class GPTLightningModule(LightningModule):
 
     Args:
         vocab_size: token-embedding rows; at least the tokenizer's 50257 (50304 is faster on GPUs).
-        block_size: longest sequence, the size of the position table. The CLI links it to
-            ``data.block_size``.
+        block_size: longest sequence, the size of the position table. None: with ``init_from``,
+            the source's table (the training length is not the model's context); otherwise
+            GPTConfig's 1024. The CLI sets it to ``data.block_size`` unless it is given or
+            ``init_from`` is set.
         n_layer: transformer blocks.
         n_head: attention heads per block.
         n_embd: residual-stream width; divisible by ``n_head``.
@@ -96,7 +102,7 @@ class GPTLightningModule(LightningModule):
     def __init__(
         self,
         vocab_size: int = _DEFAULT.vocab_size,
-        block_size: int = _DEFAULT.block_size,
+        block_size: int | None = None,
         n_layer: int = _DEFAULT.n_layer,
         n_head: int = _DEFAULT.n_head,
         n_embd: int = _DEFAULT.n_embd,
@@ -136,6 +142,9 @@ class GPTLightningModule(LightningModule):
             # Checkpoints of this run record the architecture and load without the source.
             self.save_hyperparameters({**architecture, "init_from": None, "pretrained_from": init_from})
             block_size, vocab_size, n_layer, n_head, n_embd, bias = (architecture[k] for k in given)
+        elif block_size is None:
+            block_size = _DEFAULT.block_size
+            self.save_hyperparameters({"block_size": block_size})  # checkpoints record the size built
         try:
             self.config = GPTConfig(
                 block_size=block_size, vocab_size=vocab_size, n_layer=n_layer,
@@ -144,11 +153,18 @@ class GPTLightningModule(LightningModule):
         except ValueError as err:
             hint = " (the CLI sets it from data.block_size)" if "block_size" in str(err) else ""
             raise UserError(str(err).replace("GPTConfig.", "model.") + hint) from err
-        self.model = GPT(self.config)
-        self.model.activation_checkpointing = activation_checkpointing
         if pretrained_state is not None:
-            self.model.load_state_dict({**pretrained_state, "lm_head.weight": pretrained_state["transformer.wte.weight"]})
-        self.val_loss = MeanMetric()  # token-weighted mean, reduced across ranks at compute()
+            self.model = GPT.from_state_dict(self.config, pretrained_state)  # no random init, no copy
+        else:
+            # Built where the caller builds: on the CPU, randomly initialized; or, under
+            # torch.device("meta") (trainer.init_module(empty_init=True), and the CLI under
+            # ModelParallelStrategy), empty until configure_model shards it and initializes each
+            # rank's shard with the values an eager build here would have drawn.
+            self.model = GPT(self.config)
+        self._init_rng_state = torch.random.get_rng_state() if self._model_is_empty() else None
+        self.model.activation_checkpointing = activation_checkpointing
+        with torch.device("cpu"):  # a few scalars: real even when the model is built on the meta device
+            self.val_loss = MeanMetric()  # token-weighted mean, reduced across ranks at compute()
         self._nonfinite = NonFiniteGuard()
         self._nonfinite_checked_at = -1
         self._step_loss_sum: torch.Tensor | None = None  # this optimizer step's micro-batch losses, summed
@@ -177,8 +193,13 @@ class GPTLightningModule(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another architecture with a message that names the difference, and
         let the optimizer settings of this module (the ones the user gave now) win over the saved ones."""
-        state = checkpoint.get("state_dict", {})
-        saved = _architecture_of(state)
+        saved = {
+            # Every architecture field the checkpoint recorded (n_head changes no shape, yet the
+            # computation), then what the weights' shapes show, which wins: load_from_checkpoint
+            # writes its keyword arguments over the recorded ones.
+            **{name: value for name, value in (checkpoint.get("hyper_parameters") or {}).items() if name in ARCHITECTURE},
+            **_architecture_of(checkpoint.get("state_dict", {})),
+        }
         differences = [
             f"{name}: checkpoint {value}, this model {getattr(self.config, name)}"
             for name, value in saved.items()
@@ -222,6 +243,8 @@ class GPTLightningModule(LightningModule):
         if self.device_mesh is not None and not isinstance(self.model, FSDPModule):
             bf16 = str(self.trainer.precision) == "bf16-mixed"
             shard_gpt(self.model, sharding_mesh(self.device_mesh), param_dtype=torch.bfloat16 if bf16 else None)
+        if self._model_is_empty():
+            self._materialize()
         if not self.hparams.compile or self.is_compiled:
             return
         options = dict(
@@ -234,6 +257,20 @@ class GPTLightningModule(LightningModule):
             block.compile(**options)  # in place, like the whole model: same code, one graph for all
         # A method, not a module: compiling it leaves every parameter name as it is.
         self.model.head_and_loss = torch.compile(self.model.head_and_loss, **options)
+
+    def _model_is_empty(self) -> bool:
+        """Whether the GPT was built on the meta device and has no memory (nor values) yet."""
+        return self.model.transformer.wte.weight.is_meta
+
+    def _materialize(self) -> None:
+        """Memory and GPT-2's initialization for a model built on the meta device, after sharding:
+        each rank allocates only its shard, on the strategy's device. The values are those an eager
+        build in ``__init__`` would have drawn (same generator state), so a sharded run starts from
+        the weights a single-device run with the same seed starts from."""
+        device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
+        self.model.to_empty(device=device)
+        self.model.tie_weights()  # the same Parameter already under FSDP2; a plain to_empty unties them
+        self.model.init_weights(torch.Generator().set_state(self._init_rng_state))
 
     @property
     def is_compiled(self) -> bool:

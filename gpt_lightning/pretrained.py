@@ -144,8 +144,8 @@ def agree_with_pretrained(given: dict[str, Any], source: str) -> tuple[dict[str,
     """The architecture and weights to start from ``source``, checked against what the user gave.
 
     An architecture option left at its default takes the checkpoint's value; one set to anything
-    else must agree with it. ``block_size`` may be shorter than the checkpoint's position table
-    (the table is cropped, as nanoGPT does) but never longer.
+    else must agree with it. ``block_size`` None keeps the checkpoint's position table; a number may
+    be shorter (the table is cropped, as nanoGPT does) but never longer.
 
     Args:
         given: ``block_size``, ``vocab_size``, ``n_layer``, ``n_head``, ``n_embd`` and ``bias`` as given.
@@ -162,7 +162,7 @@ def agree_with_pretrained(given: dict[str, Any], source: str) -> tuple[dict[str,
                 "the checkpoint's, or start from scratch without model.init_from."
             )
         resolved[name] = pretrained
-    block_size = theirs.block_size if given["block_size"] == defaults.block_size else given["block_size"]
+    block_size = theirs.block_size if given["block_size"] is None else given["block_size"]
     if block_size > theirs.block_size:
         raise UserError(
             f"model.block_size {block_size} is longer than {source}'s position table ({theirs.block_size}): a "
@@ -176,6 +176,4 @@ def agree_with_pretrained(given: dict[str, Any], source: str) -> tuple[dict[str,
 def gpt_from_hf(source: str) -> GPT:
     """A plain ``GPT`` with the weights of a Hugging Face GPT-2 checkpoint, as it is."""
     config, state = read_hf_gpt2(source)
-    model = GPT(config)
-    model.load_state_dict({**state, _TIED: state["transformer.wte.weight"]})
-    return model
+    return GPT.from_state_dict(config, state)

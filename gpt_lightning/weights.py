@@ -44,9 +44,6 @@ def load_gpt(path: str | Path, map_location: str | torch.device = "cpu") -> GPT:
         raise UserError(f"{path} is not a readable safetensors file ({err}).") from None
     if "gpt_config" not in metadata:
         raise UserError(f"{path} has no gpt_config metadata: it was not written by gpt-lightning export.")
-    model = GPT(GPTConfig(**json.loads(metadata["gpt_config"])))
     state = load_file(str(path), device=str(map_location))
-    state[_TIED] = state["transformer.wte.weight"]
-    model.load_state_dict(state)
-    return model.to(map_location)
+    return GPT.from_state_dict(GPTConfig(**json.loads(metadata["gpt_config"])), state)
 

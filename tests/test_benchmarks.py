@@ -89,3 +89,12 @@ def test_hellaswag_benchmark_reports_examples_per_second_and_the_same_answers(ca
     report = json.loads(out.read_text())
     assert set(report["results"]) == {"per_example_before", "batched_2"}
     assert report["same_answers_as_before"] and report["results"]["batched_2"]["result"]["examples"] == 5
+
+
+def test_export_memory_benchmark_reports_peaks_against_the_weights(tmp_path):
+    result = run_script("export_memory.py", "--shape", "tiny", "--modes", "export", "--workdir", str(tmp_path),
+                        cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["weight_bytes"] == 4 * (50257 * 32 + 1024 * 32 + 12 * 32 * 32 + 13 * 32 + 2 * 32)  # tiny's weights
+    assert report["export"]["peak_bytes"] > report["weight_bytes"]

@@ -96,7 +96,8 @@ def test_fine_tune_through_the_cli_then_export_to_hugging_face(hf_gpt2, tmp_path
           "--trainer.limit_val_batches", "0", "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
     run_dir = tmp_path / "tb" / "tiny-cpu" / "version_0"
     saved = yaml.safe_load((run_dir / "hparams.yaml").read_text())
-    assert (saved["n_layer"], saved["n_embd"], saved["block_size"], saved["init_from"]) == (2, 32, 32, None)
+    # Fine-tuned on 32-token rows, the model keeps the source's 64 positions (its context).
+    assert (saved["n_layer"], saved["n_embd"], saved["block_size"], saved["init_from"]) == (2, 32, 64, None)
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     shutil.rmtree(source)  # the fine-tuned checkpoint stands on its own
     # Resuming with the same command line does not read init_from (the source is gone now).
@@ -114,4 +115,16 @@ def test_fine_tune_through_the_cli_then_export_to_hugging_face(hf_gpt2, tmp_path
         assert not torch.allclose(tuned.model.transformer.wte.weight, theirs.transformer.wte.weight)
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     assert tokenizer.encode("Hello world") == [15496, 995]
-    assert json.loads((out / "config.json").read_text())["n_positions"] == 32
+    assert json.loads((out / "config.json").read_text())["n_positions"] == 64
+    logits_agree(tuned, exported, T=64)  # the whole context, past the 32 tokens it was tuned on
+
+
+def test_the_position_table_is_cropped_only_when_model_block_size_is_given(hf_gpt2, tmp_path):
+    directory, _ = hf_gpt2
+    main(["fit", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--model.init_from", str(directory),
+          "--model.n_layer", "2", "--model.n_head", "2", "--model.n_embd", "32", "--model.compile", "false",
+          "--model.block_size", "48", "--data.block_size", "32", "--trainer.max_steps", "1",
+          "--trainer.limit_val_batches", "0", "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
+    ckpt = tmp_path / "tb" / "tiny-cpu" / "version_0" / "checkpoints" / "last.ckpt"
+    main(["export", "--format", "hf", "--ckpt_path", str(ckpt), "--out", str(tmp_path / "hf-out")])
+    assert json.loads((tmp_path / "hf-out" / "config.json").read_text())["n_positions"] == 48

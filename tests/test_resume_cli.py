@@ -82,3 +82,21 @@ def test_another_architecture_is_refused_with_the_difference_named(first_run, ca
     assert "n_embd: checkpoint 32, this model 64" in err and "Traceback" not in err
     after = sorted((root / "tb" / "run").iterdir())
     assert not (set(after) - set(before)) or all(not list(p.glob("checkpoints/*.ckpt")) for p in set(after) - set(before))
+
+
+def test_another_head_count_is_refused_though_no_shape_shows_it(first_run, capsys):
+    root, config, ckpt = first_run
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), "--ckpt_path", str(ckpt), "--trainer.max_steps", "3",
+              "--model.compile", "false", "--model.n_head", "1"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    (line,) = [line for line in err.splitlines() if line.startswith("gpt-lightning: error:")]
+    assert "n_head: checkpoint 2, this model 1" in line and "Traceback" not in err
+
+
+def test_dropout_is_a_training_setting_and_may_change_on_resume(first_run):
+    root, config, ckpt = first_run
+    main(["fit", "--config", str(config), "--ckpt_path", str(ckpt), "--trainer.max_steps", "3",
+          "--model.compile", "false", "--model.dropout", "0.1"])
+    assert hparams(newest_run(root))["dropout"] == 0.1

@@ -1,0 +1,94 @@
+"""Weights about to be replaced or sharded are never built at random first: loaders build the GPT on
+the meta device and take the checkpoint's tensors (no random numbers drawn, the LM head still tied),
+and under ModelParallelStrategy the CLI builds the model empty, shards it, then gives each rank its
+shard with the values an eager build from the same seed has. (Peak memory of `export` for a GPT-2
+XL shape: benchmarks/export_memory.py.)"""
+
+import pytest
+import torch
+from lightning.pytorch import Callback, seed_everything
+
+from gpt_lightning import GPTLightningModule
+from gpt_lightning.checkpoint import gpt_from_checkpoint
+from gpt_lightning.lightning_cli import GPTLightningCLI
+from gpt_lightning.model import GPT, GPTConfig
+from gpt_lightning.pretrained import export_hf, gpt_from_hf
+from gpt_lightning.weights import export_weights, load_gpt
+
+from conftest import REPO
+
+TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=32)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """One tiny trained-shaped GPT written three ways: a .ckpt, exported safetensors, a Hugging Face directory."""
+    root = tmp_path_factory.mktemp("meta")
+    torch.manual_seed(0)
+    module = GPTLightningModule(**TINY, compile=False)
+    ckpt = root / "model.ckpt"
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}, ckpt)
+    export_weights(ckpt, root / "model.safetensors")
+    export_hf(module.model, root / "hf")
+    return module.model.state_dict(), ckpt, root
+
+
+@pytest.mark.parametrize("load", [
+    lambda root: gpt_from_checkpoint(root / "model.ckpt"),
+    lambda root: load_gpt(root / "model.safetensors"),
+    lambda root: gpt_from_hf(str(root / "hf")),
+    lambda root: GPTLightningModule(init_from=str(root / "hf"), compile=False).model,
+], ids=["checkpoint", "safetensors", "hugging-face", "init_from"])
+def test_loading_draws_no_random_numbers_and_keeps_the_head_tied(saved, load):
+    expected, _, root = saved
+    before = torch.random.get_rng_state()
+    model = load(root)
+    assert torch.equal(torch.random.get_rng_state(), before)  # nothing built at random first
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert len(list(model.parameters())) == len(list(GPT(GPTConfig(**TINY)).parameters()))
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(tensor, expected[name], rtol=0, atol=0, msg=name)
+
+
+def test_an_eager_build_and_a_meta_build_initialized_later_are_identical():
+    torch.manual_seed(0)
+    eager = GPT(GPTConfig(**TINY))
+    torch.manual_seed(0)
+    state = torch.random.get_rng_state()
+    with torch.device("meta"):
+        empty = GPT(GPTConfig(**TINY))
+    torch.rand(100)  # whatever runs in between
+    empty.to_empty(device="cpu")
+    empty.tie_weights()
+    empty.init_weights(torch.Generator().set_state(state))
+    for name, tensor in eager.state_dict().items():
+        assert torch.equal(tensor, empty.state_dict()[name]), name
+
+
+class FirstWeights(Callback):
+    """Where the model was built, and its whole weights once configure_model has materialized them."""
+
+    def setup(self, trainer, pl_module, stage):
+        self.built_on = pl_module.model.transformer.wte.weight.device.type  # before configure_model
+
+    def on_fit_start(self, trainer, pl_module):
+        self.weights = {k: v.full_tensor().clone() for k, v in pl_module.model.state_dict().items()}
+
+
+def test_model_parallel_builds_empty_then_starts_from_the_eager_weights(small_text, tmp_path, in_process_group):
+    cli = GPTLightningCLI(run=False, args=[
+        "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--config", str(REPO / "configs" / "fsdp2.yaml"),
+        "--trainer.devices", "1", "--model.compile", "false", "--model.n_layer", "1", "--model.n_head", "2",
+        "--model.n_embd", "32", "--data.block_size", "32", "--data.batch_size", "2", "--data.data_path", str(small_text),
+        "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0", "--model.val_sample_tokens", "0",
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
+    ])
+    probe = FirstWeights()
+    cli.trainer.callbacks.append(probe)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert probe.built_on == "meta"
+    seed_everything(42)  # the CLI's seed
+    eager = GPTLightningModule(**TINY, compile=False).model.state_dict()
+    assert probe.weights.keys() == eager.keys()
+    for name, tensor in eager.items():
+        assert torch.equal(probe.weights[name], tensor), name
