@@ -33,7 +33,7 @@ def test_data_loading_benchmark_reports_a_multiple(cache_dir, tmp_path):
 
 def test_tokenize_benchmark_compares_with_build_nanogpt_on_the_same_tokens(tmp_path):
     out = tmp_path / "tokenize.json"
-    result = run_script("tokenize.py", "--size_mb", "0.4", "--workers", "2", "--repeats", "1", "--out", str(out), cwd=tmp_path)
+    result = run_script("tokenizing.py", "--size_mb", "0.4", "--workers", "2", "--repeats", "1", "--out", str(out), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     runs = report["runs"]

@@ -8,8 +8,8 @@ and the highest peak memory of the whole process tree (the sum of PSS, so pages 
 sampled every 50 ms. Our run is also repeated on a corpus a quarter the size: flat memory means it
 does not grow with the input.
 
-    python benchmarks/tokenize.py                    # a 200 MB corpus; results/tokenize.json
-    python benchmarks/tokenize.py --size_mb 2 --out /tmp/t.json   # a quick look
+    python benchmarks/tokenizing.py                    # a 200 MB corpus; results/tokenize.json
+    python benchmarks/tokenizing.py --size_mb 2 --out /tmp/t.json   # a quick look
 """
 
 from __future__ import annotations
