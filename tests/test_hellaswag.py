@@ -124,7 +124,7 @@ def todays_scores(model, examples, block_size):
 
 
 def test_batched_scoring_gives_todays_losses_and_counts(tmp_path):
-    torch.manual_seed(0)
+    torch.manual_seed(1)  # a seed whose random model gets some examples right and some wrong
     model = GPT(GPTConfig(block_size=32, vocab_size=50257, n_layer=2, n_head=2, n_embd=32)).eval()
     examples = synthetic_examples(7)
     reference = list(todays_scores(model, examples, 32))  # some examples are cut to 32 tokens

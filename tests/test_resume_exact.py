@@ -67,7 +67,7 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
     ids=["epoch-end", "accumulation", "limit_train_batches", "shuffled", "shuffled-shards"],
 )
 def test_resumed_run_ends_with_the_weights_of_the_uninterrupted_one(tmp_path, corpus, stop, flags):
-    if flags[-1] == "shards":  # the corpus's tokens as a shard folder: the shard order is shuffled too
+    if flags and flags[-1] == "shards":  # the corpus's tokens as a shard folder: the shard order is shuffled too
         flags, corpus = flags[:-1], shard_folder(corpus, tmp_path / "shards")
     every = ["--checkpoint.every_n_train_steps", str(stop), "--trainer.max_steps", str(2 * stop)]
     whole = fit(tmp_path, "whole", corpus, *flags, *every)
