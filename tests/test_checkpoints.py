@@ -84,3 +84,21 @@ def test_sample_command_continues_a_prompt_from_a_checkpoint(eager_ckpt, capsys)
         text = sample.split("\n", 1)[1].rstrip("\n")
         assert text.startswith("ROMEO:")
         assert len(gpt2_encoding().encode(text, allowed_special="all")) >= 8  # prompt + new tokens
+
+
+def test_sample_in_bfloat16_reads_bf16_weights_and_cache(eager_ckpt, monkeypatch):
+    from gpt_lightning.commands.sample import sample
+    from gpt_lightning.model import GPT, KVCache
+
+    _, ckpt = eager_ckpt
+    seen = []
+    store = KVCache.store
+    monkeypatch.setattr(KVCache, "store", lambda self, k, v, pos: (seen.append(k.dtype), store(self, k, v, pos))[1])
+    generate = GPT.generate
+    monkeypatch.setattr(GPT, "generate", lambda self, *a, **kw: (seen.append(self.lm_head.weight.dtype), generate(self, *a, **kw))[1])
+    texts = sample(ckpt, prompt="ROMEO:", max_new_tokens=6, temperature=0, dtype="bfloat16", device="cpu")
+    assert texts[0].startswith("ROMEO:") and len(texts[0]) > len("ROMEO:")
+    assert seen[0] == torch.bfloat16
+    assert set(seen[1:]) == {torch.bfloat16}  # every layer's cached keys
+    with pytest.raises(UserError, match=r"--dtype 'float8' is not one of float32, bfloat16, float16"):
+        sample(ckpt, dtype="float8")
