@@ -42,6 +42,22 @@ def timed(fn, device: torch.device) -> tuple[float, torch.Tensor]:
     return time.perf_counter() - start, out
 
 
+def read_bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int = 512 * 2**20) -> float:
+    """Bytes/s this machine streams from memory into a matrix-vector product: the best of
+    ``sum``, ``mv`` and a one-row ``linear`` over a ``nbytes`` matrix (far larger than the caches),
+    each the median of 5. Decoding one token reads every weight once, so this over the weights'
+    bytes is the most tokens/s a step can reach at batch 1 (the roofline), whoever writes it."""
+    cols = 1024
+    matrix = torch.randn(nbytes // (cols * torch.finfo(dtype).bits // 8), cols, device=device, dtype=dtype)
+    vector = torch.randn(cols, device=device, dtype=dtype)
+    best = 0.0
+    for probe in (matrix.sum, lambda: torch.mv(matrix, vector), lambda: torch.nn.functional.linear(vector[None], matrix)):
+        probe()
+        seconds = statistics.median(timed(probe, device)[0] for _ in range(5))
+        best = max(best, matrix.nbytes / seconds)
+    return best
+
+
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n_layer", type=int, default=12)
@@ -58,6 +74,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for everything timed (default: torch's)")
+    parser.add_argument("--probe_mb", type=int, default=512, help="size of the memory-bandwidth probe (far above the caches)")
     parser.add_argument("--out", default="benchmarks/results/cpu-2core/generation.json")
     args = parser.parse_args(argv)
     if args.threads:
@@ -96,16 +113,25 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     if args.compile:
         contenders["ours_compiled"] = lambda batch, tokens=n: run_ours(batch, tokens, compile=True)
     results: dict[str, dict] = {}
+    bandwidth = read_bandwidth(device, dtype, args.probe_mb * 2**20)
+    step_bytes = sum(p.nbytes for p in ours.parameters())  # every weight once per decode step (wte as the LM head)
+    ceiling = bandwidth / step_bytes  # decode steps/s when streaming the weights is all a step does
+    print(f"memory: {bandwidth / 1e9:.1f} GB/s; weights {step_bytes / 1e6:.0f} MB per step: "
+          f"at most {ceiling:.1f} steps/s (batch 1 tokens/s)", flush=True)
 
     def report(batch: int) -> None:
         row = results[str(batch)]
-        summary = ", ".join(f"{name} {row[name]['tokens_per_sec']:.1f}" for name in (*contenders, "ours_uncached") if name in row)
+        roofline = {"read_bandwidth_bytes_per_sec": bandwidth, "weight_bytes_per_step": step_bytes,
+                    "ceiling_steps_per_sec": ceiling}
+        summary = ", ".join(f"{name} {row[name]['tokens_per_sec']:.1f}"
+                            + (f" ({row[name]['steps_per_sec_of_ceiling']:.0%} of roofline)" if "steps_per_sec_of_ceiling" in row[name] else "")
+                            for name in (*contenders, "ours_uncached") if name in row)
         print(f"batch {batch}: tokens/s {summary}"
               + (f"; ours/transformers {row['ours_vs_transformers']:.2f}x" if "ours_vs_transformers" in row else "")
               + (f"; ours/uncached {row['ours_vs_uncached']:.1f}x" if "ours_vs_uncached" in row else "")
               + f"; greedy tokens equal: {row['greedy_tokens_equal']}", flush=True)
         # After each measurement: what a long run on a busy machine measured survives an interruption.
-        write_report(args, config, device, transformers, results)
+        write_report(args, config, device, transformers, results, roofline)
 
     if not set(args.uncached_batch_sizes) <= set(args.batch_sizes):
         parser.error("--uncached_batch_sizes must be among --batch_sizes")
@@ -118,7 +144,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
             for name, fn in contenders.items():
                 seconds, outputs[name] = timed(lambda: fn(batch), device)
                 times[name].append(seconds)
-        row = {name: {"tokens_per_sec": batch * n / statistics.median(t), "seconds": t} for name, t in times.items()}
+        row = {name: {"tokens_per_sec": batch * n / statistics.median(t), "seconds": t,
+                      "steps_per_sec_of_ceiling": n / statistics.median(t) / ceiling} for name, t in times.items()}
         reference = outputs.get("transformers", outputs["ours"])
         row["greedy_tokens_equal"] = {name: bool(torch.equal(out, reference)) for name, out in outputs.items()
                                       if out is not reference}
@@ -139,12 +166,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     return results
 
 
-def write_report(args, config, device, transformers, results) -> None:
+def write_report(args, config, device, transformers, results, roofline) -> None:
     report = {
         "benchmark": "generation", "model": {**vars(config)}, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
         "repeats": args.repeats, "device": str(device), "dtype": args.dtype, "threads": torch.get_num_threads(),
         "torch": torch.__version__, "transformers": transformers.__version__ if transformers else None, "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": platform.processor() or platform.machine(), "roofline": roofline,
         "results": {batch: {k: v for k, v in row.items() if k != "reference"} for batch, row in results.items()},
     }
     atomic_write_bytes(Path(args.out), (json.dumps(report, indent=2) + "\n").encode())

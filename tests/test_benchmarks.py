@@ -6,6 +6,8 @@ import sys
 
 from conftest import REPO
 
+from gpt_lightning.model import GPT, GPTConfig
+
 
 def run_script(name, *args, cwd):
     return subprocess.run([sys.executable, str(REPO / "benchmarks" / name), *args], cwd=cwd,
@@ -68,12 +70,17 @@ def test_generation_benchmark_compares_ours_transformers_and_uncached(cache_dir,
     out = tmp_path / "generation.json"
     result = run_script(
         "generation.py", "--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--block_size", "32",
-        "--prompt_tokens", "4", "--new_tokens", "6", "--batch_sizes", "1", "2", "--repeats", "1", "--out", str(out),
-        cwd=tmp_path,
+        "--prompt_tokens", "4", "--new_tokens", "6", "--batch_sizes", "1", "2", "--repeats", "1", "--probe_mb", "8",
+        "--out", str(out), cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(out.read_text())["results"]
+    written = json.loads(out.read_text())
+    report = written["results"]
     assert set(report) == {"1", "2"}
+    roofline = written["roofline"]  # the memory-bandwidth ceiling each figure is set against
+    assert roofline["weight_bytes_per_step"] == 4 * GPT(GPTConfig(block_size=32, n_layer=1, n_head=2, n_embd=32)).num_parameters()
+    assert roofline["ceiling_steps_per_sec"] == roofline["read_bandwidth_bytes_per_sec"] / roofline["weight_bytes_per_step"]
+    assert report["1"]["ours"]["steps_per_sec_of_ceiling"] > 0 and report["2"]["transformers"]["steps_per_sec_of_ceiling"] > 0
     assert report["1"]["ours_vs_transformers"] > 0 and report["1"]["ours_vs_uncached"] > 0
     assert "ours_uncached" not in report["2"]  # the slow path only where asked (batch 1 by default)
     # The same weights, greedy: the same tokens from all three.
