@@ -11,7 +11,10 @@ training ``forward``, which they leave as it is.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
+from typing import Iterator
 
 import torch
 import torch.nn as nn
@@ -74,6 +77,28 @@ class KVCache:
             self.v = v.new_zeros((B, nh, self.max_len, hs))  # (B, nh, max_len, hs)
         self.k.index_copy_(2, pos, k)
         self.v.index_copy_(2, pos, v)
+
+
+def _packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")  # (..., out)
+
+
+@contextmanager
+def _packed_linears(model: nn.Module, rows: int) -> Iterator[None]:
+    """Inside the ``with``, every ``nn.Linear`` of ``model`` (CPU weights) multiplies through oneDNN
+    with its weight reordered once into oneDNN's blocked layout for ``rows`` rows, as
+    ``torch.compile`` does for CPU inference. Decoding multiplies a few rows by every weight at each
+    step; the eager matmul then takes slow paths (bfloat16 at any batch, float32 at a few rows),
+    which the reordered weight avoids. The reordered copies live only inside the ``with``: the
+    parameters, ``state_dict`` and autograd never see them."""
+    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
+    for layer in linears:
+        layer.forward = partial(_packed_linear, torch.ops.mkldnn._reorder_linear_weight(layer.weight, rows), layer.bias)
+    try:
+        yield
+    finally:
+        for layer in linears:
+            del layer.forward  # the class's forward again
 
 
 def _normal_(weight: torch.Tensor, std: float, generator: torch.Generator | None) -> None:
@@ -393,28 +418,43 @@ class GPT(nn.Module):
         positions = torch.arange(max_len, device=idx.device)  # (max_len,)
         pos = torch.zeros(1, dtype=torch.long, device=idx.device)  # (1,): the decode step's position
         step = self._compiled_decode_step() if compile else self.forward_cached
-
-        start = max(0, T - block_size)  # the window: out[:, start:end] is in the cache
-        logits = self.forward_cached(out[:, start:T], caches, positions[: T - start])  # prefill
-        if compile:  # the caches exist now and stay where they are: CUDA graphs may keep their addresses
-            for cache in caches:
-                torch._dynamo.mark_static_address(cache.k)
-                torch._dynamo.mark_static_address(cache.v)
-        for end in range(T, T + max_new_tokens):
-            out[:, end : end + 1] = sample(logits)  # (B, 1)
-            if end + 1 == T + max_new_tokens:
-                break
-            length = end - start  # tokens in the cache
-            if length == max_len:  # full: slide the window and prefill it again
-                start = end + 1 - keep
-                logits = self.forward_cached(out[:, start : end + 1], caches, positions[:keep])
-                continue
-            pos.fill_(length)  # on the device: no host read, the same tensor for a compiled step
-            if compile:
-                logits = step(out[:, end : end + 1], caches, pos)  # all max_len positions, masked
-            else:
-                logits = step(out[:, end : end + 1], caches, pos, length + 1)
+        packed = not compile and self._decodes_faster_packed(B)
+        with _packed_linears(self, B) if packed else nullcontext():
+            start = max(0, T - block_size)  # the window: out[:, start:end] is in the cache
+            logits = self.forward_cached(out[:, start:T], caches, positions[: T - start])  # prefill
+            if compile:  # the caches exist now and stay where they are: CUDA graphs may keep their addresses
+                for cache in caches:
+                    torch._dynamo.mark_static_address(cache.k)
+                    torch._dynamo.mark_static_address(cache.v)
+            for end in range(T, T + max_new_tokens):
+                out[:, end : end + 1] = sample(logits)  # (B, 1)
+                if end + 1 == T + max_new_tokens:
+                    break
+                length = end - start  # tokens in the cache
+                if length == max_len:  # full: slide the window and prefill it again
+                    start = end + 1 - keep
+                    logits = self.forward_cached(out[:, start : end + 1], caches, positions[:keep])
+                    continue
+                pos.fill_(length)  # on the device: no host read, the same tensor for a compiled step
+                if compile:
+                    logits = step(out[:, end : end + 1], caches, pos)  # all max_len positions, masked
+                else:
+                    logits = step(out[:, end : end + 1], caches, pos, length + 1)
         return out
+
+    def _decodes_faster_packed(self, rows: int) -> bool:
+        """Whether eager decoding of ``rows`` rows goes through ``_packed_linears``: on a CPU with
+        oneDNN, in bfloat16 (where this CPU has it natively) or in float32 at 2 rows or more (one
+        float32 row is a matrix-vector product that already streams the weights at memory speed), and
+        not under autocast."""
+        weight = self.lm_head.weight
+        if weight.device.type != "cpu" or isinstance(weight, DTensor) or not torch.backends.mkldnn.is_available():
+            return False
+        if torch.is_autocast_enabled("cpu"):  # autocast casts per op; the packed weights keep their type
+            return False
+        if weight.dtype == torch.bfloat16:
+            return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        return weight.dtype == torch.float32 and rows > 1
 
     def _compiled_decode_step(self):
         """``forward_cached`` for one token, compiled once per model (static shapes: the same graph

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from gpt_lightning.model import GPT, GPTConfig
+from gpt_lightning.model import GPT, GPTConfig, _packed_linears
 from gpt_lightning.pretrained import export_hf
 from gpt_lightning.sharding import shard_gpt
 
@@ -160,3 +160,39 @@ def test_seeded_samples_are_those_of_torch_multinomial_as_before(model):
         probs = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
         before = torch.cat((before, torch.multinomial(probs, 1, generator=generator)), dim=1)
     assert torch.equal(model.generate(idx, 10, temperature=0.8, top_k=20, generator=torch.Generator().manual_seed(5)), before)
+
+
+def linear_ops(model, idx, **kwargs):
+    """The matmul ops ``generate`` ran, and the Linear layers left with a forward of their own."""
+    with torch.profiler.profile() as profile:
+        model.generate(idx, 4, temperature=0, **kwargs)
+    ran = {event.key for event in profile.key_averages()} & {"mkldnn::_linear_pointwise", "aten::addmm", "aten::mm"}
+    return ran, [name for name, layer in model.named_modules() if "forward" in vars(layer)]
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn)")
+def test_cpu_decoding_multiplies_through_prepacked_weights_where_that_is_faster(model):
+    """On a CPU the decode steps use oneDNN with weights reordered once per call (several float32
+    rows, or bfloat16), never one float32 row or under autocast; nothing stays patched afterwards.
+    The tokens are those of the plain path (the tests above run it at batch 2, against the uncached
+    path and transformers)."""
+    ran, left = linear_ops(model, prompt(batch=2))
+    assert "mkldnn::_linear_pointwise" in ran and "aten::addmm" not in ran and left == []
+    ran, left = linear_ops(model, prompt(batch=1))
+    assert "mkldnn::_linear_pointwise" not in ran and left == []
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ran, _ = linear_ops(model, prompt(batch=2))
+    assert "mkldnn::_linear_pointwise" not in ran
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        bf16 = GPT(TINY).eval()
+        bf16.load_state_dict(model.state_dict())
+        bf16 = bf16.to(torch.bfloat16)
+        ran, left = linear_ops(bf16, prompt(batch=1))
+        assert "mkldnn::_linear_pointwise" in ran and left == []
+        idx = prompt(batch=1, length=12)
+        with torch.no_grad():
+            plain = bf16(idx)[0].float()
+            with _packed_linears(bf16, 1):
+                packed = bf16(idx)[0].float()
+        torch.testing.assert_close(packed, plain, atol=0.05, rtol=0.05)  # bf16 rounding of the same sums
+        assert torch.equal(packed.argmax(-1), plain.argmax(-1))
