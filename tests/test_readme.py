@@ -152,6 +152,7 @@ def run_in_process(words: list[str]) -> int:
     return 0
 
 
+@pytest.mark.filterwarnings("ignore:No seed found")  # main.py: a stock LightningCLI() given no seed, as users run it
 def test_the_readme_walkthrough_runs_on_a_cpu(tmp_path, shakespeare, monkeypatch, capfd, in_process_group):
     # What the README asks the user to have: the repository's configs, their own text and folders.
     shutil.copytree(REPO / "configs", tmp_path / "configs")
