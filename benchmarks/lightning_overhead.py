@@ -25,6 +25,7 @@ from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from gpt_lightning import GPTLightningModule, ThroughputMonitor, TokenStreamDataModule
+from gpt_lightning.commands.bench import repo_relative
 from gpt_lightning.data.windows import TokenWindows
 
 
@@ -134,7 +135,7 @@ def main() -> None:
             print(f"    {which} runs: " + ", ".join(f"{rate:,.0f}" for rate in rates))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
+    out.write_text(json.dumps({"args": repo_relative(vars(args)), "results": results}, indent=2) + "\n")
     print(f"saved {out}")
 
 

@@ -144,7 +144,7 @@ class TrainingFlopsSummary(ModelSummary):
             (estimate.activations, f"activations of {estimate.tokens:,} tokens"),
         ]
         rank_zero_info(
-            f"{estimate.total / GIB:.2f} GiB per device, estimated (eager; the README's memory guide): "
+            f"{estimate.total / GIB:.2f} GiB per device, estimated (eager; the memory guide, docs/multi-gpu.md): "
             + " + ".join(f"{value / GIB:.2f} {what}" for value, what in parts if value)
         )
         if pl_module.device.type == "cuda":

@@ -122,7 +122,7 @@ GPT2_FAMILY = {
 
 
 def guide_table(micro_batch_size: int = 16, gpus: int = 8) -> str:
-    """The README's memory table: GiB per GPU at ``micro_batch_size`` rows of 1024 tokens, bf16-mixed."""
+    """The memory guide's table (docs/multi-gpu.md): GiB per GPU at ``micro_batch_size`` rows of 1024 tokens, bf16-mixed."""
     rows = [
         f"| model | parameters | states, DDP | states, FSDP2 over {gpus} | activations | activations, "
         f"checkpointed | total, DDP | total, FSDP2 | total, FSDP2 checkpointed |",

@@ -10,7 +10,6 @@ checkpoint time, and reuses Lightning's ``get_available_flops`` for peak FLOP/s 
 from __future__ import annotations
 
 import json
-import math
 import platform
 import resource
 import statistics
@@ -97,11 +96,12 @@ def _count_tokens(batch: Any) -> int:
     raise TypeError(f"ThroughputMonitor cannot count tokens in a batch of type {type(batch).__name__}.")
 
 
-def _percentile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated percentile, ``q`` in [0, 100]."""
-    position = (len(sorted_values) - 1) * q / 100
-    low, high = math.floor(position), math.ceil(position)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
+def _deciles(values: list[float]) -> tuple[float, float]:
+    """The 10th and 90th percentiles, linearly interpolated between data points (numpy's default)."""
+    if len(values) == 1:  # statistics.quantiles needs two points before Python 3.13
+        return values[0], values[0]
+    deciles = statistics.quantiles(values, n=10, method="inclusive")
+    return deciles[0], deciles[-1]
 
 
 @dataclass
@@ -298,12 +298,11 @@ class ThroughputMonitor(Callback):
             return float(trainer.strategy.reduce(torch.tensor(value, device=pl_module.device), reduce_op="sum"))
 
         # Per-rank statistics of this rank's own steps, then summed over ranks: the job's rate.
-        rates = sorted(step.tokens / step.seconds for step in measured)
-        step_ms = sorted(1000.0 * step.seconds for step in measured)
+        rates = [step.tokens / step.seconds for step in measured]
+        step_ms = [1000.0 * step.seconds for step in measured]
         median = summed_over_ranks(statistics.median(rates))
         mean = summed_over_ranks(sum(s.tokens for s in measured) / sum(s.seconds for s in measured))
-        p10 = summed_over_ranks(_percentile(rates, 10))
-        p90 = summed_over_ranks(_percentile(rates, 90))
+        p10, p90 = (summed_over_ranks(value) for value in _deciles(rates))
         device = pl_module.device
         if device.type == "cuda":
             device_name = torch.cuda.get_device_name(device)

@@ -2,7 +2,9 @@
 its own process with a cold compile cache (the scopes themselves are checked in test_compile); table, JSON, PNG, and the divergence exit."""
 
 import json
+from pathlib import Path
 
+from gpt_lightning.commands.bench import repo_relative, repository_root
 from test_cli import REPO, run_cli
 
 
@@ -23,6 +25,10 @@ def test_bench_compares_runs_side_by_side_and_fails_on_divergence(tmp_path):
     assert {p.name for p in run_dir.iterdir()} >= {"eager", "blocks", "bench.json", "bench.png"}
     saved = json.loads((run_dir / "bench.json").read_text())
     assert saved["cold_compile_cache"] is True
+    # Paths in this checkout are recorded relative to it; the test's own folder (outside it) as given.
+    assert saved["config"] == "configs/tiny-cpu.yaml" == saved["runs"]["eager"]["args"][1]
+    assert str(REPO) not in json.dumps(saved)
+    assert saved["runs"]["eager"]["log_dir"] == str(run_dir / "eager")
     runs, summary = saved["runs"], saved["summary"]
     assert [len(runs[name]["loss"]) for name in ("eager", "blocks")] == [6, 6]
     assert (runs["eager"]["compiled"], runs["blocks"]["compiled"], runs["blocks"]["compile_scope"]) == (False, True, "blocks")
@@ -31,3 +37,17 @@ def test_bench_compares_runs_side_by_side_and_fails_on_divergence(tmp_path):
         assert summary[name]["max_loss_diff_vs_eager"] < 0.5  # same seed, same batches: the curves stay close
     assert summary["eager"]["speedup_vs_eager"] is None
     assert (run_dir / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_repo_relative_rewrites_paths_in_the_checkout_only():
+    assert repository_root() == REPO  # an editable install: the clone holding pyproject.toml
+    root = Path("/work/repo")
+    given = {"config": "/work/repo/configs/a.yaml", "args": ["--config", "/work/repo/configs/a.yaml",
+             "--trainer.callbacks+=/work/repo/x.py", "--data.data_path=/work/repo/data/t.txt", 3, None],
+             "root": "/work/repo", "outside": "/tmp/work/repo/configs/a.yaml", "sibling": "/work/repo2/configs/a.yaml",
+             "log_dir": "logs/bench/x/eager"}
+    assert repo_relative(given, root) == {
+        "config": "configs/a.yaml", "args": ["--config", "configs/a.yaml", "--trainer.callbacks+=x.py",
+                                             "--data.data_path=data/t.txt", 3, None],
+        "root": ".", "outside": "/tmp/work/repo/configs/a.yaml", "sibling": "/work/repo2/configs/a.yaml",
+        "log_dir": "logs/bench/x/eager"}

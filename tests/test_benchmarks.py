@@ -1,6 +1,7 @@
 """The benchmark scripts run (tiny settings, no timing asserted: speed is judged by their reports)."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -62,7 +63,8 @@ def test_first_step_benchmark_splits_the_time_to_the_first_step(cache_dir, tmp_p
     assert run["total_s"] > run["to_first_step_s"] + run["first_step_s"] + run["rest_s"]
     assert run["validations"] == 1 and run["tokens_per_sec_median"] > 0
     assert (run["graphs_before_first_step"], run["graphs_in_first_step"], run["compile_notices"]) == (0, 0, 0)
-    assert run["module_file"] == str(REPO / "gpt_lightning" / "module.py")  # this checkout ran, via the CLI
+    assert run["module_file"] == "gpt_lightning/module.py"  # this checkout ran, via the CLI (recorded relative to it)
+    assert json.loads(out.read_text())["config"] == "configs/tiny-cpu.yaml"
     assert "eager (cold)" in result.stdout
 
 
@@ -105,3 +107,14 @@ def test_export_memory_benchmark_reports_peaks_against_the_weights(tmp_path):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["weight_bytes"] == 4 * (50257 * 32 + 1024 * 32 + 12 * 32 * 32 + 13 * 32 + 2 * 32)  # tiny's weights
     assert report["export"]["peak_bytes"] > report["weight_bytes"]
+
+
+def test_committed_results_name_no_directory_of_the_machine_that_made_them():
+    # Paths into a checkout (configs/, gpt_lightning/, logs/ ...) are relative to the repository;
+    # an absolute one may only name a scratch folder (a variant's source tree under /tmp).
+    absolute = re.compile(r'"(?:[^"]*[=@])?(/(?!tmp/)[^"]*)"')
+    files = sorted((REPO / "benchmarks" / "results").rglob("*.json"))
+    assert len(files) >= 5
+    for path in files:
+        found = absolute.findall(path.read_text())
+        assert not found, f"{path.relative_to(REPO)} records {found[:3]}"

@@ -84,11 +84,13 @@ def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
     cfg = ParseOnlyCLI(run=False, args=["--config", str(REPO / "configs/tiny-cpu.yaml")]).config.model
     config = GPTConfig(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size)
     memory = training_memory(config, 8, 128, ddp=False)
-    assert (f"{memory.total / GIB:.2f} GiB per device, estimated (eager; the README's memory guide): "
+    assert (f"{memory.total / GIB:.2f} GiB per device, estimated (eager; the memory guide, docs/multi-gpu.md): "
             f"{memory.weights_grads_adamw / GIB:.2f} weights, gradients and AdamW + "
             f"{memory.bf16_weight_copies / GIB:.2f} bf16 weight copies + "
             f"{memory.activations / GIB:.2f} activations of 1,024 tokens") in console
-    assert f"`{memory.total / GIB:.2f} GiB per device,\nestimated ...` for the quick start" in (REPO / "README.md").read_text()
+    from test_readme import DOCS_TEXT
+
+    assert f"`{memory.total / GIB:.2f} GiB per device,\nestimated ...` for the quick start" in DOCS_TEXT
     for noise in ("Tip:", "LeafSpec", "not supported by the model summary", "Warning", "Traceback"):
         assert noise not in console, noise
     run_dirs = list((tmp_path / "tb" / "tiny-cpu").iterdir())

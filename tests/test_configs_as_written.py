@@ -132,7 +132,7 @@ def test_the_readme_s_flags_run_at_their_config_s_precision(command, workdir, tm
     from test_readme import COMMANDS
 
     words = shlex.split(command)
-    assert words in COMMANDS, "the README no longer shows this command"
+    assert words in COMMANDS, "the README and docs/ no longer show this command"
     args = [str(REPO / w) if w.startswith("configs/") else w for w in words[2:]]
     args = [*args, *SHRINK, "--model.compile", "false", "--trainer.logger.init_args.save_dir", str(tmp_path / "logs")]
     if "--trainer.accelerator" not in words:  # a GPU command: one CPU process

@@ -66,7 +66,7 @@ def test_fsdp2_validates_on_nccl(small_text, tmp_path):
 @pytest.mark.parametrize("overlay", [[], ["--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.devices", "1"]],
                          ids=["one-gpu", "fsdp2"])
 def test_peak_memory_of_gpt2_124m_is_near_the_guide_estimate(overlay, small_text, tmp_path):
-    """The README's memory figures, measured: GPT-2 124M, eager, bf16-mixed, B=4, T=1024."""
+    """The memory guide's figures (docs/multi-gpu.md), measured: GPT-2 124M, eager, bf16-mixed, B=4, T=1024."""
     summary = fit_on_cuda(small_text, tmp_path, *overlay, "--model.n_layer", "12", "--model.n_head", "12",
                           "--model.n_embd", "768", "--data.block_size", "1024", "--data.batch_size", "4",
                           "--data.val_fraction", "0", "--model.compile", "false", "--trainer.max_steps", "3",

@@ -9,7 +9,7 @@ import torch
 from gpt_lightning.module import GPTLightningModule
 from lightning.fabric.utilities.throughput import get_available_flops
 
-from gpt_lightning.throughput import ThroughputMonitor, dense_bf16_peak_flops, peak_flops_for, precision_dtype
+from gpt_lightning.throughput import ThroughputMonitor, _deciles, dense_bf16_peak_flops, peak_flops_for, precision_dtype
 
 
 class FakeStrategy:
@@ -102,6 +102,15 @@ def test_arithmetic_with_warmup_world_size_accumulation_and_validation(tmp_path,
     assert (saved["batch_size"], saved["block_size"], saved["compiled"]) == (4, 8, True)
     for field in ("device", "precision", "torch", "lightning", "peak_host_rss_bytes", "flops_per_token"):
         assert saved[field]
+
+
+@pytest.mark.parametrize("values, p10, p90", [
+    ([5.0], 5.0, 5.0),  # one measured step: both are that step
+    ([128.0, 64.0, 128.0, 64.0], 64.0, 128.0),
+    ([5.0, 1.0, 3.0, 9.0, 2.0, 8.0, 4.0], 1.6, 8.4),  # interpolated between points, as numpy.percentile
+])
+def test_p10_and_p90_are_linear_interpolated_percentiles(values, p10, p90):
+    assert _deciles(values) == pytest.approx((p10, p90))
 
 
 def test_cpu_without_peak_logs_no_mfu(tmp_path, monkeypatch):

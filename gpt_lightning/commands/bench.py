@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -74,6 +75,30 @@ def train_one(args: list[str]) -> dict[str, Any]:
         "tokens_per_sec": [cli.trainer.world_size * s.tokens / s.seconds for s in monitor.steps],
         "summary": monitor.summary,
     }
+
+
+def repository_root() -> Path:
+    """The checkout this package runs from (the folder holding its pyproject.toml), else the working
+    directory: where a user keeps their configs and logs."""
+    import gpt_lightning
+
+    source = Path(gpt_lightning.__file__).resolve().parents[1]
+    return source if (source / "pyproject.toml").is_file() else Path.cwd().resolve()
+
+
+def repo_relative(value: Any, root: Path | None = None) -> Any:
+    """``value`` (JSON-like) with every absolute path under ``root`` (default: ``repository_root()``)
+    written relative to it, alone or after ``=`` (``--opt=/path``): a result committed to the
+    repository names ``configs/tiny-cpu.yaml``, not the directory of the machine that made it."""
+    root = repository_root() if root is None else root
+    under = re.compile(r"(^|=)" + re.escape(str(root).rstrip("/") + "/"))
+    if isinstance(value, str):
+        return "." if value == str(root) else under.sub(r"\1", value)
+    if isinstance(value, dict):
+        return {key: repo_relative(item, root) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [repo_relative(item, root) for item in value]
+    return value
 
 
 def run_in_subprocess(name: str, args: list[str], cold: bool) -> dict[str, Any]:
@@ -210,7 +235,7 @@ def main(argv: list[str]) -> None:
         "runs": {run["name"]: {k: run[k] for k in ("args", "compiled", "compile_scope", "loss", "step_ms", "tokens_per_sec", "summary", "log_dir")}
                  for run in runs},
     }
-    atomic_write_bytes(out_dir / "bench.json", (json.dumps(result, indent=2) + "\n").encode())
+    atomic_write_bytes(out_dir / "bench.json", (json.dumps(repo_relative(result), indent=2) + "\n").encode())
     chart(runs, out_dir / "bench.png")
     print(f"\nsaved {out_dir / 'bench.json'} and {out_dir / 'bench.png'}; TensorBoard: tensorboard --logdir {out_dir}")
     if any(run["summary"] is None for run in runs):

