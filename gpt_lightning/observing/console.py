@@ -33,9 +33,9 @@ _BAR_NAMES = {"val/loss": "val_loss"}
 class StepProgressBar(TQDMProgressBar):
     """One training bar for the whole run, counted in optimizer steps (``step 37/200``).
 
-    Lightning's bar counts batches of the current epoch (``Epoch 0: 37/330``, or ``Epoch 0/-2`` with
-    Rich when only ``max_steps`` is set) and reads every progress-bar metric from the device after
-    every batch. This one shows the loss, validation loss and tokens/sec as they were at the last
+    Why not Lightning's bar: it counts batches of the current epoch (``Epoch 0: 37/330``, or
+    ``Epoch 0/-2`` with Rich when only ``max_steps`` is set) and reads every progress-bar metric from
+    the device after every batch, a host sync each step. This one shows the loss, validation loss and tokens/sec as they were at the last
     logging interval (``trainer.log_every_n_steps``) and after each validation, so a training step
     itself never waits for a value to come back from the GPU.
 
