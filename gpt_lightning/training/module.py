@@ -113,7 +113,7 @@ class GPTLightningModule(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another architecture; keep the optimizer settings given now (``resume``)."""
         resume.refuse_other_architecture(checkpoint, self.config)
-        resume.apply_optimizer_settings(checkpoint, self.hparams, self._trainer.optimizers if self._trainer else ())
+        resume.apply_optimizer_settings(checkpoint, self.hparams, self._trainer.optimizers if self._trainer is not None else ())
 
     def configure_model(self) -> None:
         """Shard under ``ModelParallelStrategy`` (FSDP2), give a meta-device build its memory and
