@@ -102,8 +102,7 @@ class GPTLightningModule(LightningModule):
         self.model.activation_checkpointing = activation_checkpointing
         with torch.device("cpu"):  # a few scalars: real even when the model is built on the meta device
             self.val_loss = MeanMetric()  # token-weighted mean, reduced across ranks at compute()
-        self._nonfinite = NonFiniteGuard()
-        self._step_loss = StepLoss()
+        self._nonfinite, self._step_loss = NonFiniteGuard(), StepLoss()  # see on_before_optimizer_step
 
     def setup(self, stage: str) -> None:
         if self.hparams.float32_matmul_precision is not None:
@@ -143,9 +142,12 @@ class GPTLightningModule(LightningModule):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         return self.model(idx, targets)  # (B, T, vocab_size) logits, and the loss given targets
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch  # (B, T), (B, T)
-        _, loss = self.model(x, y)
+        return self.model(x, y)[1]
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
         self._nonfinite.observe_loss(loss)
         self._step_loss.add(loss)  # logged once per optimizer step, in on_before_optimizer_step
         return loss
@@ -172,7 +174,7 @@ class GPTLightningModule(LightningModule):
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         # Eager unless compile_eval (and never in the sanity check): see compilation.evaluation_stance.
         with evaluation_stance(self.hparams.compile_eval, self._trainer is not None and self._trainer.sanity_checking):
-            _, loss = self.model(*batch)
+            loss = self._loss(batch)
         self.val_loss.update(loss, weight=batch[0].numel())
 
     test_step = validation_step  # the same loss, logged as test/ by on_test_epoch_end
