@@ -59,7 +59,7 @@ if mode == "export":
 else:  # naive: a random GPT first, then the checkpoint copied into it
     import torch
     from safetensors.torch import save_file
-    from gpt_lightning.checkpoint import read_checkpoint, saved_config
+    from gpt_lightning.interop.checkpoint import read_checkpoint, saved_config
     from gpt_lightning.model import GPT
     checkpoint = read_checkpoint(ckpt)
     model = GPT(saved_config(checkpoint))

@@ -26,7 +26,7 @@ import torch
 
 from gpt_lightning.atomic import atomic_write_bytes
 from gpt_lightning.model import GPT, GPTConfig
-from gpt_lightning.pretrained import export_hf
+from gpt_lightning.interop.pretrained import export_hf
 
 
 def sync(device: torch.device) -> None:

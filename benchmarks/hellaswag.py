@@ -1,4 +1,4 @@
-"""HellaSwag scoring speed: examples/s of ``gpt_lightning.hellaswag.evaluate`` at several batch sizes
+"""HellaSwag scoring speed: examples/s of ``gpt_lightning.interop.hellaswag.evaluate`` at several batch sizes
 against the scorer it replaced (one example, 4 rows, per forward pass, logits at every position, one
 read back per example), on the same weights and examples, in one process, interleaved, medians.
 
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from gpt_lightning.atomic import atomic_write_bytes
 from gpt_lightning.data.corpus import Corpus
 from gpt_lightning.data.tokenizer import gpt2_encoding
-from gpt_lightning.hellaswag import evaluate, read_examples, render
+from gpt_lightning.interop.hellaswag import evaluate, read_examples, render
 from gpt_lightning.model import GPT, GPTConfig
 
 

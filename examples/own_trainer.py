@@ -8,7 +8,7 @@ import argparse
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from gpt_lightning import GPTLightningModule, ThroughputMonitor, TokenStreamDataModule
+from gpt_lightning import GPTLightningModule, ThroughputMonitor, TokenStreamDataModule, ValidationSamples
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--data_path", default=None, help="a UTF-8 text file; default: tiny Shakespeare")
@@ -27,7 +27,7 @@ trainer = Trainer(
     limit_val_batches=2,
     log_every_n_steps=5,
     logger=TensorBoardLogger(args.log_dir, name="own-trainer"),
-    callbacks=[monitor],
+    callbacks=[monitor, ValidationSamples()],  # text samples after each validation, in TensorBoard
 )
 trainer.fit(model, data)
 print(f"final train/loss {trainer.callback_metrics['train/loss']:.3f}")

@@ -1,7 +1,7 @@
 """Train GPT-2 style language models with PyTorch Lightning, fast.
 
 The names below are imported on first use (PEP 562), so ``gpt-lightning tokenize`` and its worker
-processes do not load torch and Lightning (about 350 MB and seconds of start-up) to encode text.
+processes do not load torch and Lightning (hundreds of MB and seconds of start-up) to encode text.
 """
 
 from __future__ import annotations
@@ -9,22 +9,28 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from gpt_lightning import _moved
+
 _WHERE = {
     "GPT": "gpt_lightning.model",
     "GPTConfig": "gpt_lightning.model",
-    "GPTLightningModule": "gpt_lightning.module",
-    "HellaSwagEval": "gpt_lightning.hellaswag",
+    "GPTLightningModule": "gpt_lightning.training.module",
+    "HellaSwagEval": "gpt_lightning.interop.hellaswag",
     "ShardWindows": "gpt_lightning.data.shards",
-    "ThroughputMonitor": "gpt_lightning.throughput",
+    "ThroughputMonitor": "gpt_lightning.observing.throughput",
     "TokenStreamDataModule": "gpt_lightning.data.datamodule",
     "TokenWindows": "gpt_lightning.data.windows",
     "UserError": "gpt_lightning.errors",
-    "export_weights": "gpt_lightning.weights",
+    "ValidationSamples": "gpt_lightning.observing.samples",
+    "export_weights": "gpt_lightning.interop.weights",
     "gpt2_encoding": "gpt_lightning.data.tokenizer",
-    "load_gpt": "gpt_lightning.weights",
+    "load_gpt": "gpt_lightning.interop.weights",
 }
 __all__ = sorted(_WHERE)
 __version__ = "0.1.0"
+
+
+_moved.install()  # old module paths (gpt_lightning.module, gpt_lightning.throughput, ...) still import
 
 
 def __getattr__(name: str) -> Any:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
+import lightning_utilities.core.rank_zero as lightning_rank_zero
 import torch
 import yaml
 from lightning.pytorch import Trainer
@@ -17,12 +20,48 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, Mo
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from gpt_lightning.checkpoint import LIGHTNING_CKPT_ALIASES, SHARDED_METADATA, read_checkpoint, saved_arguments
-from gpt_lightning.console import StepProgressBar, TrainingFlopsSummary, quiet_lightning_console
+from gpt_lightning.interop.checkpoint import LIGHTNING_CKPT_ALIASES, SHARDED_METADATA, read_checkpoint, saved_arguments
 from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.errors import UserError
-from gpt_lightning.module import GPTLightningModule
-from gpt_lightning.throughput import ThroughputMonitor
+from gpt_lightning.observing.console import StepProgressBar, TrainingFlopsSummary
+from gpt_lightning.observing.samples import ValidationSamples
+from gpt_lightning.observing.throughput import ThroughputMonitor
+from gpt_lightning.training.module import GPTLightningModule
+
+# Lightning messages a CLI user cannot act on, by how they start.
+_UNACTIONABLE = (
+    "💡 Tip:",  # advertising for Lightning's cloud products
+    "Trainer already configured with model summary callbacks",  # we attach TrainingFlopsSummary on purpose
+    "`Trainer.fit` stopped: `max_steps=",  # the bar already says N/N; printed mid-line after it
+)
+
+
+class _DropUnactionable(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_UNACTIONABLE)
+
+
+def quiet_lightning_console() -> None:
+    """Drop what a user of the CLI cannot act on. Called by ``GPTLightningCLI`` only: importing
+    gpt-lightning into another project changes no warning or log filter there.
+
+    Dropped: the messages above; the ``LeafSpec`` deprecation warning Lightning's own code triggers
+    on newer torch; notices that are wrong for step-driven training (a resume's new checkpoint
+    directory, epochs shorter than the logging interval); and two about the data module's loaders
+    that are true by design (a sized ``IterableDataset``, exact here since it loads in the main
+    process; no validation batches with ``data.val_fraction 0``).
+    """
+    # Lightning routes rank-zero messages through this module-level logger (set when it is imported).
+    if not any(isinstance(f, _DropUnactionable) for f in lightning_rank_zero.log.filters):
+        lightning_rank_zero.log.addFilter(_DropUnactionable())
+    for message in (
+        r".*isinstance\(treespec, LeafSpec\).*",
+        r".*The dirpath has changed from.*",  # every resume logs into a new version directory
+        r".*is smaller than the logging interval.*",  # logging counts optimizer steps across epochs
+        r".*Your `IterableDataset` has `__len__` defined.*",
+        r".*Total length of `list` across ranks is zero.*",
+    ):
+        warnings.filterwarnings("ignore", message=message)
 
 
 class GPTArgumentParser(LightningArgumentParser):
@@ -173,10 +212,12 @@ class GPTLightningCLI(LightningCLI):
         self.trainer = self.instantiate_trainer()
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """The trainer, with our step-counting progress bar and FLOPs summary unless the user turned
-        those off or brought their own."""
+        """The trainer, with our validation samples, step-counting progress bar and FLOPs summary
+        unless the user turned those off or brought their own."""
         trainer_config = self._get(self.config_init, "trainer", default={})
         callbacks = list(kwargs.pop("callbacks", None) or trainer_config.get("callbacks") or [])
+        if not any(isinstance(c, ValidationSamples) for c in callbacks):
+            callbacks.append(ValidationSamples())  # --model.val_sample_tokens sets it (0: off)
         if trainer_config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(StepProgressBar())
         if trainer_config.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in callbacks):

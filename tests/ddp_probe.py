@@ -9,7 +9,7 @@ import pytest
 from lightning.pytorch import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from gpt_lightning.throughput import ThroughputMonitor
+from gpt_lightning.observing.throughput import ThroughputMonitor
 
 
 class RecordRank(Callback):

@@ -16,7 +16,7 @@ from gpt_lightning.data.corpus import Corpus
 from gpt_lightning.cli import main
 from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.errors import UserError
-from gpt_lightning.module import GPTLightningModule
+from gpt_lightning.training.module import GPTLightningModule
 
 from conftest import REPO, TINY_MODEL
 

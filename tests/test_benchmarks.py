@@ -63,7 +63,7 @@ def test_first_step_benchmark_splits_the_time_to_the_first_step(cache_dir, tmp_p
     assert run["total_s"] > run["to_first_step_s"] + run["first_step_s"] + run["rest_s"]
     assert run["validations"] == 1 and run["tokens_per_sec_median"] > 0
     assert (run["graphs_before_first_step"], run["graphs_in_first_step"], run["compile_notices"]) == (0, 0, 0)
-    assert run["module_file"] == "gpt_lightning/module.py"  # this checkout ran, via the CLI (recorded relative to it)
+    assert run["module_file"] == "gpt_lightning/training/module.py"  # this checkout ran, via the CLI (recorded relative to it)
     assert json.loads(out.read_text())["config"] == "configs/tiny-cpu.yaml"
     assert "eager (cold)" in result.stdout
 

@@ -6,9 +6,9 @@ from lightning.pytorch import Trainer
 
 from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.errors import UserError
-from gpt_lightning.weights import export_weights, load_gpt
+from gpt_lightning.interop.weights import export_weights, load_gpt
 from gpt_lightning.commands.export import main as export_main
-from gpt_lightning.module import GPTLightningModule
+from gpt_lightning.training.module import GPTLightningModule
 
 from conftest import TINY_MODEL
 

@@ -11,7 +11,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.data import gpt2_encoding
-from gpt_lightning.memory import GIB, training_memory
+from gpt_lightning.scaling.memory import GIB, training_memory
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.lightning_cli import GPTLightningCLI
 

@@ -9,7 +9,7 @@ from lightning.pytorch import Trainer
 
 from gpt_lightning.cli import main
 from gpt_lightning.data import TokenStreamDataModule
-from gpt_lightning.module import GPTLightningModule
+from gpt_lightning.training.module import GPTLightningModule
 
 from conftest import REPO, TINY_MODEL
 

@@ -13,9 +13,10 @@ import torch._dynamo
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from gpt_lightning.compilation import evaluation_stance, inductor_cache_dir
+from gpt_lightning.training.compilation import evaluation_stance, inductor_cache_dir
 from gpt_lightning.data import TokenStreamDataModule
-from gpt_lightning.module import GPTLightningModule
+from gpt_lightning.observing.samples import ValidationSamples
+from gpt_lightning.training.module import GPTLightningModule
 
 from conftest import TINY_MODEL
 
@@ -81,7 +82,7 @@ def compiled_fit(tmp_path_factory, shakespeare):
     trainer = Trainer(
         accelerator="cpu", max_steps=3, precision="bf16-mixed", val_check_interval=1, check_val_every_n_epoch=None,
         limit_val_batches=2, num_sanity_val_steps=2, logger=TensorBoardLogger(tmp / "tb"), enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[phases],
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[phases, ValidationSamples()],
     )
     lines, lightning_log = Lines(), logging.getLogger("lightning.pytorch.utilities.rank_zero")
     lightning_log.addHandler(lines)

@@ -8,7 +8,7 @@ from lightning.pytorch import Trainer
 
 from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.model import GPT, GPTConfig
-from gpt_lightning.module import GPTLightningModule
+from gpt_lightning.training.module import GPTLightningModule
 
 from conftest import TINY_MODEL
 

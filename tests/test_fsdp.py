@@ -22,9 +22,9 @@ from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from gpt_lightning import GPTLightningModule, TokenStreamDataModule, UserError
-from gpt_lightning.checkpoint import gpt_from_checkpoint
+from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.model import GPT, GPTConfig
-from gpt_lightning.sharding import shard_gpt, sharding_mesh
+from gpt_lightning.scaling.sharding import shard_gpt, sharding_mesh
 
 from conftest import REPO, TINY_MODEL
 from test_bad_input import NaNAtStep

@@ -7,9 +7,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from gpt_lightning.interop.pretrained import export_hf
 from gpt_lightning.model import GPT, GPTConfig, _packed_linears
-from gpt_lightning.pretrained import export_hf
-from gpt_lightning.sharding import shard_gpt
+from gpt_lightning.scaling.sharding import shard_gpt
 
 TINY = GPTConfig(block_size=32, vocab_size=4096, n_layer=2, n_head=2, n_embd=32)
 

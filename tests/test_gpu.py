@@ -7,7 +7,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
-from gpt_lightning.memory import parameter_count, training_memory
+from gpt_lightning.scaling.memory import parameter_count, training_memory
 from gpt_lightning.model import GPTConfig
 
 from conftest import REPO
@@ -100,7 +100,7 @@ def test_generation_reads_nothing_back_and_the_compiled_step_gives_the_eager_tok
 
 def test_hellaswag_counts_stay_on_the_device_under_bf16():
     from gpt_lightning.data import gpt2_encoding
-    from gpt_lightning.hellaswag import batches, count_correct
+    from gpt_lightning.interop.hellaswag import batches, count_correct
     from gpt_lightning.model import GPT
 
     from test_hellaswag import synthetic_examples

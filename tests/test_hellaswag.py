@@ -187,7 +187,7 @@ def test_two_processes_split_the_examples_and_count_what_one_process_counts(tmp_
     split 3 + 2, the counts summed over ranks and equal to one process scoring the same weights."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from gpt_lightning.checkpoint import gpt_from_checkpoint
+    from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 
     from test_cli import REPO, run_cli
 

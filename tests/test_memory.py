@@ -6,7 +6,7 @@ import pytest
 import torch
 import yaml
 
-from gpt_lightning.memory import (
+from gpt_lightning.scaling.memory import (
     GPT2_FAMILY,
     activation_bytes_per_token,
     block_activation_bytes_per_token,
@@ -97,8 +97,8 @@ def test_a_run_s_estimate_follows_its_strategy_and_warns_when_it_cannot_fit():
 
     from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
-    from gpt_lightning.console import run_memory
-    from gpt_lightning.memory import GIB, fit_warning
+    from gpt_lightning.observing.console import run_memory
+    from gpt_lightning.scaling.memory import GIB, fit_warning
 
     xl = GPT2_FAMILY["1558M"]
     # ModelParallelStrategy's (data_parallel, tensor_parallel) mesh: 1 node x 8 GPUs, its default.

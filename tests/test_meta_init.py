@@ -9,11 +9,11 @@ import torch
 from lightning.pytorch import Callback, seed_everything
 
 from gpt_lightning import GPTLightningModule
-from gpt_lightning.checkpoint import gpt_from_checkpoint
+from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.lightning_cli import GPTLightningCLI
 from gpt_lightning.model import GPT, GPTConfig
-from gpt_lightning.pretrained import export_hf, gpt_from_hf
-from gpt_lightning.weights import export_weights, load_gpt
+from gpt_lightning.interop.pretrained import export_hf, gpt_from_hf
+from gpt_lightning.interop.weights import export_weights, load_gpt
 
 from conftest import REPO
 

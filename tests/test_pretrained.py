@@ -10,7 +10,7 @@ import yaml
 
 from gpt_lightning.cli import main
 from gpt_lightning.errors import UserError
-from gpt_lightning.module import GPTLightningModule
+from gpt_lightning.training.module import GPTLightningModule
 
 from conftest import REPO
 

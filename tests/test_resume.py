@@ -6,8 +6,8 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 
 from gpt_lightning.commands.bench import LossRecorder
 from gpt_lightning.data import TokenStreamDataModule
-from gpt_lightning.module import GPTLightningModule
-from gpt_lightning.throughput import ThroughputMonitor
+from gpt_lightning.training.module import GPTLightningModule
+from gpt_lightning.observing.throughput import ThroughputMonitor
 
 from conftest import TINY_MODEL
 

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gpt_lightning.module import GPTLightningModule
+from gpt_lightning.training.module import GPTLightningModule
 from lightning.fabric.utilities.throughput import get_available_flops
 
-from gpt_lightning.throughput import ThroughputMonitor, _deciles, dense_bf16_peak_flops, peak_flops_for, precision_dtype
+from gpt_lightning.observing.throughput import ThroughputMonitor, _deciles, dense_bf16_peak_flops, peak_flops_for, precision_dtype
 
 
 class FakeStrategy:

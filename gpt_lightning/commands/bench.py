@@ -30,7 +30,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from gpt_lightning.atomic import atomic_output, atomic_write_bytes
 from gpt_lightning.errors import UserError
-from gpt_lightning.throughput import ThroughputMonitor
+from gpt_lightning.observing.throughput import ThroughputMonitor
 
 # What each run adds to the shared arguments.
 RUNS = {

@@ -6,15 +6,15 @@ import argparse
 import json
 from pathlib import Path
 
-from gpt_lightning.checkpoint import gpt_from_checkpoint
+from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.commands.sample import resolve_device
 from gpt_lightning.data.corpus import default_cache_dir
 from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.errors import UserError
-from gpt_lightning.hellaswag import evaluate, read_examples, validation_file
+from gpt_lightning.interop.hellaswag import evaluate, read_examples, validation_file
 from gpt_lightning.model import GPT
 from gpt_lightning.atomic import atomic_write_bytes
-from gpt_lightning.pretrained import gpt_from_hf
+from gpt_lightning.interop.pretrained import gpt_from_hf
 
 
 def load_model(ckpt_path: str | None, init_from: str | None) -> GPT:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from gpt_lightning.checkpoint import gpt_from_checkpoint
-from gpt_lightning.pretrained import export_hf
-from gpt_lightning.weights import export_weights
+from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
+from gpt_lightning.interop.pretrained import export_hf
+from gpt_lightning.interop.weights import export_weights
 
 
 def main(argv: list[str]) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from gpt_lightning.checkpoint import gpt_from_checkpoint
+from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.errors import UserError
 

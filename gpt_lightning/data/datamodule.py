@@ -13,7 +13,6 @@ epoch ends in between.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,6 @@ from gpt_lightning.data.shards import ShardWindows, find_shards, open_shard
 from gpt_lightning.data.token_cache import build_token_cache, load_tokens
 from gpt_lightning.data.tokenizer import GPT2_VOCAB_SIZE
 from gpt_lightning.data.windows import TokenWindows
-
-
-# val_fraction=0 serves no validation batches on purpose.
-warnings.filterwarnings("ignore", message=r".*Total length of `list` across ranks is zero.*")
 
 
 class TokenStreamDataModule(LightningDataModule):

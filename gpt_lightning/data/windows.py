@@ -10,7 +10,6 @@ stream, so ranks read disjoint windows.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -18,11 +17,6 @@ import numpy as np
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import IterableDataset
-
-# Lightning warns that a sized IterableDataset may double-count under multi-worker loading; we load
-# in the main process (num_workers=0), where the length is exact.
-warnings.filterwarnings("ignore", message=r".*Your `IterableDataset` has `__len__` defined.*")
-
 
 class ResumableStream(IterableDataset):
     """The epoch and position bookkeeping shared by token arrays and shard folders.

@@ -1,4 +1,5 @@
-"""Sharded data parallelism (FSDP2) for the GPT, applied under Lightning's ``ModelParallelStrategy``.
+"""Sharded data parallelism (FSDP2) for the GPT, applied under Lightning's ``ModelParallelStrategy``,
+and the meta-device build that goes with it (no rank allocates or initializes the whole model).
 
 Each ``Block`` becomes one FSDP unit (its parameters are all-gathered just before it runs and freed
 after), then the root takes what is left: the embeddings (tied to the LM head), the final LayerNorm.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from gpt_lightning.model import GPT
 
@@ -67,3 +68,26 @@ def shard_gpt(model: GPT, mesh: DeviceMesh, param_dtype: torch.dtype | None = No
     register_fsdp_forward_method(model, "logits_at")
     for module in (model, *blocks):
         register_fsdp_forward_method(module, "forward_cached")
+
+
+def shard_once(model: GPT, device_mesh: DeviceMesh, precision: str) -> None:
+    """``shard_gpt`` over ``ModelParallelStrategy``'s mesh, unless the model is sharded already
+    (``configure_model`` runs again in each ``fit`` / ``validate``). Under ``bf16-mixed`` the
+    parameters are gathered and computed in bf16."""
+    if not isinstance(model, FSDPModule):
+        shard_gpt(model, sharding_mesh(device_mesh), param_dtype=torch.bfloat16 if precision == "bf16-mixed" else None)
+
+
+def is_empty(model: GPT) -> bool:
+    """Whether the GPT was built on the meta device and has no memory (nor values) yet."""
+    return model.transformer.wte.weight.is_meta
+
+
+def materialize(model: GPT, device: torch.device, rng_state: torch.Tensor) -> None:
+    """Memory and GPT-2's initialization for a GPT built on the meta device (after sharding: each
+    rank allocates only its shard, on ``device``). The values are those an eager build would have
+    drawn from the generator state ``rng_state`` (``torch.random.get_rng_state()`` when it was
+    built), so a sharded run starts from the weights a single-device run with the same seed starts from."""
+    model.to_empty(device=device)
+    model.tie_weights()  # the same Parameter already under FSDP2; a plain to_empty unties them
+    model.init_weights(torch.Generator().set_state(rng_state))

@@ -1,14 +1,14 @@
-"""When ``torch.compile`` compiles, and saying so: training compiles once, evaluation runs eager.
+"""How the GPT is compiled (in place, whole or by regions), when ``torch.compile`` compiles, and
+saying so: training compiles once, evaluation runs eager.
 
 A compiled model compiles one graph per mode it runs in: training (with gradients) and evaluation
 (without them, in ``eval()`` mode). Evaluation is a few batches: the two of Lightning's sanity check
 before the first step, then ``limit_val_batches`` every ``val_check_interval`` steps. Compiling a
-second graph for them cost the quick start 41 s on 2 CPU cores, spent in the sanity check before
-the first training step with no word on screen, to speed up batches that take a fraction of a
-second eager. So
-evaluation runs eager (the same module code and weights, without Dynamo) unless
-``GPTLightningModule(compile_eval=True)`` asks for its graph; even then the sanity check stays eager
-and the evaluation graph compiles at the first real validation, after training has started.
+second graph for them would be spent in the sanity check, before the first training step and with
+no word on screen, to speed up batches that take a fraction of a second eager. So evaluation runs
+eager (the same module code and weights, without Dynamo) unless ``GPTLightningModule(compile_eval=True)``
+asks for its graph; even then the sanity check stays eager and the evaluation graph compiles at the
+first real validation, after training has started.
 ``benchmarks/first_step.py`` measures both over a whole run.
 """
 
@@ -22,6 +22,32 @@ import tempfile
 from typing import ContextManager
 
 import torch
+
+from gpt_lightning.model import GPT
+
+
+def compile_in_place(model: GPT, scope: str, **options: object) -> None:
+    """``torch.compile`` the GPT in place, so ``state_dict`` keys stay plain (no ``_orig_mod.``).
+
+    Args:
+        model: the GPT (sharded or not).
+        scope: "model": one graph for the whole GPT. "blocks": each transformer ``Block`` (one
+            graph, reused by every block) plus the final LayerNorm, LM head and loss as one more
+            region; the embeddings stay eager. The repeated block compiles once, not n_layer times.
+        options: ``torch.compile``'s ``mode``, ``dynamic``, ``fullgraph``.
+    """
+    if scope == "model":
+        model.compile(**options)
+        return
+    for block in model.transformer.h:
+        block.compile(**options)  # in place, like the whole model: same code, one graph for all
+    # A method, not a module: compiling it leaves every parameter name as it is.
+    model.head_and_loss = torch.compile(model.head_and_loss, **options)
+
+
+def is_compiled(model: GPT) -> bool:
+    """Whether the GPT (or, compiled by regions, its blocks) runs through ``torch.compile``."""
+    return any(getattr(module, "_compiled_call_impl", None) is not None for module in (model, model.transformer.h[0]))
 
 
 def evaluation_stance(compile_eval: bool, sanity_checking: bool) -> ContextManager:

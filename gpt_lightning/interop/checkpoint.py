@@ -81,7 +81,11 @@ def _load(path: Path, option: str) -> Any:
 
 def _gather_sharded_weights(path: Path, checkpoint: dict[str, Any], option: str) -> dict[str, torch.Tensor]:
     """The whole ``state_dict`` of a sharded checkpoint, read by ``torch.distributed.checkpoint`` (no
-    process group needed) into empty tensors shaped by the saved architecture."""
+    process group needed) into empty tensors shaped by the saved architecture.
+
+    Why not ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``: it reads every entry,
+    AdamW's two moments too (three times the weights' memory), and writes them to a file first; this
+    asks DCP's own ``load`` for the model's entries only."""
     from torch.distributed.checkpoint import load
 
     with torch.device("meta"):  # shapes and dtypes only: no initialization of weights about to be replaced

@@ -1,18 +1,16 @@
 """What a run prints: a progress bar in optimizer steps, a model summary with real FLOPs, no noise.
 
-``GPTLightningCLI`` attaches ``StepProgressBar`` and ``TrainingFlopsSummary`` and calls
-``quiet_lightning_console``; both callbacks work with a plain ``Trainer`` too.
+``GPTLightningCLI`` attaches ``StepProgressBar`` and ``TrainingFlopsSummary``; both work with a plain
+``Trainer`` too. (What the CLI leaves unprinted is decided by the CLI: ``lightning_cli.quiet_lightning_console``.)
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import sys
 import warnings
 from typing import Any
 
-import lightning_utilities.core.rank_zero as lightning_rank_zero
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelSummary, TQDMProgressBar
@@ -21,9 +19,9 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 
-from gpt_lightning.memory import GIB, TrainingMemory, fit_warning, training_memory
+from gpt_lightning.scaling.memory import GIB, TrainingMemory, fit_warning, training_memory
 from gpt_lightning.model import GPTConfig
-from gpt_lightning.sharding import shard_count
+from gpt_lightning.scaling.sharding import shard_count
 
 # Shown on the bar under short names, so the line fits a terminal. The first two are logged without
 # prog_bar (Lightning converts every prog_bar value to a Python number after every batch, one host
@@ -35,9 +33,9 @@ _BAR_NAMES = {"val/loss": "val_loss"}
 class StepProgressBar(TQDMProgressBar):
     """One training bar for the whole run, counted in optimizer steps (``step 37/200``).
 
-    Lightning's bar counts batches of the current epoch (``Epoch 0: 37/330``, or ``Epoch 0/-2`` with
-    Rich when only ``max_steps`` is set) and reads every progress-bar metric from the device after
-    every batch. This one shows the loss, validation loss and tokens/sec as they were at the last
+    Why not Lightning's bar: it counts batches of the current epoch (``Epoch 0: 37/330``, or
+    ``Epoch 0/-2`` with Rich when only ``max_steps`` is set) and reads every progress-bar metric from
+    the device after every batch, a host sync each step. This one shows the loss, validation loss and tokens/sec as they were at the last
     logging interval (``trainer.log_every_n_steps``) and after each validation, so a training step
     itself never waits for a value to come back from the GPU.
 
@@ -117,7 +115,7 @@ class TrainingFlopsSummary(ModelSummary):
     ``training_flops`` (no memory, no compute). The parameter size is that of the fp32 weights,
     which is what ``*-mixed`` precisions keep, so Lightning's warning about it is silenced.
 
-    Below the table, one line estimates the memory per device of this run (``gpt_lightning.memory``:
+    Below the table, one line estimates the memory per device of this run (``gpt_lightning.scaling.memory``:
     model, micro-batch, precision, strategy, activation checkpointing); on a GPU whose memory it
     exceeds, a warning says what would fit.
 
@@ -200,31 +198,3 @@ def _training_flops_per_batch(trainer: Trainer, pl_module: LightningModule) -> f
     if not callable(training_flops) or not batch_size or not block_size:
         return None
     return training_flops(batch_size, block_size)
-
-
-# Lightning messages a CLI user cannot act on, by how they start.
-_UNACTIONABLE = (
-    "💡 Tip:",  # advertising for Lightning's cloud products
-    "Trainer already configured with model summary callbacks",  # we attach TrainingFlopsSummary on purpose
-    "`Trainer.fit` stopped: `max_steps=",  # the bar already says N/N; printed mid-line after it
-)
-
-
-class _DropUnactionable(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(_UNACTIONABLE)
-
-
-def quiet_lightning_console() -> None:
-    """Drop what a user of the CLI cannot act on: the messages above, the ``LeafSpec`` deprecation
-    warning Lightning's own code triggers on newer torch, and two notices that are wrong for
-    step-driven training (a resume's new checkpoint directory, epochs shorter than the logging
-    interval)."""
-    # Lightning routes rank-zero messages through this module-level logger (set when it is imported).
-    if not any(isinstance(f, _DropUnactionable) for f in lightning_rank_zero.log.filters):
-        lightning_rank_zero.log.addFilter(_DropUnactionable())
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
-    # Every resume logs into a new version directory by design, so ModelCheckpoint's dirpath changes.
-    warnings.filterwarnings("ignore", message=r".*The dirpath has changed from.*")
-    # Logging counts optimizer steps across epochs, so an epoch shorter than the interval is fine.
-    warnings.filterwarnings("ignore", message=r".*is smaller than the logging interval.*")

@@ -1,8 +1,9 @@
 """``ThroughputMonitor``: post-warm-up tokens/sec, step time and MFU, for any LightningModule.
 
-Why not Lightning's own ``ThroughputMonitor``: it synchronizes the device on every batch, has no
-warm-up exclusion (so a 26 s compiling first step drags its rolling window), and keeps no per-step
-record for medians and percentiles. This callback times steps with CUDA events (resolved once per
+Why not Lightning's own ``ThroughputMonitor``: it synchronizes the device on every batch (the GPU
+queue drains each step, which costs the throughput it reports), has no warm-up exclusion (so a
+compiling first step drags its rolling window), and keeps no per-step record for medians and
+percentiles. This callback times steps with CUDA events (resolved once per
 logging interval, so no per-step host sync) or ``perf_counter`` on CPU, excludes validation and
 checkpoint time, and reuses Lightning's ``get_available_flops`` for peak FLOP/s where it is right.
 """

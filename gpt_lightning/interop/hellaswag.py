@@ -1,6 +1,6 @@
 """HellaSwag, scored the standard way for GPT-2: for each of the 4 endings, the mean cross-entropy
-of the ending's tokens given the context; the lowest wins (``acc_norm``, as build-nanogpt reports:
-29.55% for OpenAI's 124M). ``acc`` uses the summed cross-entropy instead.
+of the ending's tokens given the context; the lowest wins (``acc_norm``, the figure build-nanogpt
+reports). ``acc`` uses the summed cross-entropy instead.
 
 Several examples go through the model in one forward pass (4 rows each, zero-padded on the right,
 which a causal model never reads), and the counts of right answers stay on the device until the

@@ -1,0 +1,219 @@
+"""``GPTLightningModule``: the GPT trained by Lightning: AdamW and its schedule, the steps, and
+in-place ``torch.compile``. What happens around them lives with its own concern, called from one-line
+hooks: ``architecture``, ``checks``, ``resume``, ``nonfinite``, ``step_loss``, ``compilation`` (this package) and
+``gpt_lightning.scaling`` (FSDP2, FLOPs). Validation text samples are a callback: ``ValidationSamples``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from torch.optim.lr_scheduler import LambdaLR
+from torchmetrics import MeanMetric
+
+from gpt_lightning.model import GPTConfig
+from gpt_lightning.scaling.flops import training_flops
+from gpt_lightning.scaling.sharding import is_empty, materialize, shard_once
+from gpt_lightning.training import resume
+from gpt_lightning.training.architecture import build_gpt
+from gpt_lightning.training.checks import check_fits_data, check_optimizer_settings
+from gpt_lightning.training.compilation import compile_in_place, compile_notice, evaluation_stance, is_compiled
+from gpt_lightning.training.nonfinite import NonFiniteGuard
+from gpt_lightning.training.step_loss import StepLoss
+
+_DEFAULT = GPTConfig()  # the architecture defaults live in GPTConfig alone
+
+
+class GPTLightningModule(LightningModule):
+    """GPT-2 language model trained with AdamW.
+
+    Args:
+        vocab_size: token-embedding rows; at least the tokenizer's 50257 (50304 is faster on GPUs).
+        block_size: longest sequence (the position table). None: ``init_from``'s, else 1024; the CLI sets
+            ``data.block_size`` unless it is given or ``init_from`` is.
+        n_layer: transformer blocks.
+        n_head: attention heads per block.
+        n_embd: residual-stream width; divisible by ``n_head``.
+        dropout: dropout probability (0 for short runs).
+        bias: biases in Linear and LayerNorm layers, as in GPT-2.
+        learning_rate: AdamW peak learning rate.
+        weight_decay: AdamW weight decay, of 2-D weights only (matmuls, embeddings; not biases, LayerNorm gains).
+        betas: AdamW moment coefficients.
+        eps: AdamW epsilon.
+        warmup_steps: linear learning-rate warm-up from 0 over this many optimizer steps.
+        cosine_decay_steps: cosine decay to ``min_lr_ratio`` x peak over this many steps after warm-up, then
+            constant. None: constant after warm-up.
+        min_lr_ratio: final learning rate of the cosine schedule, as a fraction of the peak.
+        compile: ``torch.compile`` the model in place (checkpoint keys stay plain); the first step compiles.
+        compile_scope: "model": one graph for the GPT; "blocks": one graph reused by every ``Block`` (compiled
+            once, not n_layer times) plus one for the head and loss.
+        compile_mode: ``torch.compile`` mode: None (default), "reduce-overhead", "max-autotune", ...
+        compile_dynamic: ``torch.compile(dynamic=...)``; False suits the fixed (B, T) batches.
+        compile_fullgraph: fail on any graph break instead of falling back to eager.
+        compile_eval: compile evaluation too (a second graph, at the first validation); for long evaluations.
+        activation_checkpointing: recompute each block's activations in the backward pass: less memory.
+        float32_matmul_precision: set in ``setup`` ("high": TF32 on Ampere and newer GPUs); None: left alone.
+        val_sample_tokens: tokens the ``ValidationSamples`` callback (the CLI attaches it) samples
+            after each validation and logs to TensorBoard (tag ``samples``). 0 turns it off.
+        val_sample_prompt: the prompt for those samples.
+        init_from: start from a Hugging Face GPT-2: a hub name (``gpt2`` ... ``gpt2-xl``) or a local directory
+            or weights file with its ``config.json``, which gives the architecture (options left at their
+            defaults take its values; ``block_size`` may be shorter). A resumed run ignores it.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = _DEFAULT.vocab_size,
+        block_size: int | None = None,
+        n_layer: int = _DEFAULT.n_layer,
+        n_head: int = _DEFAULT.n_head,
+        n_embd: int = _DEFAULT.n_embd,
+        dropout: float = _DEFAULT.dropout,
+        bias: bool = _DEFAULT.bias,
+        learning_rate: float = 1e-3,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        warmup_steps: int = 0,
+        cosine_decay_steps: int | None = None,
+        min_lr_ratio: float = 0.1,
+        compile: bool = True,
+        compile_scope: Literal["model", "blocks"] = "blocks",
+        compile_mode: str | None = None,
+        compile_dynamic: bool | None = False,
+        compile_fullgraph: bool = False,
+        compile_eval: bool = False,
+        activation_checkpointing: bool = False,
+        float32_matmul_precision: Literal["highest", "high", "medium"] | None = None,
+        val_sample_tokens: int = 48,
+        val_sample_prompt: str = "\n",
+        init_from: str | None = None,
+    ) -> None:
+        super().__init__()
+        check_optimizer_settings(learning_rate, weight_decay, warmup_steps, cosine_decay_steps)
+        self.save_hyperparameters()
+        self.config, self.model, to_record = build_gpt(self.hparams)
+        self.save_hyperparameters(to_record)  # checkpoints record the architecture built, without init_from
+        self._init_rng_state = torch.random.get_rng_state() if is_empty(self.model) else None
+        self.model.activation_checkpointing = activation_checkpointing
+        with torch.device("cpu"):  # a few scalars: real even when the model is built on the meta device
+            self.val_loss = MeanMetric()  # token-weighted mean, reduced across ranks at compute()
+        self._nonfinite, self._step_loss = NonFiniteGuard(), StepLoss()  # see on_before_optimizer_step
+
+    def setup(self, stage: str) -> None:
+        if self.hparams.float32_matmul_precision is not None:
+            torch.set_float32_matmul_precision(self.hparams.float32_matmul_precision)
+        check_fits_data(self.config, self.trainer.datamodule)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint of another architecture; keep the optimizer settings given now (``resume``)."""
+        resume.refuse_other_architecture(checkpoint, self.config)
+        resume.apply_optimizer_settings(checkpoint, self.hparams, self._trainer.optimizers if self._trainer is not None else ())
+
+    def configure_model(self) -> None:
+        """Shard under ``ModelParallelStrategy`` (FSDP2), give a meta-device build its memory and
+        values, then compile; all in place, so ``state_dict`` keys stay ``model.transformer...``."""
+        if self.device_mesh is not None:
+            shard_once(self.model, self.device_mesh, str(self.trainer.precision))
+        if is_empty(self.model):
+            device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
+            materialize(self.model, device, self._init_rng_state)
+        hp = self.hparams
+        if hp.compile and not self.is_compiled:
+            options = dict(mode=hp.compile_mode, dynamic=hp.compile_dynamic, fullgraph=hp.compile_fullgraph)
+            compile_in_place(self.model, hp.compile_scope, **options)
+
+    @property
+    def is_compiled(self) -> bool:  # whether the model (or, by regions, its blocks) runs compiled
+        return is_compiled(self.model)
+
+    def on_fit_start(self) -> None:
+        if self.is_compiled:  # say what the first step's wait is, before it starts
+            rank_zero_info(compile_notice(self.hparams.compile_scope, self.hparams.compile_eval))
+
+    def training_flops(self, batch_size: int, seq_len: int) -> float:
+        """FLOPs of one training step (forward + backward) on a (batch_size, seq_len) batch, for MFU."""
+        return training_flops(self.config, batch_size, seq_len)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        return self.model(idx, targets)  # (B, T, vocab_size) logits, and the loss given targets
+
+    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch  # (B, T), (B, T)
+        return self.model(x, y)[1]
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self._nonfinite.observe_loss(loss)
+        self._step_loss.add(loss)  # logged once per optimizer step, in on_before_optimizer_step
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self._step_loss.log(self)
+        self._nonfinite.before_optimizer_step(self, optimizer)  # skips a non-finite update on the device
+
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
+    ) -> None:
+        """``--trainer.gradient_clip_val`` on the device with the guard's norm, fused AdamW kept (``nonfinite``)."""
+        self._nonfinite.clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._nonfinite.check_at_logging_interval(self.trainer)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._nonfinite.raise_if_found(self.global_step)  # no checkpoint is written after a bad step
+
+    def on_train_end(self) -> None:
+        self._nonfinite.raise_if_found(self.global_step)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        # Eager unless compile_eval (and never in the sanity check): see compilation.evaluation_stance.
+        with evaluation_stance(self.hparams.compile_eval, self._trainer is not None and self._trainer.sanity_checking):
+            loss = self._loss(batch)
+        self.val_loss.update(loss, weight=batch[0].numel())
+
+    test_step = validation_step  # the same loss, logged as test/ by on_test_epoch_end
+
+    def _log_eval(self, prefix: str) -> None:
+        loss = self.val_loss.compute()
+        self.log(f"{prefix}/loss", loss, prog_bar=prefix == "val")
+        self.log(f"{prefix}/perplexity", torch.exp(loss))
+        self.val_loss.reset()
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_eval("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_eval("test")
+
+    def configure_optimizers(self) -> Any:
+        hp = self.hparams
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        groups = [  # resume.apply_optimizer_settings relies on this order
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        optimizer = torch.optim.AdamW(
+            groups, lr=hp.learning_rate, betas=tuple(hp.betas), eps=hp.eps,
+            # Fused: one kernel for all parameters instead of a loop over them, on CUDA and CPU.
+            fused=self.device.type in ("cuda", "cpu") or None,
+        )
+        if hp.warmup_steps == 0 and hp.cosine_decay_steps is None:
+            return optimizer
+        scheduler = LambdaLR(optimizer, self.lr_multiplier)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def lr_multiplier(self, step: int) -> float:
+        """Learning rate at optimizer step ``step`` as a fraction of the peak."""
+        hp = self.hparams
+        if step < hp.warmup_steps:
+            return (step + 1) / hp.warmup_steps
+        if hp.cosine_decay_steps is None:
+            return 1.0
+        progress = min(1.0, (step - hp.warmup_steps) / hp.cosine_decay_steps)
+        return hp.min_lr_ratio + (1 - hp.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))

@@ -1,0 +1,191 @@
+"""``NonFiniteGuard``: a non-finite loss or gradient never updates the weights, with no per-step
+host sync.
+
+The obvious guard, ``if not torch.isfinite(loss)`` after every backward, makes the CPU wait until
+the GPU has drained its queue, so the next step's kernels cannot be queued ahead. Here the decision
+stays on the device: a 0-dim tensor that the fused AdamW takes as ``found_inf`` (the way
+``torch.amp.GradScaler`` skips a step) and that skips every update from the first bad step on. The
+first bad step is kept in another device tensor that the host reads only when asked: at logging
+intervals and before a checkpoint is written.
+
+``GPTLightningModule`` delegates four hooks here, one line each: ``on_before_optimizer_step``
+(``before_optimizer_step``), ``configure_gradient_clipping`` (``clip_gradients``, which reuses the
+guard's norm), ``on_train_batch_end`` (``check_at_logging_interval``), and ``on_save_checkpoint`` /
+``on_train_end`` (``raise_if_found``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.utilities import GradClipAlgorithmType
+from torch.distributed.tensor import DTensor
+
+from gpt_lightning.errors import UserError
+
+
+class NonFiniteGuard:
+    """Tracks non-finite losses and gradients on the device.
+
+    Use: ``observe_loss`` for every micro-batch, ``skip_update`` once per optimizer step (after
+    backward, before ``optimizer.step``), and ``first_bad_step`` when the host may wait.
+    """
+
+    def __init__(self) -> None:
+        self._loss_bad: torch.Tensor | None = None  # a micro-batch of this step had a non-finite loss
+        self._first_bad: torch.Tensor | None = None  # first bad optimizer step; -1 while there is none
+        self.grad_norm: torch.Tensor | None = None  # total 2-norm of the last step's gradients, on the device
+        self._checked_at = -1  # the optimizer step at which the host last read the guard
+
+    def observe_loss(self, loss: torch.Tensor) -> None:
+        bad = ~torch.isfinite(loss.detach())
+        self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
+
+    def skip_update(self, step: int, grads: list[torch.Tensor] | None) -> torch.Tensor:
+        """Whether this optimizer step must not update the weights: a 0-dim bool tensor, computed
+        without reading anything back.
+
+        Args:
+            step: the optimizer step about to be taken (``trainer.global_step``).
+            grads: the gradients to check, or None when something else handles non-finite gradients
+                (``GradScaler`` under ``16-mixed``, where an overflow is routine, not an error).
+        """
+        bad = self._loss_bad if self._loss_bad is not None else torch.zeros((), dtype=torch.bool)
+        self.grad_norm = None
+        if grads:
+            self.grad_norm = self.total_norm(grads)  # before any clipping
+            bad = bad.to(grads[0].device) | ~torch.isfinite(self.grad_norm)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # Ranks see different losses: they must agree, or their weights would drift apart. A
+            # plain all-reduce is queued on the device; Lightning's reduce adds a host barrier.
+            flag = bad.to(torch.uint8)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            bad = flag.bool()
+        if self._first_bad is None:
+            self._first_bad = torch.full((), -1, dtype=torch.long, device=bad.device)
+        self._first_bad = torch.where((self._first_bad < 0) & bad, step, self._first_bad)
+        self._loss_bad = None
+        return self._first_bad >= 0  # once bad, every later update is skipped too
+
+    @staticmethod
+    def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+        """The 2-norm of all ``grads`` together, a plain 0-dim tensor on their device."""
+        norm = torch.nn.utils.get_total_norm(grads)
+        if isinstance(norm, DTensor):  # FSDP2: each rank holds a shard's part
+            norm = norm.full_tensor()  # an all-reduce, no host read
+        return norm
+
+    def first_bad_step(self) -> int | None:
+        """The first optimizer step whose loss or gradients were non-finite, or None. Reads one
+        number back from the device: call it where the host may wait."""
+        if self._first_bad is None:
+            return None
+        step = int(self._first_bad)
+        return step if step >= 0 else None
+
+    # --- the LightningModule's hooks ---------------------------------------------------------------
+    def before_optimizer_step(self, module: LightningModule, optimizer: torch.optim.Optimizer) -> None:
+        """``on_before_optimizer_step``: decide on the device whether this update is skipped, make
+        the optimizer skip it, and log ``train/grad_norm``."""
+        scaler = getattr(module.trainer.precision_plugin, "scaler", None)  # 16-mixed: it handles overflows
+        grads = _gradients(module)
+        skip = self.skip_update(module.global_step, None if scaler is not None else grads)
+        if self.grad_norm is not None:
+            # Before the gradient clipping of clip_gradients; a device tensor, read only when the
+            # logger writes it. Identical on every rank: the gradients are all-reduced.
+            module.log("train/grad_norm", self.grad_norm)
+        if _unscaled_in_step(module.trainer, optimizer):
+            # 16-mixed with fused AdamW: the GradScaler checks the gradients inside optimizer.step and
+            # skips an update whose gradients are not finite (an fp16 overflow, routine: it lowers
+            # its scale). A non-finite loss is an error; its gradients are made non-finite on the
+            # device, so the scaler skips that update and every later one until the host reads the
+            # guard at the next logging interval.
+            if grads:
+                grads[0].masked_fill_(skip, float("nan"))
+        elif scaler is None and optimizer.defaults.get("fused"):
+            optimizer.found_inf = skip.float()  # the fused kernel leaves weights and moments untouched
+        elif bool(skip):
+            # A non-fused optimizer (not one gpt-lightning builds on CPU or CUDA) cannot skip on the
+            # device: decide on the host, every step (one read).
+            self.raise_if_found(module.global_step)
+
+    def clip_gradients(
+        self,
+        module: LightningModule,
+        optimizer: torch.optim.Optimizer,
+        clip_val: int | float | None,
+        algorithm: str | None,
+    ) -> None:
+        """``configure_gradient_clipping``: ``--trainer.gradient_clip_val`` on the device, for every
+        precision, fused AdamW kept.
+
+        Lightning's own clipping refuses fused optimizers under ``*-mixed`` precision (its
+        ``MixedPrecision.clip_gradients`` raises, bf16 included). Here ``"norm"`` (the default)
+        scales the gradients by ``min(1, clip_val / global_norm)`` with the norm this guard has
+        already taken (``clip_grads_with_norm_``: one norm pass, no host read), and ``"value"``
+        clamps each gradient element to ``[-clip_val, clip_val]`` on the device. Under 16-mixed with
+        fused AdamW the gradients are still scaled by the ``GradScaler`` here, so the norm is divided
+        by the scale (and the value bound multiplied by it): the clip applies to the true gradients.
+        """
+        if not clip_val:
+            return
+        grads = _gradients(module)
+        if not grads:
+            return
+        algorithm = GradClipAlgorithmType(algorithm or GradClipAlgorithmType.NORM)
+        scale = None
+        if _unscaled_in_step(module.trainer, optimizer):
+            scale = module.trainer.precision_plugin.scaler._get_scale_async()  # a tensor; get_scale() reads it back
+        norm = self.grad_norm
+        if norm is None:  # 16-mixed: the guard leaves the gradients to the GradScaler
+            norm = self.total_norm(grads)
+            if scale is not None:
+                norm = norm / scale
+                # An infinite norm would zero (norm) or bound (value) the gradients and hide the
+                # overflow from the GradScaler, which must skip this update and lower its scale.
+                grads[0].masked_fill_(~torch.isfinite(norm), float("nan"))
+        parameters = [p for p in module.parameters() if p.grad is not None]
+        if algorithm == GradClipAlgorithmType.NORM:
+            # x min(1, clip / (norm + 1e-6)); a non-finite norm keeps some gradient non-finite
+            # (inf x 0 = nan), which the skip decided in before_optimizer_step already covers.
+            torch.nn.utils.clip_grads_with_norm_(parameters, clip_val, norm)
+        elif scale is None:
+            torch.nn.utils.clip_grad_value_(parameters, clip_val)
+        else:
+            bound = scale * clip_val
+            for grad in grads:
+                grad.clamp_(-bound, bound)
+
+    def check_at_logging_interval(self, trainer: Trainer) -> None:
+        """``on_train_batch_end``: read the guard at each logging interval, where the logger reads
+        values from the device anyway. With ``log_every_n_steps`` 0 (no step logging) it is read
+        before each checkpoint and at the end only."""
+        step, every = trainer.global_step, trainer.log_every_n_steps
+        if every > 0 and step % every == 0 and step != self._checked_at:
+            self.raise_if_found(step)
+
+    def raise_if_found(self, step: int) -> None:
+        """Raise ``UserError`` if a step so far was non-finite (``on_save_checkpoint``: no checkpoint
+        is written after a bad step; ``on_train_end``). One host read."""
+        self._checked_at = step
+        bad_step = self.first_bad_step()
+        if bad_step is not None:
+            raise UserError(
+                f"train/loss or a gradient became non-finite (nan or inf) at step {bad_step}. That update "
+                "and every one after it were skipped, and no checkpoint was written since, so the weights "
+                "and the last checkpoint are those from before it. Lower model.learning_rate, add "
+                "model.warmup_steps, or use bf16-mixed instead of 16-mixed."
+            )
+
+
+def _gradients(module: LightningModule) -> list[torch.Tensor]:
+    return [p.grad for p in module.parameters() if p.grad is not None]
+
+
+def _unscaled_in_step(trainer: Trainer, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the gradients are still multiplied by the ``GradScaler``'s scale: under 16-mixed
+    with an optimizer that unscales inside its own step (fused AdamW), which Lightning leaves the
+    gradients scaled for (with any other, it unscales before ``on_before_optimizer_step``)."""
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    return scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False)

@@ -1,0 +1,91 @@
+"""What a resumed run checks and re-applies when ``GPTLightningModule`` loads a checkpoint.
+
+- The architecture must be the checkpoint's: one that differs is refused with a message naming each
+  difference, before Lightning's ``load_state_dict`` fails on a shape (or, for ``n_head``, which
+  changes no shape, silently computes something else).
+- The optimizer settings are the ones given now: the restored AdamW and scheduler state keep their
+  moments and the schedule's position, but take this run's learning rate, betas, eps and weight
+  decay, so ``fit --ckpt_path last.ckpt --model.learning_rate 3e-4`` continues at 3e-4.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import fields
+from typing import Any
+
+import torch
+
+from gpt_lightning.errors import UserError
+from gpt_lightning.model import GPTConfig
+
+# The GPTConfig fields a resumed run must share with its checkpoint. Dropout is a training setting:
+# it changes no weight and no function at inference, so it may change on resume.
+ARCHITECTURE = tuple(f.name for f in fields(GPTConfig) if f.name != "dropout")
+
+
+def architecture_of(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """The GPTConfig fields that a checkpoint's weight shapes pin down."""
+    if "model.transformer.wte.weight" not in state_dict:
+        return {}
+    vocab_size, n_embd = state_dict["model.transformer.wte.weight"].shape
+    layers = {key.split(".")[3] for key in state_dict if key.startswith("model.transformer.h.")}
+    return {
+        "vocab_size": vocab_size,
+        "n_embd": n_embd,
+        "block_size": state_dict["model.transformer.wpe.weight"].shape[0],
+        "n_layer": len(layers),
+        "bias": "model.transformer.h.0.attn.c_attn.bias" in state_dict,
+    }
+
+
+def refuse_other_architecture(checkpoint: dict[str, Any], config: GPTConfig) -> None:
+    """Raise ``UserError`` naming every difference between the checkpoint's architecture and ``config``."""
+    saved = {
+        # Every architecture field the checkpoint recorded (n_head changes no shape, yet the
+        # computation), then what the weights' shapes show, which wins: load_from_checkpoint
+        # writes its keyword arguments over the recorded ones.
+        **{name: value for name, value in (checkpoint.get("hyper_parameters") or {}).items() if name in ARCHITECTURE},
+        **architecture_of(checkpoint.get("state_dict", {})),
+    }
+    differences = [
+        f"{name}: checkpoint {value}, this model {getattr(config, name)}"
+        for name, value in saved.items()
+        if value != getattr(config, name)
+    ]
+    if differences:
+        raise UserError(
+            "The checkpoint is of another architecture (" + "; ".join(differences) + "). "
+            "Use the checkpoint's architecture (its config.yaml / hparams.yaml) or start a new run."
+        )
+
+
+def apply_optimizer_settings(
+    checkpoint: dict[str, Any], hparams: Mapping[str, Any], optimizers: Iterable[torch.optim.Optimizer] = ()
+) -> None:
+    """Rewrite the restored AdamW and scheduler state with ``hparams``' lr, betas, eps and weight
+    decay, keeping the moments and the schedule's position: a learning rate given on resume is the
+    one training continues with (scaled by the schedule, if any), not the one saved.
+
+    Args:
+        checkpoint: the checkpoint dict, before Lightning restores the optimizer from it.
+        hparams: the module's hyper-parameters (what the user gave now).
+        optimizers: the trainer's optimizers, for strategies (``ModelParallelStrategy``) that load
+            the sharded optimizer state in place before the module's ``on_load_checkpoint``.
+    """
+    saved_lr = (checkpoint.get("hyper_parameters") or {}).get("learning_rate") or hparams["learning_rate"]
+    scale = hparams["learning_rate"] / saved_lr
+    if "optimizer_states" in checkpoint:  # restored from this dict after this hook
+        param_groups = [group for state in checkpoint["optimizer_states"] for group in state.get("param_groups", [])]
+    else:  # loaded in place already
+        param_groups = [group for optimizer in optimizers for group in optimizer.param_groups]
+    # configure_optimizers builds two groups: decayed weights, then never-decayed vectors
+    for group, weight_decay in zip(param_groups, (hparams["weight_decay"], 0.0) * len(param_groups)):
+        group["lr"] *= scale
+        if "initial_lr" in group:
+            group["initial_lr"] = hparams["learning_rate"]
+        group.update(betas=tuple(hparams["betas"]), eps=hparams["eps"], weight_decay=weight_decay)
+    for scheduler in checkpoint.get("lr_schedulers") or []:
+        for key in ("base_lrs", "_last_lr"):
+            if key in scheduler:
+                scheduler[key] = [lr * scale for lr in scheduler[key]]

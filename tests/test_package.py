@@ -1,0 +1,154 @@
+"""The package's layout: rooms that import only downwards, no cycles, old import paths that still
+resolve to the same objects, and nothing that changes a warning or log filter when imported."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+
+import torch
+from lightning.pytorch import LightningModule
+
+from gpt_lightning._moved import MOVED
+
+from conftest import REPO, TINY_MODEL
+
+PACKAGE = REPO / "gpt_lightning"
+# Lowest first. A module may import from its own room and from lower layers only: rooms of one layer
+# do not know each other (training and observing are independent; interop and scaling too).
+LAYERS = (
+    {"errors", "atomic", "_moved"},
+    {"model", "data"},
+    {"scaling", "interop"},
+    {"training", "observing"},
+    {"lightning_cli"},  # GPTLightningCLI: the module, the data and the callbacks put together
+    {"cli", "commands"},  # the gpt-lightning command and its own subcommands
+    {"__main__"},
+)
+LAYER = {room: level for level, rooms in enumerate(LAYERS) for room in rooms}
+
+
+def module_name(path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path) -> set[str]:
+    """Every ``gpt_lightning`` module ``path`` imports, at the top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("gpt_lightning")}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("gpt_lightning"):
+            found.add(node.module)
+            if node.module == "gpt_lightning":  # from gpt_lightning import _moved
+                found |= {f"gpt_lightning.{alias.name}" for alias in node.names}
+    return found
+
+
+def room(module: str) -> str:
+    return module.split(".")[1]
+
+
+GRAPH = {
+    module_name(path): imports_of(path) for path in PACKAGE.rglob("*.py") if path.name != "__init__.py" or path.parent != PACKAGE
+}
+
+
+def test_every_room_has_a_layer():
+    assert {room(module) for module in GRAPH} == set(LAYER)
+
+
+def test_imports_run_downwards_only():
+    upward = [
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        for target in targets
+        if target != "gpt_lightning" and room(target) != room(module) and LAYER[room(target)] >= LAYER[room(module)]
+    ]
+    assert not upward, "\n".join(upward)
+    # the two ends of the house: the pure model and the data never import anything that trains or watches
+    for module, targets in GRAPH.items():
+        if room(module) in ("model", "data"):
+            assert {room(t) for t in targets} <= {"model", "data", "errors", "atomic"}, module
+
+
+def test_no_import_cycles():
+    done, path = set(), []
+
+    def visit(module):
+        if module in path:
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(module):] + [module]))
+        if module in done or module not in GRAPH:
+            return
+        path.append(module)
+        for target in GRAPH[module]:
+            visit(target)
+        path.pop()
+        done.add(module)
+
+    for module in GRAPH:
+        visit(module)
+
+
+def test_old_module_paths_are_the_moved_modules():
+    for old, new in MOVED.items():
+        assert importlib.import_module(old) is importlib.import_module(new)
+    from gpt_lightning.module import GPTLightningModule
+    from gpt_lightning.throughput import ThroughputMonitor
+
+    import gpt_lightning
+
+    assert GPTLightningModule is gpt_lightning.GPTLightningModule and ThroughputMonitor is gpt_lightning.ThroughputMonitor
+    for name in gpt_lightning.__all__:
+        assert getattr(gpt_lightning, name) is not None
+
+
+def test_a_checkpoint_naming_the_old_class_path_loads(tmp_path):
+    """A run of a stock ``LightningCLI`` records ``_class_path`` in its checkpoint's hyper-parameters;
+    Lightning imports it (through jsonargparse) to rebuild the module."""
+    from gpt_lightning.training.module import GPTLightningModule
+
+    module = GPTLightningModule(**TINY_MODEL, block_size=16)
+    hyper_parameters = {**module.hparams, "_class_path": "gpt_lightning.module.GPTLightningModule",
+                        "_instantiator": "lightning.pytorch.cli.instantiate_module"}
+    path = tmp_path / "old.ckpt"
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": hyper_parameters,
+                "pytorch-lightning_version": "2.6.0"}, path)
+    loaded = LightningModule.load_from_checkpoint(path, map_location="cpu", weights_only=False)
+    assert type(loaded) is GPTLightningModule
+    assert torch.equal(loaded.model.transformer.wte.weight, module.model.transformer.wte.weight)
+
+
+IMPORT_EVERYTHING = """
+import logging, sys, warnings
+import torch, lightning.pytorch, lightning_utilities.core.rank_zero  # their own import-time settings first
+
+def state():
+    loggers = {name: (list(logger.filters), list(logger.handlers), logger.level)
+               for name, logger in logging.root.manager.loggerDict.items() if isinstance(logger, logging.Logger)}
+    return list(warnings.filters), loggers, list(logging.root.filters), list(logging.root.handlers)
+
+before = state()
+import importlib
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+after = state()
+assert before[0] == after[0], [f for f in after[0] if f not in before[0]]
+assert before[2:] == after[2:]
+changed = [name for name, value in before[1].items() if after[1][name] != value]
+assert not changed, changed
+print("unchanged", len(sys.argv) - 1)
+"""
+
+
+def test_importing_changes_no_warning_or_log_filter():
+    """A project that imports the module, the data module or any other part sees its own warnings:
+    filters are set by the CLI (``quiet_lightning_console``), never on import."""
+    modules = sorted(name for name in GRAPH if not name.endswith("__main__"))
+    result = subprocess.run([sys.executable, "-c", IMPORT_EVERYTHING, *modules], capture_output=True, text=True,
+                            timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"unchanged {len(modules)}" in result.stdout
