@@ -34,8 +34,8 @@ if [ -n "${GPU_RUN_SMOKE:-}" ]; then  # the wiring, on a CPU, in seconds
     extra=(--every 1 --trainer.accelerator cpu --trainer.max_steps 3 --throughput.warmup_steps 1
            --model.n_layer 1 --model.n_head 2 --model.n_embd 32 --data.batch_size 2 --data.block_size 32)
     tiny=(--n_layer 1 --n_head 2 --n_embd 32 --repeats 1)
-    generation=("${tiny[@]}" --block_size 32 --prompt_tokens 4 --new_tokens 6 --batch_sizes 1 2)
-    hellaswag=("${tiny[@]}" --examples 4 --batch_sizes 2)
+    generation=("${tiny[@]}" --block_size 32 --prompt_tokens 4 --new_tokens 6 --batch_sizes 1 2 --probe_mb 8)
+    hellaswag=("${tiny[@]}" --examples 5 --batch_sizes 2)  # 5: the last batch is a partial one
 fi
 if [ -n "${HELLASWAG_FILE:-}" ]; then
     hellaswag+=(--data_file "$HELLASWAG_FILE")

@@ -36,25 +36,27 @@ class RecordRank(Callback):
         (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
 
 
-def check_one_job_on_two_ranks(tmp_path: Path) -> None:
-    """What a 2-rank job must show: disjoint windows, one TensorBoard run, the loss logged as the
-    mean over ranks and tokens/s as their sum. Shared by the DDP and the two-node torchrun tests."""
+def check_one_job_on_two_ranks(tmp_path: Path, steps: int, logged_steps: list[int]) -> None:
+    """What a 2-rank job of ``steps`` steps, logging at ``logged_steps``, must show: disjoint
+    windows, one TensorBoard run, the loss logged as the mean over ranks and tokens/s as their sum.
+    Shared by the DDP and the two-node torchrun tests."""
     ranks = [json.loads((tmp_path / "ranks" / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["world_size"] for r in ranks] == [2, 2]
 
     # Disjoint windows: rank r reads batches r, r+2, ... of the stream.
     seen = [{tuple(row) for window in r["windows"] for row in window} for r in ranks]
-    assert len(ranks[0]["windows"]) == len(ranks[1]["windows"]) == 6
+    assert len(ranks[0]["windows"]) == len(ranks[1]["windows"]) == steps
     assert not seen[0] & seen[1]
 
     (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
     events = EventAccumulator(str(run_dir))
     events.Reload()
-    # The logged loss is the mean over both ranks, not rank 0's own.
-    logged = [e.value for e in events.Scalars("train/loss")]
-    mean_of_ranks = [(a + b) / 2 for a, b in zip(ranks[0]["losses"], ranks[1]["losses"])]
-    assert logged == pytest.approx(mean_of_ranks, rel=1e-5)
-    assert logged != pytest.approx(ranks[0]["losses"], rel=1e-5)
+    # The logged loss is the mean over both ranks, not rank 0's own, at every step it is written.
+    logged = {e.step: e.value for e in events.Scalars("train/loss")}
+    assert sorted(logged) == logged_steps
+    values = [logged[step] for step in logged_steps]
+    assert values == pytest.approx([(ranks[0]["losses"][s] + ranks[1]["losses"][s]) / 2 for s in logged_steps], rel=1e-5)
+    assert values != pytest.approx([ranks[0]["losses"][s] for s in logged_steps], rel=1e-5)
 
     # Tokens/sec is the sum of what each rank processed.
     summary = json.loads((run_dir / "throughput.json").read_text())

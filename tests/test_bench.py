@@ -4,23 +4,31 @@ its own process with a cold compile cache (the scopes themselves are checked in 
 import json
 from pathlib import Path
 
+import pytest
+
+from gpt_lightning.cli import main
 from gpt_lightning.commands.bench import repo_relative, repository_root
-from test_cli import REPO, run_cli
+
+from conftest import REPO
 
 
-def test_bench_compares_runs_side_by_side_and_fails_on_divergence(tmp_path):
-    result = run_cli(
-        "bench", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--runs", "eager", "blocks", "--cold",
-        "--every", "2", "--tolerance", "-1",  # any difference at all counts as divergence: the failure path
-        "--trainer.max_steps", "6", "--throughput.warmup_steps", "2", "--trainer.val_check_interval", "3",
-        "--trainer.limit_val_batches", "1", "--model.n_layer", "2", "--model.n_embd", "32",
-        "--model.n_head", "2", "--data.block_size", "32",
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
-        cwd=tmp_path,
-    )
-    assert result.returncode == 1, result.stderr[-3000:]
-    assert "FAIL: blocks's loss curve leaves eager's" in result.stdout
-    assert "(cold compile cache)" in result.stdout
+def test_bench_compares_runs_side_by_side_and_fails_on_divergence(tmp_path, monkeypatch, capfd):
+    """The bench itself runs in this process (its runs are its own subprocesses, as always: their
+    output reaches the same file descriptors, captured here)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main([
+            "bench", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--runs", "eager", "blocks", "--cold",
+            "--every", "2", "--tolerance", "-1",  # any difference at all counts as divergence: the failure path
+            "--trainer.max_steps", "6", "--throughput.warmup_steps", "2", "--trainer.val_check_interval", "3",
+            "--trainer.limit_val_batches", "1", "--model.n_layer", "2", "--model.n_embd", "32",
+            "--model.n_head", "2", "--data.block_size", "32",
+            "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
+        ])
+    out, err = capfd.readouterr()
+    assert exit_info.value.code == 1, err[-3000:]
+    assert "FAIL: blocks's loss curve leaves eager's" in out
+    assert "(cold compile cache)" in out
     (run_dir,) = (tmp_path / "tb" / "bench").iterdir()
     assert {p.name for p in run_dir.iterdir()} >= {"eager", "blocks", "bench.json", "bench.png"}
     saved = json.loads((run_dir / "bench.json").read_text())

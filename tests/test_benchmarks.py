@@ -1,4 +1,5 @@
-"""The benchmark scripts run (tiny settings, no timing asserted: speed is judged by their reports)."""
+"""The benchmark scripts run (tiny settings, no timing asserted: speed is judged by their reports).
+generation.py and hellaswag.py run in benchmarks/gpu_run.sh's smoke mode, and test_gpu_run checks their reports."""
 
 import json
 import re
@@ -6,8 +7,6 @@ import subprocess
 import sys
 
 from conftest import REPO
-
-from gpt_lightning.model import GPT, GPTConfig
 
 
 def run_script(name, *args, cwd):
@@ -66,38 +65,6 @@ def test_first_step_benchmark_splits_the_time_to_the_first_step(cache_dir, tmp_p
     assert run["module_file"] == "gpt_lightning/training/module.py"  # this checkout ran, via the CLI (recorded relative to it)
     assert json.loads(out.read_text())["config"] == "configs/tiny-cpu.yaml"
     assert "eager (cold)" in result.stdout
-
-
-def test_generation_benchmark_compares_ours_transformers_and_uncached(cache_dir, tmp_path):
-    out = tmp_path / "generation.json"
-    result = run_script(
-        "generation.py", "--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--block_size", "32",
-        "--prompt_tokens", "4", "--new_tokens", "6", "--batch_sizes", "1", "2", "--repeats", "1", "--probe_mb", "8",
-        "--out", str(out), cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    written = json.loads(out.read_text())
-    report = written["results"]
-    assert set(report) == {"1", "2"}
-    roofline = written["roofline"]  # the memory-bandwidth ceiling each figure is set against
-    assert roofline["weight_bytes_per_step"] == 4 * GPT(GPTConfig(block_size=32, n_layer=1, n_head=2, n_embd=32)).num_parameters()
-    assert roofline["ceiling_steps_per_sec"] == roofline["read_bandwidth_bytes_per_sec"] / roofline["weight_bytes_per_step"]
-    assert report["1"]["ours"]["steps_per_sec_of_ceiling"] > 0 and report["2"]["transformers"]["steps_per_sec_of_ceiling"] > 0
-    assert report["1"]["ours_vs_transformers"] > 0 and report["1"]["ours_vs_uncached"] > 0
-    assert "ours_uncached" not in report["2"]  # the slow path only where asked (batch 1 by default)
-    # The same weights, greedy: the same tokens from all three.
-    assert report["1"]["greedy_tokens_equal"] == {"ours": True, "ours_uncached": True}
-    assert "ours/transformers" in result.stdout
-
-
-def test_hellaswag_benchmark_reports_examples_per_second_and_the_same_answers(cache_dir, tmp_path):
-    out = tmp_path / "hellaswag.json"
-    result = run_script("hellaswag.py", "--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--examples", "5",
-                        "--batch_sizes", "2", "--repeats", "1", "--out", str(out), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(out.read_text())
-    assert set(report["results"]) == {"per_example_before", "batched_2"}
-    assert report["same_answers_as_before"] and report["results"]["batched_2"]["result"]["examples"] == 5
 
 
 def test_export_memory_benchmark_reports_peaks_against_the_weights(tmp_path):

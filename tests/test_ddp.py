@@ -33,24 +33,34 @@ def fit_args(small_text, tmp_path, max_steps=6, log_every_n_steps=1):
     ]
 
 
-def test_ddp_on_two_cpu_processes(small_text, tmp_path):
-    result = run_cli(*fit_args(small_text, tmp_path), "--trainer.devices", "2", cwd=tmp_path, env_extra=ENV)
-    assert result.returncode == 0, result.stderr[-3000:]
-    # Each process trains (train tokens - 1) // (world x B x T) batches an epoch, and is told so.
-    n = len(gpt2_encoding().encode_ordinary(small_text.read_text()))
-    per_rank = (n - int(n * 0.1) - 1) // (2 * 2 * 32)
-    assert f"1 epoch = {per_rank} batches per process" in result.stdout + result.stderr
-    check_one_job_on_two_ranks(tmp_path)
-
-
-def test_the_loss_is_averaged_over_ranks_only_when_it_is_written(small_text, tmp_path):
-    """Lightning's sync_dist puts a barrier (host-blocking on NCCL) before each all-reduce: the loss
-    is synchronized at logging steps only, and still logged as the mean over ranks there."""
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory, shakespeare):
+    """One launch under Lightning's DDP launcher (2 processes, 8 steps, logging every 4th), whose
+    outputs both tests below read: every rank's windows and losses, and the barriers per step."""
+    tmp_path = tmp_path_factory.mktemp("ddp")
+    small_text = tmp_path / "small.txt"
+    small_text.write_text(shakespeare[:50_000])
     counter = {"class_path": "host_reads.BarrierCounter", "init_args": {"out": str(tmp_path / "barriers.json")}}
     args = fit_args(small_text, tmp_path, max_steps=8, log_every_n_steps=4)
     result = run_cli(*args, "--trainer.devices", "2", f"--trainer.callbacks+={json.dumps(counter)}",
                      "--checkpoint.every_n_train_steps", "1000", cwd=tmp_path, env_extra=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
+    return tmp_path, small_text, result
+
+
+def test_ddp_on_two_cpu_processes(ddp_run):
+    tmp_path, small_text, result = ddp_run
+    # Each process trains (train tokens - 1) // (world x B x T) batches an epoch, and is told so.
+    n = len(gpt2_encoding().encode_ordinary(small_text.read_text()))
+    per_rank = (n - int(n * 0.1) - 1) // (2 * 2 * 32)
+    assert f"1 epoch = {per_rank} batches per process" in result.stdout + result.stderr
+    check_one_job_on_two_ranks(tmp_path, steps=8, logged_steps=[3, 7])
+
+
+def test_the_loss_is_averaged_over_ranks_only_when_it_is_written(ddp_run):
+    """Lightning's sync_dist puts a barrier (host-blocking on NCCL) before each all-reduce: the loss
+    is synchronized at logging steps only, and still logged as the mean over ranks there."""
+    tmp_path, _, _ = ddp_run
     record = json.loads((tmp_path / "barriers.json").read_text())
     assert record["steps"] == 8
     barriers = {int(step) for step, count in record["barriers"].items() if count}
@@ -86,4 +96,4 @@ def test_two_nodes_launched_by_torchrun(small_text, tmp_path):
     outputs = [launch.communicate(timeout=300)[0] for launch in launches]
     for node, (launch, output) in enumerate(zip(launches, outputs)):
         assert launch.returncode == 0, f"node {node}:\n{output[-3000:]}"
-    check_one_job_on_two_ranks(tmp_path)  # one TensorBoard run, written by global rank 0
+    check_one_job_on_two_ranks(tmp_path, steps=6, logged_steps=list(range(6)))  # one TensorBoard run, by global rank 0

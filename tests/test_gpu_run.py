@@ -1,11 +1,15 @@
 """benchmarks/gpu_run.sh, the one-command GPU run, works end to end: here in its CPU smoke mode, so
-the script is known to be wired right before it meets a GPU."""
+the script is known to be wired right before it meets a GPU. Its smoke mode runs the generation and
+HellaSwag benchmarks on tiny settings, and their reports are checked here (one launch of each for
+the suite; the other benchmark scripts are test_benchmarks')."""
 
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from gpt_lightning.model import GPT, GPTConfig
 
 from conftest import REPO
 
@@ -24,6 +28,19 @@ def test_the_gpu_run_script_end_to_end_in_smoke_mode(tmp_path):
     assert saved["runs"]["gpt2-124m-fast"]["compile_scope"] == "blocks"
     assert (dest / "bench.png").read_bytes()[:4] == b"\x89PNG"
     assert "skipped" in (dest / "gpu_tests.txt").read_text()  # the GPU tests' output is kept
-    generation = json.loads((dest / "generation.json").read_text())
-    assert set(generation["results"]) == {"1", "2"} and generation["results"]["1"]["ours_vs_uncached"] > 0
-    assert json.loads((dest / "hellaswag.json").read_text())["same_answers_as_before"]
+    # benchmarks/generation.py (tiny, batch sizes 1 and 2): ours, transformers' generate and the
+    # uncached path side by side, greedy tokens equal (these were test_benchmarks' own launches).
+    written = json.loads((dest / "generation.json").read_text())
+    generation, roofline = written["results"], written["roofline"]  # each figure set against the memory-bandwidth ceiling
+    assert roofline["weight_bytes_per_step"] == 4 * GPT(GPTConfig(block_size=32, n_layer=1, n_head=2, n_embd=32)).num_parameters()
+    assert roofline["ceiling_steps_per_sec"] == roofline["read_bandwidth_bytes_per_sec"] / roofline["weight_bytes_per_step"]
+    assert generation["1"]["ours"]["steps_per_sec_of_ceiling"] > 0 and generation["2"]["transformers"]["steps_per_sec_of_ceiling"] > 0
+    assert set(generation) == {"1", "2"}
+    assert generation["1"]["ours_vs_transformers"] > 0 and generation["1"]["ours_vs_uncached"] > 0
+    assert "ours_uncached" not in generation["2"]  # the slow path only where asked (batch 1 by default)
+    assert generation["1"]["greedy_tokens_equal"] == {"ours": True, "ours_uncached": True}  # same weights, same tokens
+    assert "ours/transformers" in result.stdout
+    # benchmarks/hellaswag.py (5 examples, batches of 2: a partial last batch): the same answers batched.
+    hellaswag = json.loads((dest / "hellaswag.json").read_text())
+    assert set(hellaswag["results"]) == {"per_example_before", "batched_2"}
+    assert hellaswag["same_answers_as_before"] and hellaswag["results"]["batched_2"]["result"]["examples"] == 5

@@ -17,23 +17,32 @@ TINY = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "
         "--data.val_fraction", "0", "--trainer.max_steps", "3", "--model.val_sample_tokens", "0"]
 
 
-def fit(tmp_path, small_text, name, *extra):
-    result = run_cli(
-        "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *TINY, "--data.data_path", str(small_text),
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"), "--trainer.logger.init_args.name", name,
-        *extra, cwd=tmp_path, env_extra={"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+def fit(tmp_path, small_text, name, *extra, processes=1, caplog=None):
+    """One process trains in the pytest process (main(), as `gpt-lightning` calls it); two are a
+    real launch of `gpt-lightning` under Lightning's DDP launcher."""
+    args = ["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *TINY, "--data.data_path", str(small_text),
+            "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"), "--trainer.logger.init_args.name", name, *extra]
+    if processes == 1:
+        caplog.clear()
+        main(args)
+        log = caplog.text
+    else:
+        result = run_cli(*args, "--trainer.strategy", "ddp", "--trainer.devices", str(processes),
+                         "--trainer.accelerator", "cpu", cwd=tmp_path,
+                         env_extra={"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])})
+        assert result.returncode == 0, result.stderr[-3000:]
+        log = result.stdout + result.stderr
     ckpt = next((tmp_path / "tb" / name).rglob("last.ckpt"))
-    return torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"], result.stdout + result.stderr
+    return torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"], log
 
 
-def test_accumulation_ddp_and_a_bigger_batch_train_the_same_weights(small_text, tmp_path):
-    accumulated, log = fit(tmp_path, small_text, "accumulate", "--data.batch_size", "2", "--data.tokens_per_step", "128")
+def test_accumulation_ddp_and_a_bigger_batch_train_the_same_weights(small_text, tmp_path, caplog):
+    caplog.set_level("INFO")
+    accumulated, log = fit(tmp_path, small_text, "accumulate", "--data.batch_size", "2", "--data.tokens_per_step", "128",
+                           caplog=caplog)
     assert "128 tokens per optimizer step = 1 process(es) x 2 x 16 x 4 accumulated micro-batches" in log
-    big, _ = fit(tmp_path, small_text, "big", "--data.batch_size", "8")
-    ddp, log = fit(tmp_path, small_text, "ddp", "--data.batch_size", "2", "--data.tokens_per_step", "128",
-                   "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu")
+    big, _ = fit(tmp_path, small_text, "big", "--data.batch_size", "8", caplog=caplog)
+    ddp, log = fit(tmp_path, small_text, "ddp", "--data.batch_size", "2", "--data.tokens_per_step", "128", processes=2)
     assert "128 tokens per optimizer step = 2 process(es) x 2 x 16 x 2 accumulated micro-batches" in log
     for key, value in big.items():
         torch.testing.assert_close(accumulated[key], value, rtol=0, atol=1e-5, msg=key)
