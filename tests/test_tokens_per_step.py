@@ -65,3 +65,24 @@ def test_a_step_smaller_than_one_micro_batch_names_the_smallest(small_text, tmp_
               "--data.batch_size", "2", "--data.tokens_per_step", "20",
               "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
     assert "= 32. Use 32, or change data.batch_size." in capsys.readouterr().err
+
+
+def test_with_tokens_per_step_the_validation_interval_counts_optimizer_steps(small_text, tmp_path, caplog):
+    """tiny-cpu.yaml as written (bf16-mixed, its clipping), accumulating 4 micro-batches a step:
+    val_check_interval 2 validates after optimizer steps 2 and 4, not every 2 micro-batches (Lightning's
+    count, which the FineWeb recipe's `250  # optimizer steps` would have meant every 31 steps on one GPU)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    caplog.set_level("INFO")
+    main(["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--model.n_layer", "1", "--model.n_head", "2",
+          "--model.n_embd", "32", "--model.compile", "false", "--model.val_sample_tokens", "0",
+          "--data.data_path", str(small_text), "--data.block_size", "16", "--data.batch_size", "2",
+          "--data.tokens_per_step", "128", "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
+          "--trainer.limit_val_batches", "1", "--trainer.log_every_n_steps", "1",
+          "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
+    assert "validation every 2 optimizer steps = 8 micro-batches" in caplog.text
+    (run_dir,) = (tmp_path / "tb").glob("*/version_0")
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    assert [event.step for event in events.Scalars("val/loss")] == [1, 3]  # after optimizer steps 2 and 4 (0-based, as train/loss)
+    assert [event.step for event in events.Scalars("train/loss")] == [0, 1, 2, 3]  # one per optimizer step

@@ -45,7 +45,9 @@ class TokenStreamDataModule(LightningDataModule):
         tokens_per_step: tokens per optimizer step over all processes (build-nanogpt uses 524288).
             Gradient accumulation is derived from it: tokens_per_step / (world_size x batch_size x
             block_size), which must divide evenly; it is set on the trainer when training starts.
-            None keeps the trainer's own ``accumulate_grad_batches``.
+            An integer ``trainer.val_check_interval`` then counts optimizer steps, whatever the
+            accumulation (Lightning counts micro-batches). None keeps the trainer's own
+            ``accumulate_grad_batches`` and Lightning's counting.
         cache_dir: where token caches live. None: ``$GPT_LIGHTNING_CACHE_DIR``, else
             ``$XDG_CACHE_HOME/gpt_lightning`` or ``~/.cache/gpt_lightning``.
         shuffle: serve the training windows in a seeded random order, a new one each epoch: rows of
@@ -90,6 +92,7 @@ class TokenStreamDataModule(LightningDataModule):
         self.tokens: np.ndarray | None = None  # text sources: all token ids, memory-mapped
         self.shards: dict[str, list[Path]] | None = None  # shard directories: files by split
         self._verified_token_file: Path | None = None  # set by prepare_data in this process
+        self._given_val_check_interval: tuple[object, int] | None = None  # (trainer, steps) as the user gave it
 
     # --- preparing -------------------------------------------------------------------------------
     @property
@@ -163,6 +166,27 @@ class TokenStreamDataModule(LightningDataModule):
             f"{self.tokens_per_step:,} tokens per optimizer step = {W} process(es) x {B} x {T} x {accumulate} "
             "accumulated micro-batches"
         )
+        self._count_validation_interval_in_steps(accumulate)
+
+    def _count_validation_interval_in_steps(self, accumulate: int) -> None:
+        """With ``tokens_per_step``, an integer ``trainer.val_check_interval`` counts optimizer steps.
+
+        Lightning counts it in batches, which under accumulation are micro-batches: 250 would mean
+        every 31 steps on one GPU (8 micro-batches a step) and every 250 on eight, and land inside
+        an accumulation. The accumulation here is derived at run time from the world size, so the
+        interval is set in the unit the user can know: it becomes ``interval x accumulate`` batches,
+        the end of an optimizer step, as Lightning's ``GradientAccumulationScheduler`` sets
+        ``accumulate_grad_batches``. The value given is kept per trainer, so a second ``fit`` or a
+        resume does not multiply it again."""
+        trainer = self.trainer
+        remembered = self._given_val_check_interval
+        given = remembered[1] if remembered is not None and remembered[0] is trainer else trainer.val_check_interval
+        if not isinstance(given, int) or isinstance(given, bool):
+            return  # a fraction of an epoch or a time interval: not a count of steps
+        self._given_val_check_interval = (trainer, given)
+        trainer.val_check_interval = given * accumulate
+        if accumulate > 1:
+            rank_zero_info(f"validation every {given} optimizer steps = {given * accumulate} micro-batches")
 
     def _check_validation_interval(self, batches: int) -> None:
         """Say in our words what Lightning's fit loop would raise as a ValueError traceback."""
@@ -173,10 +197,14 @@ class TokenStreamDataModule(LightningDataModule):
         limit = trainer.limit_train_batches
         epoch = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
         if interval > epoch and trainer.limit_val_batches > 0:
+            given = self._given_val_check_interval
+            steps = given[1] if given is not None and given[0] is trainer else interval
+            accumulate = interval // steps
+            counted = f"{steps} optimizer steps = {interval} batches" if accumulate > 1 else str(interval)
             raise UserError(
-                f"trainer.val_check_interval ({interval}) is more than the {epoch} training batches of an "
+                f"trainer.val_check_interval ({counted}) is more than the {epoch} training batches of an "
                 "epoch, so validation would never run. Add --trainer.check_val_every_n_epoch null to "
-                f"validate every {interval} steps across epochs, or use a val_check_interval <= {epoch}."
+                f"validate every {steps} steps across epochs, or use a val_check_interval <= {epoch // accumulate}."
             )
 
     @property
