@@ -207,7 +207,8 @@ class GPT(nn.Module):
         # The layers are made on the meta device, so that their own initializations (which GPT-2's
         # replaces) neither take memory nor draw random numbers; then memory and GPT-2's init. Built
         # under torch.device("meta") (weights about to be loaded, or sharded first), the model stays
-        # empty until init_weights, which then draws exactly what an eager build draws.
+        # empty until to_empty and init_weights, which ties the head again and draws exactly what an
+        # eager build draws.
         with torch.device("meta"):
             self.transformer = nn.ModuleDict(
                 dict(
@@ -258,7 +259,10 @@ class GPT(nn.Module):
         """GPT-2's initialization, drawn in ``nn.Module.apply``'s order from the CPU ``generator``
         (None: the global one). A weight that is not a plain CPU tensor (on a GPU, or one rank's
         shard of an FSDP2 ``DTensor``) is drawn whole on the CPU and then copied in, so every
-        placement gets the values a CPU build from the same generator state has."""
+        placement gets the values a CPU build from the same generator state has. Ties the LM head
+        to the embedding first if ``to_empty`` untied them."""
+        if self.lm_head.weight is not self.transformer.wte.weight:
+            self.tie_weights()  # to_empty gave each module a Parameter of its own
         self.apply(lambda module: self._init_weights(module, generator))
 
     def _init_weights(self, module: nn.Module, generator: torch.Generator | None = None) -> None:

@@ -102,3 +102,15 @@ def test_sample_in_bfloat16_reads_bf16_weights_and_cache(eager_ckpt, monkeypatch
     assert set(seen[1:]) == {torch.bfloat16}  # every layer's cached keys
     with pytest.raises(UserError, match=r"--dtype 'float8' is not one of float32, bfloat16, float16"):
         sample(ckpt, dtype="float8")
+
+
+def test_sample_from_a_checkpoint_with_a_smaller_vocabulary_says_why_it_cannot(tmp_path):
+    """A model trained on the user's own token ids (vocab_size 1000) cannot take GPT-2 text: one line, not
+    the embedding's IndexError."""
+    from gpt_lightning.commands.sample import sample
+
+    module = GPTLightningModule(**{**TINY_MODEL, "vocab_size": 1000})
+    ckpt = tmp_path / "small-vocab.ckpt"
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}, ckpt)
+    with pytest.raises(UserError, match=r"has a vocabulary of 1000 tokens, fewer than the GPT-2 encoding's 50257"):
+        sample(ckpt, prompt="ROMEO:", max_new_tokens=2, device="cpu")

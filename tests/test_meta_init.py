@@ -58,9 +58,10 @@ def test_an_eager_build_and_a_meta_build_initialized_later_are_identical():
     with torch.device("meta"):
         empty = GPT(GPTConfig(**TINY))
     torch.rand(100)  # whatever runs in between
-    empty.to_empty(device="cpu")
-    empty.tie_weights()
-    empty.init_weights(torch.Generator().set_state(state))
+    empty.to_empty(device="cpu")  # unties the head: each module gets a Parameter of its own
+    empty.init_weights(torch.Generator().set_state(state))  # ties it again
+    assert empty.lm_head.weight is empty.transformer.wte.weight
+    assert empty.num_parameters() == eager.num_parameters()
     for name, tensor in eager.state_dict().items():
         assert torch.equal(tensor, empty.state_dict()[name]), name
 

@@ -55,6 +55,12 @@ def sample(
     torch_device = resolve_device(device)
     model = gpt_from_checkpoint(ckpt_path).to(torch_device, getattr(torch, dtype)).eval()
     encoding = gpt2_encoding()
+    if model.config.vocab_size < encoding.n_vocab:
+        raise UserError(
+            f"{ckpt_path} has a vocabulary of {model.config.vocab_size} tokens, fewer than the GPT-2 encoding's "
+            f"{encoding.n_vocab} that `sample` reads and writes text with. Sample from it in Python with your "
+            "own tokenizer: gpt_lightning.interop.checkpoint.gpt_from_checkpoint(path).generate(ids, ...)."
+        )
     ids = encoding.encode_ordinary(prompt) or [encoding.eot_token]
     ids = ids[-model.config.block_size :]
     idx = torch.tensor([ids] * num_samples, dtype=torch.long, device=torch_device)  # (num_samples, T)
