@@ -118,8 +118,10 @@ class ThroughputMonitor(Callback):
     Logs at the trainer's logging interval: ``throughput/tokens_per_sec`` (the whole job, summed
     over ranks), ``throughput/tokens_per_sec_per_device``, ``throughput/step_ms`` and
     ``throughput/mfu``; and once, ``throughput/first_step_s`` and ``throughput/warmup_s``. At the end
-    of ``fit`` it prints one summary line and writes ``throughput.json`` into the run's log dir
-    (also with ``log_every_n_steps`` 0, which logs nothing at steps).
+    of ``fit`` it prints one summary line and writes ``throughput.json`` into ``trainer.log_dir``:
+    the logger's run folder, or without a logger the Trainer's ``default_root_dir`` (the working
+    directory unless set), as Lightning does with checkpoints. Also with ``log_every_n_steps`` 0,
+    which logs nothing at steps.
 
     Args:
         warmup_steps: optimizer steps, counted from the start of each ``fit`` (a resumed run
@@ -130,7 +132,7 @@ class ThroughputMonitor(Callback):
         flops_per_batch: training FLOPs (forward + backward) of one micro-batch. None: asked of the
             module's ``training_flops(batch_size, seq_len)`` method, or its ``flops_per_batch``
             attribute (Lightning's convention); without either, no MFU.
-        filename: name of the JSON summary written into the logger's log dir (None: not written).
+        filename: name of the JSON summary written into ``trainer.log_dir`` (None: not written).
     """
 
     def __init__(
