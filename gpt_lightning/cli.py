@@ -21,7 +21,7 @@ OVERVIEW = "\n".join([
     "usage: gpt-lightning COMMAND [options]",
     "",
     "Lightning's commands, configured by YAML files and flags (COMMAND --help lists every option):",
-    "  fit, validate, test, predict",
+    "  fit, validate, test",
     "Ours (COMMAND --help for their options):",
     *(f"  {name:<9} {text}" for name, text in COMMANDS.items()),
 ])

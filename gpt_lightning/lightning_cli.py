@@ -140,6 +140,12 @@ class GPTLightningCLI(LightningCLI):
         quiet_lightning_console()
         super().__init__(GPTLightningModule, TokenStreamDataModule, **kwargs)
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Lightning's, less ``predict``: the module has no ``predict_step`` and the data module no
+        predict loader (text comes out of ``gpt-lightning sample``)."""
+        return {name: skip for name, skip in LightningCLI.subcommands().items() if name != "predict"}
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")

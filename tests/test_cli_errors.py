@@ -152,6 +152,12 @@ def test_misspelt_subcommand(capsys):
     assert len(err.strip().splitlines()) == 2
 
 
+def test_predict_is_not_offered(capsys):
+    """The module has no predict_step: Lightning's `predict` would fail after building everything."""
+    code, err = run_main(["predict", "--config", TINY_CPU], capsys)
+    assert_one_clear_line(code, err, "invalid choice: 'predict' (choose from 'fit', 'validate', 'test')")
+
+
 def test_misspelt_key_in_a_config_file(tmp_path, capsys):
     config = tmp_path / "mine.yaml"
     config.write_text("model:\n  n_layers: 4\n")
