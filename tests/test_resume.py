@@ -64,3 +64,40 @@ def test_the_position_is_the_loader_state_lightning_saves(small_text, tmp_path):
     _, resumed, _, _ = train(small_text, tmp_path, max_steps=5, ckpt_path=tmp_path / "old.ckpt")
     _, whole, _, _ = train(small_text, tmp_path, max_steps=5)
     assert resumed == whole[3:]
+
+
+class LearningRates(Callback):
+    def __init__(self):
+        self.values: list[float] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.values.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+
+def rates(data_path, cache, max_steps, ckpt_path=None, save_to=None, **schedule):
+    module = GPTLightningModule(**TINY_MODEL, learning_rate=1e-3, **schedule)
+    data = TokenStreamDataModule(str(data_path), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(cache))
+    recorder = LearningRates()
+    trainer = Trainer(
+        accelerator="cpu", precision="bf16-mixed", max_steps=max_steps, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[recorder],
+    )
+    trainer.fit(module, data, ckpt_path=ckpt_path)
+    if save_to is not None:
+        trainer.save_checkpoint(save_to)
+    return recorder.values
+
+
+def test_a_schedule_changed_on_resume_takes_effect_at_the_restored_step(small_text, tmp_path):
+    """The learning rate after a resume is the schedule given now at the restored step, whether the
+    checkpoint had a schedule or not (before: a removed warm-up froze the rate mid-warm-up, and an
+    added decay restarted at its own step 0)."""
+    warm, constant = tmp_path / "warm.ckpt", tmp_path / "constant.ckpt"
+    rates(small_text, tmp_path, 3, save_to=warm, warmup_steps=10)
+    assert rates(small_text, tmp_path, 6, ckpt_path=warm) == [1e-3] * 3  # warm-up removed: the peak at once
+    rates(small_text, tmp_path, 3, save_to=constant)
+    decayed = dict(warmup_steps=2, cosine_decay_steps=4)
+    fresh = rates(small_text, tmp_path, 6, **decayed)
+    resumed = rates(small_text, tmp_path, 6, ckpt_path=constant, **decayed)
+    assert resumed == fresh[3:]
+    assert fresh[3] < 1e-3  # the decay had started by step 3

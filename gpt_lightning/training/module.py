@@ -135,6 +135,11 @@ class GPTLightningModule(LightningModule):
         if self.is_compiled:  # say what the first step's wait is, before it starts
             rank_zero_info(compile_notice(self.hparams.compile_scope, self.hparams.compile_eval))
 
+    def on_train_start(self) -> None:
+        """After a resume, the learning rate of the schedule given now at the restored step (``resume``)."""
+        if self.trainer.global_step > 0:
+            resume.place_schedule(self.trainer, self.hparams.learning_rate, self.lr_multiplier)
+
     def training_flops(self, batch_size: int, seq_len: int) -> float:
         """FLOPs of one training step (forward + backward) on a (batch_size, seq_len) batch, for MFU."""
         return training_flops(self.config, batch_size, seq_len)

@@ -6,11 +6,14 @@
 - The optimizer settings are the ones given now: the restored AdamW and scheduler state keep their
   moments and the schedule's position, but take this run's learning rate, betas, eps and weight
   decay, so ``fit --ckpt_path last.ckpt --model.learning_rate 3e-4`` continues at 3e-4.
+- So is the schedule: when training starts, the learning rate is the one the schedule given now
+  sets at the restored step, with or without a scheduler in the checkpoint (a warm-up removed, or
+  a cosine decay added or lengthened, takes effect at once).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields
 from typing import Any
 
@@ -89,3 +92,21 @@ def apply_optimizer_settings(
         for key in ("base_lrs", "_last_lr"):
             if key in scheduler:
                 scheduler[key] = [lr * scale for lr in scheduler[key]]
+
+
+def place_schedule(trainer: Any, learning_rate: float, multiplier: Callable[[int], float]) -> None:
+    """Set every optimizer's learning rate, and each scheduler's position, to what the schedule
+    given now (``learning_rate`` x ``multiplier(step)``) has after ``trainer.global_step`` steps:
+    the restored values come from the checkpoint's schedule, which may differ or be absent. A fresh
+    run (step 0) is left as ``configure_optimizers`` built it."""
+    step = trainer.global_step
+    lr = learning_rate * multiplier(step)
+    for optimizer in trainer.optimizers:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+    for config in trainer.lr_scheduler_configs:
+        scheduler = config.scheduler
+        groups = len(scheduler.optimizer.param_groups)
+        scheduler.base_lrs = [learning_rate] * groups
+        scheduler.last_epoch = step  # a scheduler steps once per optimizer step after its first
+        scheduler._last_lr = [lr] * groups  # what get_last_lr() reports until its next step
