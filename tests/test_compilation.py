@@ -150,3 +150,20 @@ def test_the_cache_dir_named_is_inductors(monkeypatch, tmp_path):
 
     assert inductor_cache_dir() == cache_dir()  # and the default is where inductor would write
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")  # cache_dir() exported it
+
+
+def test_a_model_compiled_by_blocks_copies_and_pickles():
+    """An EMA-style deepcopy of a module compiled by regions computes with the copy's weights, and
+    torch.save of the module works (the compiled head was once a bound method of the original)."""
+    import copy
+    import pickle
+
+    from gpt_lightning.training.compilation import compile_in_place
+
+    module = GPTLightningModule(**TINY_MODEL)
+    compile_in_place(module.model, "blocks")
+    twin = copy.deepcopy(module)
+    assert twin.model.head_and_loss.__self__ is twin.model
+    assert module.model.head_and_loss.__self__ is module.model
+    restored = pickle.loads(pickle.dumps(module))
+    assert restored.model.head_and_loss.__self__ is restored.model

@@ -19,6 +19,7 @@ import getpass
 import os
 import re
 import tempfile
+import types
 from typing import ContextManager
 
 import torch
@@ -41,8 +42,10 @@ def compile_in_place(model: GPT, scope: str, **options: object) -> None:
         return
     for block in model.transformer.h:
         block.compile(**options)  # in place, like the whole model: same code, one graph for all
-    # A method, not a module: compiling it leaves every parameter name as it is.
-    model.head_and_loss = torch.compile(model.head_and_loss, **options)
+    # A method, not a module: compiling it leaves every parameter name as it is. The compiled
+    # function is bound as a method, so a deepcopy (an EMA copy) binds it to the copy's weights and
+    # pickling names it by attribute, as for any bound method.
+    model.head_and_loss = types.MethodType(torch.compile(type(model).head_and_loss, **options), model)
 
 
 def is_compiled(model: GPT) -> bool:
