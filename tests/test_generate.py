@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from gpt_lightning.interop.pretrained import export_hf
-from gpt_lightning.model import GPT, GPTConfig, _packed_linears
+from gpt_lightning.model import GPT, GPTConfig, KVCache, _packed_linears
 from gpt_lightning.scaling.sharding import shard_gpt
 
 TINY = GPTConfig(block_size=32, vocab_size=4096, n_layer=2, n_head=2, n_embd=32)
@@ -123,11 +123,16 @@ def test_zero_new_tokens_and_bad_arguments(model):
         model.generate(idx[:, :0], 1)
 
 
-def test_generation_under_bf16_autocast_keeps_a_bf16_cache(model):
+def test_generation_under_bf16_autocast_keeps_a_bf16_cache(model, monkeypatch):
+    stored = []
+    store = KVCache.store
+    monkeypatch.setattr(KVCache, "store", lambda self, k, v, pos: (stored.append(self), store(self, k, v, pos))[1])
     idx = prompt()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model.generate(idx, 5, temperature=0)
     assert out.shape == (2, 10) and out.dtype == torch.long
+    assert {(cache.k.dtype, cache.v.dtype) for cache in stored} == {(torch.bfloat16, torch.bfloat16)}  # half the bytes
+    assert model.lm_head.weight.dtype == torch.float32  # autocast casts per op: the weights stay float32
 
 
 def test_a_sharded_model_generates_what_the_unsharded_one_does(model, tmp_path, in_process_group):

@@ -191,10 +191,12 @@ def evaluate(model: GPT, examples: Iterator[Example], encode, device: torch.devi
 
 
 class HellaSwagEval(Callback):
-    """Score the model being trained on HellaSwag every ``every_n_steps`` optimizer steps (at step
-    0, as build-nanogpt does, and at the end of training too), and log ``eval/hellaswag_acc_norm``
-    and ``eval/hellaswag_acc``. Each rank scores its share of the examples; the counts are summed
-    over ranks. Works with any ``Trainer`` whose module is a ``GPT`` or holds one as ``.model``.
+    """Score the model being trained on HellaSwag every ``every_n_steps`` optimizer steps.
+
+    It scores at step 0 (as build-nanogpt does) and at the end of training too, and logs
+    ``eval/hellaswag_acc_norm`` and ``eval/hellaswag_acc``. Each rank scores its share of the
+    examples; the counts are summed over ranks. Works with any ``Trainer`` whose LightningModule
+    holds a gpt-lightning ``GPT`` as ``.model`` (``GPTLightningModule`` does).
 
     Without the file it logs nothing and says, once, where to put it: it never downloads, so it
     cannot hold up training offline.

@@ -13,7 +13,9 @@ TAG = "samples"
 
 
 class ValidationSamples(Callback):
-    """Samples ``tokens`` GPT-2 tokens after ``prompt`` at the end of each validation (not in the
+    """Text sampled after each validation, logged to TensorBoard under ``samples``.
+
+    It samples ``tokens`` GPT-2 tokens after ``prompt`` at the end of each validation (not in the
     sanity check) and logs the text under the tag ``samples`` with the logger's ``add_text``
     (TensorBoard's); without such a logger it does nothing. The draw is seeded the same every time,
     so samples of successive validations differ only by what the model learned.
