@@ -63,7 +63,7 @@ def test_arithmetic_with_warmup_world_size_accumulation_and_validation(tmp_path,
     trainer = SimpleNamespace(
         global_step=0, world_size=2, accumulate_grad_batches=2, log_every_n_steps=2, precision="32-true",
         is_global_zero=True, log_dir=str(tmp_path), datamodule=SimpleNamespace(batch_size=4, block_size=8),
-        strategy=FakeStrategy(2), loggers=[FakeLogger()],
+        strategy=FakeStrategy(2), loggers=[FakeLogger()], callbacks=[],
     )
     module = FakeModule()
     monitor = ThroughputMonitor(warmup_steps=2, peak_flops=1000.0)
@@ -116,7 +116,7 @@ def test_p10_and_p90_are_linear_interpolated_percentiles(values, p10, p90):
 def test_cpu_without_peak_logs_no_mfu(tmp_path, monkeypatch):
     trainer = SimpleNamespace(
         global_step=0, world_size=1, accumulate_grad_batches=1, log_every_n_steps=1, precision="bf16-mixed",
-        is_global_zero=True, log_dir=str(tmp_path), datamodule=None, strategy=FakeStrategy(1), loggers=[],
+        is_global_zero=True, log_dir=str(tmp_path), datamodule=None, strategy=FakeStrategy(1), loggers=[], callbacks=[],
     )
     module = FakeModule()
     drive(ThroughputMonitor(warmup_steps=1), trainer, module, [0, 5, 6, 7], monkeypatch, steps=3, accumulate=1)

@@ -26,6 +26,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_lightning.atomic import atomic_write_bytes
+from gpt_lightning.interop.hellaswag import HellaSwagEval
 
 # Dense (not sparse) tensor-core peaks from NVIDIA's datasheets: (bf16/fp16, tf32) FLOP/s. Lightning's
 # table has no "NVIDIA H200" entry and lists sparse figures for its H200 / H100 NVL entries. First
@@ -112,12 +113,19 @@ class StepTiming:
     tokens: int  # tokens this process consumed in the step (all micro-batches)
 
 
+def _scored_hellaswag_at(trainer: Trainer, step: int) -> bool:
+    """Whether a ``HellaSwagEval`` scored inside optimizer step ``step`` (it does so as the step
+    starts): that step's time is mostly the evaluation's, so it is left out of the statistics."""
+    return any(isinstance(callback, HellaSwagEval) and callback.evaluated_at == step for callback in trainer.callbacks)
+
+
 class ThroughputMonitor(Callback):
     """Post-warm-up tokens/sec, step time and MFU, logged under ``throughput/``.
 
     Logs at the trainer's logging interval: ``throughput/tokens_per_sec`` (the whole job, summed
     over ranks), ``throughput/tokens_per_sec_per_device``, ``throughput/step_ms`` and
-    ``throughput/mfu``; and once, ``throughput/first_step_s`` and ``throughput/warmup_s``. At the end
+    ``throughput/mfu``; and once, ``throughput/first_step_s`` and ``throughput/warmup_s``.
+    Validation, checkpoint writing and the steps a ``HellaSwagEval`` scores in are not counted. At the end
     of ``fit`` it prints one summary line and writes ``throughput.json`` into ``trainer.log_dir``:
     the logger's run folder, or without a logger the Trainer's ``default_root_dir`` (the working
     directory unless set), as Lightning does with checkpoints. Also with ``log_every_n_steps`` 0,
@@ -198,7 +206,8 @@ class ThroughputMonitor(Callback):
             return  # mid-accumulation: the optimizer step is not done yet
         self._last_global_step = trainer.global_step
         end = self._mark()
-        self._pending.append((self._step_index, self._step_start, end, self._step_tokens))
+        if not _scored_hellaswag_at(trainer, trainer.global_step - 1):  # that time belongs to no training step
+            self._pending.append((self._step_index, self._step_start, end, self._step_tokens))
         self._step_index += 1
         self._step_tokens = 0
         self._step_start = end  # the next step starts now, data loading included
@@ -209,7 +218,7 @@ class ThroughputMonitor(Callback):
             self._resolve()  # no step logging: only the summary at the end, from a bounded queue
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._step_start = None  # validation time belongs to no training step
+        self._step_start = None  # validation time belongs to no training step (nor a HellaSwag pass's)
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         self._step_start = None  # nor does checkpoint writing
