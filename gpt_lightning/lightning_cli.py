@@ -158,6 +158,9 @@ class GPTLightningCLI(LightningCLI):
                 },
                 "checkpoint.save_last": True,
                 "checkpoint.every_n_train_steps": 100,
+                # Ctrl-C (or any error after the first step) writes a checkpoint before the run
+                # ends, so stopping loses nothing; after a non-finite step the guard refuses it.
+                "checkpoint.save_on_exception": True,
             }
         )
 
