@@ -19,6 +19,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_lightning.interop.checkpoint import LIGHTNING_CKPT_ALIASES, SHARDED_METADATA, read_checkpoint, saved_arguments
 from gpt_lightning.data import TokenStreamDataModule
@@ -119,6 +120,16 @@ def check_config_files(args: list[str]) -> None:
             )
 
 
+def _refuse_a_finished_run(ckpt_path: str, checkpoint: dict[str, Any], max_steps: int) -> None:
+    """A resume whose checkpoint already reached ``max_steps`` would train nothing and exit 0."""
+    step = checkpoint.get("global_step")
+    if isinstance(step, int) and max_steps is not None and 0 <= max_steps <= step:
+        raise UserError(
+            f"Checkpoint {ckpt_path} is at step {step}, and trainer.max_steps is {max_steps}: nothing is left to "
+            f"train. To train on, raise it, e.g. --trainer.max_steps {2 * step if step else 1}."
+        )
+
+
 class GPTLightningCLI(LightningCLI):
     """LightningCLI with the GPT module and token-stream data, TensorBoard logging under ``logs/``,
     and checkpointing, learning-rate and throughput callbacks always attached (``--checkpoint.*``,
@@ -183,6 +194,10 @@ class GPTLightningCLI(LightningCLI):
         if not subcommand or self._cli_args is None or subcommand not in self._cli_args:
             return super()._parse_ckpt_path()
         ckpt_path = self.config[subcommand].get("ckpt_path")
+        resolved = []
+        if ckpt_path == "last" and subcommand == "fit":
+            ckpt_path = str(self._newest_last_checkpoint())
+            resolved = ["--ckpt_path", ckpt_path]
         if not ckpt_path or ckpt_path in LIGHTNING_CKPT_ALIASES:
             return
         checkpoint = read_checkpoint(ckpt_path, weights=False)  # the settings are all it needs
@@ -192,7 +207,31 @@ class GPTLightningCLI(LightningCLI):
         at = self._cli_args.index(subcommand) + 1
         # The weights come from the checkpoint: model.init_from (a fresh start's source) is not read.
         fresh_start_only = ["--model.init_from", "null"]
-        self.config = self.parser.parse_args(self._cli_args[:at] + from_checkpoint + self._cli_args[at:] + fresh_start_only)
+        self.config = self.parser.parse_args(
+            self._cli_args[:at] + from_checkpoint + self._cli_args[at:] + fresh_start_only + resolved
+        )
+        if subcommand == "fit":
+            _refuse_a_finished_run(ckpt_path, checkpoint, self.config.fit.trainer.max_steps)
+
+    def _newest_last_checkpoint(self) -> Path:
+        """``--ckpt_path last`` for ``fit``: the ``last.ckpt`` of this logger's newest run that has
+        one. (Lightning looks in the new run's own, empty folder, and silently starts from scratch.)"""
+        logger = self.config.fit.trainer.get("logger")
+        init_args = getattr(logger, "init_args", None) or {}
+        save_dir, name = init_args.get("save_dir"), init_args.get("name") or ""
+        if save_dir is None:
+            raise UserError("--ckpt_path last needs a logger with a save_dir (TensorBoard's, the default). "
+                            "Give the checkpoint's path instead.")
+        runs = Path(save_dir).expanduser() / name
+        found = [p for p in runs.glob("version_*/checkpoints/last.ckpt") if p.parent.parent.name[8:].isdigit()]
+        if not found:
+            raise UserError(
+                f"--ckpt_path last: no run under {runs} has a checkpoints/last.ckpt yet. Train without "
+                "--ckpt_path first, or give a checkpoint's path."
+            )
+        newest = max(found, key=lambda p: int(p.parent.parent.name[8:]))
+        rank_zero_info(f"--ckpt_path last: resuming from {newest}")
+        return newest
 
     # --- building ---------------------------------------------------------------------------------
     def before_instantiate_classes(self) -> None:

@@ -100,3 +100,39 @@ def test_dropout_is_a_training_setting_and_may_change_on_resume(first_run):
     main(["fit", "--config", str(config), "--ckpt_path", str(ckpt), "--trainer.max_steps", "3",
           "--model.compile", "false", "--model.dropout", "0.1"])
     assert hparams(newest_run(root))["dropout"] == 0.1
+
+
+def test_a_checkpoint_that_reached_max_steps_is_refused_in_one_line(first_run, capsys):
+    """Resuming the finished run as the README shows, without raising max_steps, trained nothing and exited 0."""
+    root, config, ckpt = first_run
+    before = set((root / "tb" / "run").iterdir())
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), "--ckpt_path", str(ckpt)])
+    assert exit_info.value.code == 2
+    assert f"Checkpoint {ckpt} is at step 2, and trainer.max_steps is 2: nothing is left to train. To train on, raise " \
+           "it, e.g. --trainer.max_steps 4." in capsys.readouterr().err
+    assert set((root / "tb" / "run").iterdir()) == before  # refused before any run folder is made
+
+
+def test_ckpt_path_last_resumes_the_newest_run_of_this_logger(first_run, caplog, capsys):
+    """Lightning's own "last" looks in the new run's empty folder and silently starts from step 0."""
+    root, config, _ = first_run
+    caplog.set_level("INFO")
+    newest = newest_run(root)
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--model.compile", "false",
+          "--trainer.max_steps", str(hparams_step(newest) + 1)])
+    assert f"--ckpt_path last: resuming from {newest / 'checkpoints' / 'last.ckpt'}" in caplog.text
+    run_dir = newest_run(root)
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [hparams_step(newest)]  # one step on from there
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.logger.init_args.name", "never-ran"])
+    assert exit_info.value.code == 2
+    assert "--ckpt_path last: no run under" in capsys.readouterr().err
+
+
+def hparams_step(run_dir):
+    import torch
+
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
