@@ -21,8 +21,10 @@ def atomic_output(path: Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp{path.suffix}"
     os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the kernel applies the umask
+    mode = tmp.stat().st_mode & 0o777
     try:
         yield tmp
+        os.chmod(tmp, mode)  # a writer that replaced the file (safetensors' save_file: 0600) gets it too
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -1,5 +1,8 @@
 """Checkpoints move between compiled and eager code, export to plain weights, refuse other shapes."""
 
+import os
+import stat
+
 import pytest
 import torch
 from lightning.pytorch import Trainer
@@ -46,7 +49,12 @@ def test_eager_checkpoint_loads_into_a_compiled_module(eager_ckpt):
 def test_exported_weights_work_without_lightning(eager_ckpt, tmp_path):
     eager, ckpt = eager_ckpt
     out = tmp_path / "export" / "gpt.safetensors"
-    export_main(["--ckpt_path", str(ckpt), "--out", str(out)])
+    old_umask = os.umask(0o022)
+    try:
+        export_main(["--ckpt_path", str(ckpt), "--out", str(out)])
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644  # as any file the user writes (safetensors alone: 0600)
     model = load_gpt(out).eval()
     assert model.config == eager.config
     assert model.lm_head.weight is model.transformer.wte.weight  # tying restored
