@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gpt_lightning.errors import UserError
+
 
 @contextmanager
 def atomic_output(path: Path) -> Iterator[Path]:
@@ -18,14 +20,23 @@ def atomic_output(path: Path) -> Iterator[Path]:
     0600, so a shared cache or log directory stays readable to the group.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp{path.suffix}"
-    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the kernel applies the umask
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"Cannot write {path}: cannot make the folder {path.parent} ({err.strerror or err}).") from None
+    try:
+        os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the kernel applies the umask
+    except OSError as err:  # named by the path the user gave, not the temporary one
+        raise UserError(f"Cannot write {path}: {err.strerror or err}.") from None
     mode = tmp.stat().st_mode & 0o777
     try:
         yield tmp
         os.chmod(tmp, mode)  # a writer that replaced the file (safetensors' save_file: 0600) gets it too
         os.replace(tmp, path)
+    except IsADirectoryError:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"Cannot write {path}: it is a directory. Give a file path, or remove the directory.") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

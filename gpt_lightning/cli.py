@@ -52,3 +52,6 @@ def main(args: list[str] | None = None) -> None:
     except (UserError, *_lightning_errors()) as err:  # evaluated only when something was raised
         print(f"gpt-lightning: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except OSError as err:  # a path given that cannot be read or written: the system's words, one line
+        print(f"gpt-lightning: error: {err}. Check the paths given.", file=sys.stderr)
+        raise SystemExit(2) from None

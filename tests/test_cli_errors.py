@@ -100,6 +100,8 @@ def test_sample_and_export_with_a_bad_checkpoint(command, kind, good_ckpt, tmp_p
         (["--max_new_tokens", "-3"], "--max_new_tokens must be at least 0"),
         (["--num_samples", "0"], "--num_samples must be at least 1"),
         (["--device", "gpu7"], "--device 'gpu7' is not a device"),
+        (["--device", "mps"], "--device mps: gpt-lightning samples and evaluates on cpu or cuda"),
+        (["--device", "meta"], "--device meta: gpt-lightning samples and evaluates on cpu or cuda"),
     ],
 )
 def test_sample_with_bad_options(args, expected, good_ckpt, capsys):
@@ -150,6 +152,32 @@ def test_misspelt_subcommand(capsys):
     code, err = run_main(["fitt", "--config", TINY_CPU], capsys)
     assert_one_clear_line(code, err, "invalid choice: 'fitt'")
     assert len(err.strip().splitlines()) == 2
+
+
+@pytest.mark.parametrize(
+    "command, expected",
+    [
+        (["export", "--out", "{dir}"], "Cannot write {dir}: it is a directory. Give a file path"),
+        (["export", "--format", "hf", "--out", "{file}"], "Cannot write {file}/config.json: cannot make the folder {file}"),
+        (["export", "--out", "{file}/x.safetensors"], "Cannot write {file}/x.safetensors: cannot make the folder {file}"),
+    ],
+    ids=["file-onto-a-directory", "directory-onto-a-file", "under-a-file"],
+)
+def test_export_to_a_path_that_cannot_be_written(command, expected, good_ckpt, tmp_path, capsys):
+    (tmp_path / "a-dir").mkdir()
+    (tmp_path / "a-file").write_text("")
+    paths = {"dir": str(tmp_path / "a-dir"), "file": str(tmp_path / "a-file")}
+    code, err = run_main([command[0], "--ckpt_path", str(good_ckpt), *(w.format(**paths) for w in command[1:])], capsys)
+    assert_one_clear_line(code, err, expected.format(**paths))
+    assert not list(tmp_path.glob("**/.*.tmp*"))  # no temporary file left behind
+
+
+def test_tokenize_into_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("hello")
+    (tmp_path / "a-file").write_text("")
+    code, err = run_main(["tokenize", "--input", str(tmp_path / "texts"), "--output", str(tmp_path / "a-file")], capsys)
+    assert_one_clear_line(code, err, "File exists", "a-file", "Check the paths given.")
 
 
 def test_predict_is_not_offered(capsys):

@@ -19,7 +19,8 @@ PACKAGE = REPO / "gpt_lightning"
 # Lowest first. A module may import from its own room and from lower layers only: rooms of one layer
 # do not know each other (training and observing are independent; interop and scaling too).
 LAYERS = (
-    {"errors", "atomic", "_moved"},
+    {"errors"},  # UserError: what every layer raises for a user's mistake
+    {"atomic", "_moved"},
     {"model", "data"},
     {"scaling", "interop"},
     {"training", "observing"},

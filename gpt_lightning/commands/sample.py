@@ -20,8 +20,13 @@ def resolve_device(device: str) -> torch.device:
         resolved = torch.device(device)
     except RuntimeError:
         raise UserError(f"--device {device!r} is not a device. Use auto, cpu, cuda or cuda:N.") from None
+    if resolved.type not in ("cpu", "cuda"):  # mps, xpu, meta...: not what gpt-lightning runs on
+        raise UserError(f"--device {device}: gpt-lightning samples and evaluates on cpu or cuda. Use auto, cpu, cuda or cuda:N.")
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {device}: no CUDA GPU is available here. Use --device cpu (or auto).")
+    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s), cuda:0 to "
+                        f"cuda:{torch.cuda.device_count() - 1}.")
     return resolved
 
 
