@@ -10,6 +10,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from gpt_lightning.cli import main
 from gpt_lightning.data import gpt2_encoding
 
+from conftest import REPO
+
 
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory, shakespeare):
@@ -136,3 +138,26 @@ def hparams_step(run_dir):
     import torch
 
     return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
+
+
+def test_a_resumed_run_logs_at_the_steps_the_uninterrupted_run_logs_at(tmp_path, shakespeare):
+    """Train 3 steps (validating at the last), resume to 6: the curve continues at step 3, as the
+    6-step run's does. Lightning put it at 4 to 6: its restart guess is wrong for an end-of-fit checkpoint."""
+    (tmp_path / "c.txt").write_text(shakespeare[:20_000])
+    common = ["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--model.n_layer", "1", "--model.n_head", "2",
+              "--model.n_embd", "32", "--model.compile", "false", "--model.val_sample_tokens", "0",
+              "--data.data_path", str(tmp_path / "c.txt"), "--data.block_size", "16", "--data.cache_dir", str(tmp_path),
+              "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "3", "--trainer.log_every_n_steps", "1",
+              "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")]
+    main([*common, "--trainer.max_steps", "6", "--trainer.logger.init_args.name", "whole"])
+    main([*common, "--trainer.max_steps", "3", "--trainer.logger.init_args.name", "short"])
+    main([*common, "--trainer.max_steps", "6", "--trainer.logger.init_args.name", "resumed",
+          "--ckpt_path", str(tmp_path / "tb/short/version_0/checkpoints/last.ckpt")])
+
+    def curve(name, tag):
+        events = EventAccumulator(str(tmp_path / "tb" / name / "version_0"))
+        events.Reload()
+        return [(e.step, e.value) for e in events.Scalars(tag)]
+
+    assert curve("resumed", "train/loss") == curve("whole", "train/loss")[3:]
+    assert curve("resumed", "val/loss") == curve("whole", "val/loss")[1:]

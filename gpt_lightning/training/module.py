@@ -167,6 +167,9 @@ class GPTLightningModule(LightningModule):
         """``--trainer.gradient_clip_val`` on the device with the guard's norm, fused AdamW kept (``nonfinite``)."""
         self._nonfinite.clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        resume.align_logging_step(self.trainer)  # after some resumes Lightning's is one ahead
+
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._nonfinite.check_at_logging_interval(self.trainer)
 

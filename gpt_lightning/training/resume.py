@@ -110,3 +110,17 @@ def place_schedule(trainer: Any, learning_rate: float, multiplier: Callable[[int
         scheduler.base_lrs = [learning_rate] * groups
         scheduler.last_epoch = step  # a scheduler steps once per optimizer step after its first
         scheduler._last_lr = [lr] * groups  # what get_last_lr() reports until its next step
+
+
+def align_logging_step(trainer: Any) -> None:
+    """Make the step logged metrics carry the optimizer step count again.
+
+    Lightning logs at its epoch loop's ``_batches_that_stepped``, which it does not save as such:
+    on restart it adds one when it guesses the checkpoint was written before its own increment.
+    A checkpoint written at the end of ``fit`` after a final validation is guessed wrong, so every
+    point of the resumed run was drawn one step to the right of the uninterrupted run's. In
+    automatic optimization the two counts are equal at the start of every batch, so setting it is
+    a no-op except after such a resume. (Lightning issue #19367 is the same family.)"""
+    loop = trainer.fit_loop.epoch_loop
+    if loop._batches_that_stepped != trainer.global_step:
+        loop._batches_that_stepped = trainer.global_step
