@@ -168,6 +168,9 @@ class GPTLightningCLI(LightningCLI):
                     "init_args": {"save_dir": "logs", "name": "gpt", "default_hp_metric": False},
                 },
                 "checkpoint.save_last": True,
+                # last.ckpt is the run's one checkpoint: Lightning's default top-1 by step would be a
+                # second copy of it (no metric is monitored), twice the disk for a big model.
+                "checkpoint.save_top_k": 0,
                 "checkpoint.every_n_train_steps": 100,
                 # Ctrl-C (or any error after the first step) writes a checkpoint before the run
                 # ends, so stopping loses nothing; after a non-finite step the guard refuses it.

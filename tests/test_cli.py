@@ -95,6 +95,7 @@ def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
         assert noise not in console, noise
     run_dirs = list((tmp_path / "tb" / "tiny-cpu").iterdir())
     assert len(run_dirs) == 1
+    assert [p.name for p in (run_dirs[0] / "checkpoints").iterdir()] == ["last.ckpt"]  # one copy, not two
     events = EventAccumulator(str(run_dirs[0]))
     events.Reload()
     tags = events.Tags()["scalars"]

@@ -69,7 +69,7 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
 def test_resumed_run_ends_with_the_weights_of_the_uninterrupted_one(tmp_path, corpus, stop, flags):
     if flags and flags[-1] == "shards":  # the corpus's tokens as a shard folder: the shard order is shuffled too
         flags, corpus = flags[:-1], shard_folder(corpus, tmp_path / "shards")
-    every = ["--checkpoint.every_n_train_steps", str(stop), "--trainer.max_steps", str(2 * stop)]
+    every = ["--checkpoint.every_n_train_steps", str(stop), "--checkpoint.save_top_k", "-1", "--trainer.max_steps", str(2 * stop)]
     whole = fit(tmp_path, "whole", corpus, *flags, *every)
     (at_stop,) = whole.glob(f"*step={stop}.ckpt")
     resumed = fit(tmp_path, "resumed", corpus, *flags, *every, "--ckpt_path", str(at_stop))
