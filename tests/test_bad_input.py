@@ -230,3 +230,5 @@ def test_a_nan_is_reported_at_the_next_logging_interval_and_no_update_follows_it
     for (name, ours), theirs in zip(bad.state_dict().items(), good.state_dict().values()):
         assert torch.equal(ours, theirs), name
     assert "Traceback" not in str(info.value)
+    # The advice fits the run: only a float16 one is told to use bf16-mixed.
+    assert ("use bf16-mixed instead of float16" in str(info.value)) == (precision == "16-mixed")

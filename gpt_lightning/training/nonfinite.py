@@ -37,6 +37,7 @@ class NonFiniteGuard:
         self._first_bad: torch.Tensor | None = None  # first bad optimizer step; -1 while there is none
         self.grad_norm: torch.Tensor | None = None  # total 2-norm of the last step's gradients, on the device
         self._checked_at = -1  # the optimizer step at which the host last read the guard
+        self._float16 = False  # whether the run is in float16 (its advice: bf16-mixed)
 
     def observe_loss(self, loss: torch.Tensor) -> None:
         bad = ~torch.isfinite(loss.detach())
@@ -89,6 +90,7 @@ class NonFiniteGuard:
         """``on_before_optimizer_step``: decide on the device whether this update is skipped, make
         the optimizer skip it, and log ``train/grad_norm``."""
         scaler = getattr(module.trainer.precision_plugin, "scaler", None)  # 16-mixed: it handles overflows
+        self._float16 = str(module.trainer.precision).startswith("16")
         grads = _gradients(module)
         skip = self.skip_update(module.global_step, None if scaler is not None else grads)
         if self.grad_norm is not None:
@@ -174,8 +176,9 @@ class NonFiniteGuard:
             raise UserError(
                 f"train/loss or a gradient became non-finite (nan or inf) at step {bad_step}. That update "
                 "and every one after it were skipped, and no checkpoint was written since, so the weights "
-                "and the last checkpoint are those from before it. Lower model.learning_rate, add "
-                "model.warmup_steps, or use bf16-mixed instead of 16-mixed."
+                "and the last checkpoint are those from before it. Lower model.learning_rate"
+                + (", add model.warmup_steps, or use bf16-mixed instead of float16." if self._float16
+                   else " or add model.warmup_steps.")
             )
 
 
