@@ -13,8 +13,8 @@ from gpt_lightning.errors import UserError
 COMMANDS = {
     "bench": "train one config eager, then compiled, and compare throughput and loss",
     "sample": "continue a prompt with a checkpoint",
-    "export": "write a checkpoint's GPT weights to safetensors",
-    "tokenize": "turn a folder of .txt files into GPT-2 .npy shards",
+    "export": "write a checkpoint's GPT weights to safetensors or a Hugging Face folder",
+    "tokenize": "turn .txt, .jsonl or .parquet files into GPT-2 token shards",
     "eval": "score a checkpoint or a Hugging Face GPT-2 on HellaSwag",
 }
 OVERVIEW = "\n".join([

@@ -112,6 +112,19 @@ def test_sample_in_bfloat16_reads_bf16_weights_and_cache(eager_ckpt, monkeypatch
         sample(ckpt, dtype="float8")
 
 
+def test_top_k_0_samples_among_the_whole_vocabulary(eager_ckpt, monkeypatch):
+    from gpt_lightning.commands.sample import sample
+    from gpt_lightning.model import GPT
+
+    _, ckpt = eager_ckpt
+    seen = []
+    generate = GPT.generate
+    monkeypatch.setattr(GPT, "generate", lambda self, *a, **kw: (seen.append(kw["top_k"]), generate(self, *a, **kw))[1])
+    sample(ckpt, prompt="ROMEO:", max_new_tokens=3, top_k=0, device="cpu")
+    sample(ckpt, prompt="ROMEO:", max_new_tokens=3, top_k=5, device="cpu")
+    assert seen == [None, 5]
+
+
 def test_sample_from_a_checkpoint_with_a_smaller_vocabulary_says_why_it_cannot(tmp_path):
     """A model trained on the user's own token ids (vocab_size 1000) cannot take GPT-2 text: one line, not
     the embedding's IndexError."""

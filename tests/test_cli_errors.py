@@ -99,6 +99,7 @@ def test_sample_and_export_with_a_bad_checkpoint(command, kind, good_ckpt, tmp_p
         (["--temperature", "-1"], "--temperature must be >= 0"),
         (["--max_new_tokens", "-3"], "--max_new_tokens must be at least 0"),
         (["--num_samples", "0"], "--num_samples must be at least 1"),
+        (["--top_k", "-1"], "--top_k must be at least 0"),
         (["--device", "gpu7"], "--device 'gpu7' is not a device"),
         (["--device", "mps"], "--device mps: gpt-lightning samples and evaluates on cpu or cuda"),
         (["--device", "meta"], "--device meta: gpt-lightning samples and evaluates on cpu or cuda"),

@@ -202,12 +202,12 @@ def main(argv: list[str]) -> None:
     )
     parser.add_argument("--config", required=True, help="YAML config, as for `gpt-lightning fit`.")
     parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=["eager", "compiled"],
-                        help="how to train --config: eager, compiled (as the config says), model or blocks (compile scopes)")
+                        help="how to train --config: eager, compiled (as the config says), model or blocks (compile scopes; default: %(default)s)")
     parser.add_argument("--also", nargs="*", default=[], metavar="CONFIG", help="more configs, each run once as written")
     parser.add_argument("--cold", action="store_true", help="each run starts from an empty inductor cache (a first-time user's compile)")
-    parser.add_argument("--every", type=int, default=10, help="print a table row every N steps")
+    parser.add_argument("--every", type=int, default=10, help="print a table row every N steps (default: %(default)s)")
     parser.add_argument("--tolerance", type=float, default=0.25,
-                        help="largest allowed |loss_eager - loss_compiled| at any step; beyond it the bench exits 1")
+                        help="largest allowed |loss_eager - loss_compiled| at any step; beyond it the bench exits 1 (default: %(default)s)")
     args, extra = parser.parse_known_args(argv)
     parent = f"bench/{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 

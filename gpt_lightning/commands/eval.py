@@ -30,8 +30,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--init_from", help="a Hugging Face GPT-2: hub name (gpt2, ...), directory or weights file")
     parser.add_argument("--data_file", help="hellaswag_val.jsonl; default: downloaded once into the cache")
     parser.add_argument("--limit", type=int, help="score only the first N examples")
-    parser.add_argument("--batch_size", type=int, default=8, help="examples per forward pass (4 rows each)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    parser.add_argument("--batch_size", type=int, default=8, help="examples per forward pass (4 rows each; default: %(default)s)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ... (default: %(default)s)")
     parser.add_argument("--out", help="also write the result to this JSON file")
     args = parser.parse_args(argv)
     if args.limit is not None and args.limit < 1:

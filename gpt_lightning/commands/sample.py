@@ -50,11 +50,12 @@ def sample(
     ``dtype`` is the weights' (and the cache's) type while sampling: decoding reads every weight
     once per token, so bfloat16 reads half the bytes of float32 (on CPUs with AMX or AVX-512 BF16
     and on GPUs its matmuls are native); float32 gives the checkpoint's own numbers."""
-    for name, value, least in (("max_new_tokens", max_new_tokens, 0), ("num_samples", num_samples, 1), ("top_k", top_k, 1)):
+    for name, value, least in (("max_new_tokens", max_new_tokens, 0), ("num_samples", num_samples, 1), ("top_k", top_k, 0)):
         if value is not None and value < least:
             raise UserError(f"--{name} must be at least {least}, got {value}.")
     if temperature < 0:
         raise UserError(f"--temperature must be >= 0 (0 is greedy), got {temperature}.")
+    top_k = top_k or None  # 0: the whole vocabulary
     if dtype not in SAMPLE_DTYPES:
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(SAMPLE_DTYPES)}.")
     torch_device = resolve_device(device)
@@ -81,16 +82,17 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="gpt-lightning sample", description=__doc__)
     parser.add_argument("--ckpt_path", required=True, help="a .ckpt written by gpt-lightning fit")
     parser.add_argument("--prompt", default="\n", help="text to continue (default: a new line)")
-    parser.add_argument("--max_new_tokens", type=int, default=200)
-    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    parser.add_argument("--top_k", type=int, default=200, help="sample among the k likeliest tokens")
-    parser.add_argument("--num_samples", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    parser.add_argument("--max_new_tokens", type=int, default=200, help="tokens to add (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: %(default)s)")
+    parser.add_argument("--top_k", type=int, default=200,
+                        help="sample among the k likeliest tokens; 0: among all (default: %(default)s)")
+    parser.add_argument("--num_samples", type=int, default=1, help="continuations, in one batch (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=42, help="the same seed gives the same text (default: %(default)s)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ... (default: %(default)s)")
     parser.add_argument("--compile", action="store_true",
                         help="compile the decode step (CUDA graphs on CUDA): pays for long or many samples")
     parser.add_argument("--dtype", default="float32", choices=SAMPLE_DTYPES,
-                        help="weights' type while sampling: bfloat16 reads half the bytes per token")
+                        help="weights' type while sampling: bfloat16 reads half the bytes per token (default: %(default)s)")
     args = parser.parse_args(argv)
     texts = sample(**vars(args))
     for i, text in enumerate(texts):
