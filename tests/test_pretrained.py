@@ -81,7 +81,7 @@ def test_a_hub_name_offline_says_what_to_do(monkeypatch):
         raise OSError("network is unreachable")
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
-    with pytest.raises(UserError, match=r"Could not fetch 'gpt2' .* pass a local copy"):
+    with pytest.raises(UserError, match=r"Could not fetch 'gpt2' .* give init_from \(fit's --model.init_from, eval's --init_from\) a local copy"):
         GPTLightningModule(init_from="gpt2", compile=False)
 
 

@@ -45,7 +45,7 @@ def _local_files(source: str) -> tuple[Path, Path]:
     if source in HUB_MODELS:
         return _from_hub(source)
     raise UserError(
-        f"model.init_from {source!r} is neither a local directory or file nor one of {', '.join(HUB_MODELS)}."
+        f"init_from {source!r} is neither a local directory or file nor one of {', '.join(HUB_MODELS)}."
     )
 
 
@@ -59,7 +59,8 @@ def _from_hub(name: str) -> tuple[Path, Path]:
     except Exception as err:  # offline, a proxy, a rate limit: say what to do instead
         raise UserError(
             f"Could not fetch {name!r} from the Hugging Face hub ({type(err).__name__}). It is needed once, "
-            f"online (it is cached); offline, pass a local copy: model.init_from /path/to/{name} (a directory "
+            f"online (it is cached); offline, give init_from (fit's --model.init_from, eval's --init_from) a local "
+            f"copy instead: /path/to/{name} (a directory "
             "with config.json and model.safetensors)."
         ) from None
 
