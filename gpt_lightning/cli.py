@@ -52,6 +52,10 @@ def main(args: list[str] | None = None) -> None:
     except (UserError, *_lightning_errors()) as err:  # evaluated only when something was raised
         print(f"gpt-lightning: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
-    except OSError as err:  # a path given that cannot be read or written: the system's words, one line
+    except OSError as err:
+        # A path that cannot be read or written (a file where a folder should be, no permission):
+        # the system's words and the path, one line. Anything else keeps its traceback.
+        if err.filename is None or isinstance(err, (ConnectionError, TimeoutError)):
+            raise
         print(f"gpt-lightning: error: {err}. Check the paths given.", file=sys.stderr)
         raise SystemExit(2) from None

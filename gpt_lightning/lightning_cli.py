@@ -172,9 +172,6 @@ class GPTLightningCLI(LightningCLI):
                 # second copy of it (no metric is monitored), twice the disk for a big model.
                 "checkpoint.save_top_k": 0,
                 "checkpoint.every_n_train_steps": 100,
-                # Ctrl-C (or any error after the first step) writes a checkpoint before the run
-                # ends, so stopping loses nothing; after a non-finite step the guard refuses it.
-                "checkpoint.save_on_exception": True,
             }
         )
 
@@ -198,8 +195,8 @@ class GPTLightningCLI(LightningCLI):
             return super()._parse_ckpt_path()
         ckpt_path = self.config[subcommand].get("ckpt_path")
         resolved = []
-        if ckpt_path == "last" and subcommand == "fit":
-            ckpt_path = str(self._newest_last_checkpoint())
+        if ckpt_path == "last" and subcommand == "fit" and (newest := self._newest_last_checkpoint()) is not None:
+            ckpt_path = str(newest)
             resolved = ["--ckpt_path", ckpt_path]
         if not ckpt_path or ckpt_path in LIGHTNING_CKPT_ALIASES:
             return
@@ -216,15 +213,18 @@ class GPTLightningCLI(LightningCLI):
         if subcommand == "fit":
             _refuse_a_finished_run(ckpt_path, checkpoint, self.config.fit.trainer.max_steps)
 
-    def _newest_last_checkpoint(self) -> Path:
+    def _newest_last_checkpoint(self) -> Path | None:
         """``--ckpt_path last`` for ``fit``: the ``last.ckpt`` of this logger's newest run that has
-        one. (Lightning looks in the new run's own, empty folder, and silently starts from scratch.)"""
-        logger = self.config.fit.trainer.get("logger")
+        one. (Lightning looks in the new run's own, empty folder, and silently starts from scratch.)
+        None, leaving ``last`` to Lightning, where the checkpoints are not in numbered run folders:
+        no logger or several, a logger without a save_dir or with a fixed version, or
+        ``--checkpoint.dirpath`` given."""
+        fit = self.config.fit
+        logger = fit.trainer.get("logger")
         init_args = getattr(logger, "init_args", None) or {}
         save_dir, name = init_args.get("save_dir"), init_args.get("name") or ""
-        if save_dir is None:
-            raise UserError("--ckpt_path last needs a logger with a save_dir (TensorBoard's, the default). "
-                            "Give the checkpoint's path instead.")
+        if save_dir is None or init_args.get("version") is not None or fit.get("checkpoint", {}).get("dirpath"):
+            return None
         runs = Path(save_dir).expanduser() / name
         found = [p for p in runs.glob("version_*/checkpoints/last.ckpt") if p.parent.parent.name[8:].isdigit()]
         if not found:

@@ -161,3 +161,18 @@ def test_a_resumed_run_logs_at_the_steps_the_uninterrupted_run_logs_at(tmp_path,
 
     assert curve("resumed", "train/loss") == curve("whole", "train/loss")[3:]
     assert curve("resumed", "val/loss") == curve("whole", "val/loss")[1:]
+
+
+def test_ckpt_path_last_with_a_checkpoint_dirpath_is_lightning_s(tmp_path, shakespeare):
+    """Checkpoints written to --checkpoint.dirpath are where Lightning's own `last` looks: left to it."""
+    (tmp_path / "c.txt").write_text(shakespeare[:20_000])
+    common = ["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--model.n_layer", "1", "--model.n_head", "2",
+              "--model.n_embd", "32", "--model.compile", "false", "--model.val_sample_tokens", "0",
+              "--data.data_path", str(tmp_path / "c.txt"), "--data.block_size", "16", "--data.cache_dir", str(tmp_path),
+              "--trainer.limit_val_batches", "0", "--trainer.log_every_n_steps", "1",
+              "--checkpoint.dirpath", str(tmp_path / "ckpts"), "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")]
+    main([*common, "--trainer.max_steps", "2"])
+    main([*common, "--trainer.max_steps", "3", "--ckpt_path", "last"])
+    events = EventAccumulator(str(tmp_path / "tb" / "tiny-cpu" / "version_1"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [2]  # resumed at step 2, not from scratch

@@ -43,8 +43,8 @@ def compile_in_place(model: GPT, scope: str, **options: object) -> None:
     for block in model.transformer.h:
         block.compile(**options)  # in place, like the whole model: same code, one graph for all
     # A method, not a module: compiling it leaves every parameter name as it is. The compiled
-    # function is bound as a method, so a deepcopy (an EMA copy) binds it to the copy's weights and
-    # pickling names it by attribute, as for any bound method.
+    # function is bound as a method, so a deepcopy (an EMA copy) binds it to the copy's weights, and
+    # the module pickles (the unpickled model runs this part eager, as the class defines it).
     model.head_and_loss = types.MethodType(torch.compile(type(model).head_and_loss, **options), model)
 
 

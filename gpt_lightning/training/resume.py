@@ -115,8 +115,8 @@ def place_schedule(trainer: Any, learning_rate: float, multiplier: Callable[[int
 def align_logging_step(trainer: Any) -> None:
     """Make the step logged metrics carry the optimizer step count again.
 
-    Lightning logs at its epoch loop's ``_batches_that_stepped``, which it does not save as such:
-    on restart it adds one when it guesses the checkpoint was written before its own increment.
+    Lightning logs at its epoch loop's ``_batches_that_stepped``, which it saves and restores, then
+    adds one on restart when it guesses the checkpoint was written before its own increment.
     A checkpoint written at the end of ``fit`` after a final validation is guessed wrong, so every
     point of the resumed run was drawn one step to the right of the uninterrupted run's. In
     automatic optimization the two counts are equal at the start of every batch, so setting it is
