@@ -4,6 +4,8 @@ on 1 or 2 workers, every input kind and output format, and the FineWeb recipe tr
 import gzip
 import io
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -57,6 +59,27 @@ def write_inputs(folder, shakespeare):
     table = pa.table({"text": docs[20:], "id": [f"<urn:{i}>" for i in range(10)], "score": [3.1] * 10})
     pq.write_table(table, folder / "d.parquet", row_group_size=4)
     return docs
+
+
+def test_encoding_workers_die_on_sigterm_whatever_handler_the_parent_holds():
+    """After a Lightning fit a process can hold a SIGTERM handler that only notes the signal (the
+    trainer's graceful stop). Forked encoders inherited it, so Pool.terminate, which stops its idle
+    workers with SIGTERM, could wait on one forever: tokenize hung under pytest-xdist. Each worker
+    reports its SIGTERM handler (a subprocess, so that a hang is a timeout)."""
+    code = (
+        "import signal\n"
+        "import numpy as np\n"
+        "import gpt_lightning.data.encode as encode\n"
+        "from gpt_lightning.data.documents import WorkItem\n"
+        "signal.signal(signal.SIGTERM, lambda *_: None)\n"
+        "def report(item):\n"
+        "    return np.array([signal.getsignal(signal.SIGTERM) is signal.SIG_DFL])\n"
+        "encode.encode_item = report\n"
+        "print(sorted({bool(ids[0]) for _, ids in encode.encode_items([WorkItem(position=i) for i in range(8)], workers=2)}))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[True]"
 
 
 def test_every_input_kind_and_the_same_bytes_on_one_or_two_workers(shakespeare, tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections import deque
@@ -62,6 +63,14 @@ def encode_pieces_without_separators(item: WorkItem) -> np.ndarray:
     return np.array(ids, dtype=TOKEN_DTYPE)
 
 
+def _default_sigterm() -> None:
+    """In each pool worker: die on the SIGTERM that ``Pool.terminate`` (the ``with`` block's exit)
+    sends. A forked worker inherits the parent's handlers, and a process that has run a Lightning
+    ``fit`` can hold one that only notes a SIGTERM (the trainer's graceful stop): the pool would
+    then wait for its idle workers forever."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def encode_items(items: Iterable[WorkItem], workers: int, separate_documents: bool = True) -> Iterator[tuple[int, np.ndarray]]:
     """Each item's input position (``WorkItem.position``) and ids, in the items' order. ``workers`` 1
     encodes in this process."""
@@ -73,7 +82,7 @@ def encode_items(items: Iterable[WorkItem], workers: int, separate_documents: bo
     # fork where it is the default (Linux): workers start at once with the encoding already loaded.
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
     gpt2_encoding()
-    with context.Pool(workers) as pool:
+    with context.Pool(workers, initializer=_default_sigterm) as pool:
         pending: deque = deque()  # (position, result), oldest first: results leave in order
         for item in items:
             pending.append((item.position, pool.apply_async(encode, (item,))))
