@@ -219,6 +219,14 @@ def test_a_validation_interval_longer_than_an_epoch(tmp_path, capsys):
                           "--trainer.check_val_every_n_epoch null")
 
 
+def test_a_validation_interval_in_optimizer_steps_longer_than_an_epoch(tmp_path, capsys):
+    """With tokens_per_step (4 micro-batches a step here) the interval is counted, and named, in steps."""
+    code, err = run_main(fit_args(tmp_path, "--data.tokens_per_step", "4096", "--trainer.val_check_interval", "100",
+                                  "--trainer.check_val_every_n_epoch", "1"), capsys)
+    assert_one_clear_line(code, err, "trainer.val_check_interval (100 optimizer steps = 400 batches) is more than the "
+                          "297 training batches", "validate every 100 steps across epochs, or use a val_check_interval <= 74.")
+
+
 def test_trainer_settings_that_cannot_be_built_here(tmp_path, capsys):
     code, err = run_main(fit_args(tmp_path, "--trainer.accelerator", "tpu"), capsys)
     assert_one_clear_line(code, err, "The trainer settings are not usable here", "torch_xla")

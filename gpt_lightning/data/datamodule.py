@@ -13,6 +13,7 @@ epoch ends in between.
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,7 @@ class TokenStreamDataModule(LightningDataModule):
         self.tokens: np.ndarray | None = None  # text sources: all token ids, memory-mapped
         self.shards: dict[str, list[Path]] | None = None  # shard directories: files by split
         self._verified_token_file: Path | None = None  # set by prepare_data in this process
-        self._given_val_check_interval: tuple[object, int] | None = None  # (trainer, steps) as the user gave it
+        self._given_val_check_interval: tuple[weakref.ref, int] | None = None  # (trainer, steps) as the user gave it
 
     # --- preparing -------------------------------------------------------------------------------
     @property
@@ -179,14 +180,19 @@ class TokenStreamDataModule(LightningDataModule):
         ``accumulate_grad_batches``. The value given is kept per trainer, so a second ``fit`` or a
         resume does not multiply it again."""
         trainer = self.trainer
-        remembered = self._given_val_check_interval
-        given = remembered[1] if remembered is not None and remembered[0] is trainer else trainer.val_check_interval
+        given = self._validation_steps_given() or trainer.val_check_interval
         if not isinstance(given, int) or isinstance(given, bool):
             return  # a fraction of an epoch or a time interval: not a count of steps
-        self._given_val_check_interval = (trainer, given)
+        self._given_val_check_interval = (weakref.ref(trainer), given)
         trainer.val_check_interval = given * accumulate
         if accumulate > 1:
             rank_zero_info(f"validation every {given} optimizer steps = {given * accumulate} micro-batches")
+
+    def _validation_steps_given(self) -> int | None:
+        """The integer ``val_check_interval`` the user gave this trainer, before it was counted in
+        micro-batches; None if it was not rescaled."""
+        remembered = self._given_val_check_interval
+        return remembered[1] if remembered is not None and remembered[0]() is self.trainer else None
 
     def _check_validation_interval(self, batches: int) -> None:
         """Say in our words what Lightning's fit loop would raise as a ValueError traceback."""
@@ -197,8 +203,7 @@ class TokenStreamDataModule(LightningDataModule):
         limit = trainer.limit_train_batches
         epoch = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
         if interval > epoch and trainer.limit_val_batches > 0:
-            given = self._given_val_check_interval
-            steps = given[1] if given is not None and given[0] is trainer else interval
+            steps = self._validation_steps_given() or interval
             accumulate = interval // steps
             counted = f"{steps} optimizer steps = {interval} batches" if accumulate > 1 else str(interval)
             raise UserError(
