@@ -1,5 +1,8 @@
-"""`gpt-lightning bench` on a very small CPU config: eager and regional compilation side by side, each in
-its own process with a cold compile cache (the scopes themselves are checked in test_compile); table, JSON, PNG, and the divergence exit."""
+"""`gpt-lightning bench` on a very small CPU config: eager and regional compilation side by side (the
+scopes themselves are checked in test_compile); table, JSON, PNG, and the divergence exit. Here the runs
+train in the pytest process, on the suite's one tiny compiled shape, so the compile cache is shared; the
+README walkthrough's bench and the GPU run's smoke mode launch real child processes, and what --cold gives
+a child is checked on its own below."""
 
 import json
 from pathlib import Path
@@ -13,26 +16,29 @@ from conftest import REPO
 
 
 def test_bench_compares_runs_side_by_side_and_fails_on_divergence(tmp_path, monkeypatch, capfd):
-    """The bench itself runs in this process (its runs are its own subprocesses, as always: their
-    output reaches the same file descriptors, captured here)."""
+    from gpt_lightning.commands import bench
+
+    def in_this_process(name, args, cold):  # run_in_subprocess's result, without a process launch
+        return {"name": name, "args": args, **bench.train_one(args)}
+
+    monkeypatch.setattr(bench, "run_in_subprocess", in_this_process)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
         main([
-            "bench", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--runs", "eager", "blocks", "--cold",
+            "bench", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--runs", "eager", "blocks",
             "--every", "2", "--tolerance", "-1",  # any difference at all counts as divergence: the failure path
             "--trainer.max_steps", "6", "--throughput.warmup_steps", "2", "--trainer.val_check_interval", "3",
             "--trainer.limit_val_batches", "1", "--model.n_layer", "2", "--model.n_embd", "32",
-            "--model.n_head", "2", "--data.block_size", "32",
+            "--model.n_head", "2", "--data.batch_size", "2", "--data.block_size", "32",
             "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
         ])
     out, err = capfd.readouterr()
     assert exit_info.value.code == 1, err[-3000:]
     assert "FAIL: blocks's loss curve leaves eager's" in out
-    assert "(cold compile cache)" in out
     (run_dir,) = (tmp_path / "tb" / "bench").iterdir()
     assert {p.name for p in run_dir.iterdir()} >= {"eager", "blocks", "bench.json", "bench.png"}
     saved = json.loads((run_dir / "bench.json").read_text())
-    assert saved["cold_compile_cache"] is True
+    assert saved["cold_compile_cache"] is False
     # Paths in this checkout are recorded relative to it; the test's own folder (outside it) as given.
     assert saved["config"] == "configs/tiny-cpu.yaml" == saved["runs"]["eager"]["args"][1]
     assert str(REPO) not in json.dumps(saved)
@@ -59,3 +65,35 @@ def test_repo_relative_rewrites_paths_in_the_checkout_only():
                                              "--data.data_path=data/t.txt", 3, None],
         "root": ".", "outside": "/tmp/work/repo/configs/a.yaml", "sibling": "/work/repo2/configs/a.yaml",
         "log_dir": "logs/bench/x/eager"}
+
+
+@pytest.mark.parametrize("cold", [True, False])
+def test_cold_gives_each_run_its_own_empty_compile_cache(cold, monkeypatch, capsys):
+    """What --cold changes for a run's process: its inductor and Triton caches start empty, one pair
+    per run, and go when the run ends; without it the run uses the caches the user's shell names."""
+    from gpt_lightning.commands import bench
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/users/cache")
+    seen = []
+
+    def child(command, env):  # stands in for the child process: records what it was given
+        result = Path(command[command.index("--child") + 1])
+        cache = Path(env["TORCHINDUCTOR_CACHE_DIR"])
+        seen.append({key: env.get(key) for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")} |
+                    {"empty": not cache.exists() or not any(cache.iterdir()), "scratch": str(result.parent)})
+        result.write_text(json.dumps({"loss": []}))
+        return bench.subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(bench.subprocess, "run", child)
+    for name in ("eager", "blocks"):
+        assert bench.run_in_subprocess(name, ["--config", "c.yaml"], cold)["name"] == name
+    assert ("(cold compile cache)" in capsys.readouterr().out) is cold
+    if cold:
+        first, second = seen
+        for run in seen:
+            assert run["TORCHINDUCTOR_CACHE_DIR"] == str(Path(run["scratch"]) / "inductor") and run["empty"]
+            assert run["TRITON_CACHE_DIR"] == str(Path(run["scratch"]) / "triton")
+            assert not Path(run["scratch"]).exists()  # removed with the run
+        assert first["scratch"] != second["scratch"]
+    else:
+        assert [run["TORCHINDUCTOR_CACHE_DIR"] for run in seen] == ["/users/cache"] * 2

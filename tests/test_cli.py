@@ -64,9 +64,15 @@ def run_cli(*args: str, cwd: Path, env_extra: dict | None = None) -> subprocess.
     )
 
 
+# The quick start's config, compiled in bf16-mixed as written, shrunk in size only: the suite's one tiny
+# compiled shape (1 layer of width 32, batches of 2 x 32 tokens), whose kernels the compile cache shares.
+SHRUNK = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--data.batch_size", "2",
+          "--data.block_size", "32"]
+
+
 def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
     result = run_cli(
-        "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"),
+        "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *SHRUNK,
         "--trainer.max_steps", "6", "--trainer.log_every_n_steps", "2", "--trainer.val_check_interval", "3",
         "--trainer.limit_val_batches", "1", "--throughput.warmup_steps", "2",
         "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
@@ -75,22 +81,24 @@ def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     console = result.stdout + result.stderr
     assert "loaded 338025 tokens" in console
-    # (338025 - 33802 validation tokens - 1) // (8 x 128): the batches one epoch really trains.
-    assert "1 epoch = 297 batches" in console
+    # (338025 - 33802 validation tokens - 1) // (2 x 32): the batches one epoch really trains.
+    assert "1 epoch = 4753 batches" in console
     # A clean console: our step counter and FLOPs, no tips, no warnings the user cannot act on.
     assert "step: 100%" in console and "6/6" in console and "Epoch 0" not in console
     assert "Training FLOPs per batch (forward + backward)" in console and "Total Flops" not in console
-    # The memory estimate of this run: 4 x 128 model, 8 x 128 tokens, bf16-mixed, one process.
-    cfg = ParseOnlyCLI(run=False, args=["--config", str(REPO / "configs/tiny-cpu.yaml")]).config.model
-    config = GPTConfig(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size)
-    memory = training_memory(config, 8, 128, ddp=False)
+    # The memory estimate of this run: 1 x 32 model, 2 x 32 tokens, bf16-mixed, one process.
+    memory = training_memory(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32), 2, 32, ddp=False)
     assert (f"{memory.total / GIB:.2f} GiB per device, estimated (eager; the memory guide, docs/multi-gpu.md): "
             f"{memory.weights_grads_adamw / GIB:.2f} weights, gradients and AdamW + "
             f"{memory.bf16_weight_copies / GIB:.2f} bf16 weight copies + "
-            f"{memory.activations / GIB:.2f} activations of 1,024 tokens") in console
+            f"{memory.activations / GIB:.2f} activations of 64 tokens") in console
+    # The docs quote the estimate of the quick start as written: 4 x 128 model, 8 x 128 tokens.
     from test_readme import DOCS_TEXT
 
-    assert f"`{memory.total / GIB:.2f} GiB per device,\nestimated ...` for the quick start" in DOCS_TEXT
+    cfg = ParseOnlyCLI(run=False, args=["--config", str(REPO / "configs/tiny-cpu.yaml")]).config
+    config = GPTConfig(n_layer=cfg.model.n_layer, n_head=cfg.model.n_head, n_embd=cfg.model.n_embd, block_size=cfg.model.block_size)
+    quick_start = training_memory(config, cfg.data.batch_size, cfg.data.block_size, ddp=False)
+    assert f"`{quick_start.total / GIB:.2f} GiB per device,\nestimated ...` for the quick start" in DOCS_TEXT
     for noise in ("Tip:", "LeafSpec", "not supported by the model summary", "Warning", "Traceback"):
         assert noise not in console, noise
     run_dirs = list((tmp_path / "tb" / "tiny-cpu").iterdir())

@@ -58,7 +58,8 @@ OVERRIDES = {
     "fit": ["--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2",
             "--model.val_sample_tokens", "4", *TINY_MODEL],
     "bench": ["--trainer.max_steps", "4", "--throughput.warmup_steps", "1", "--trainer.limit_val_batches", "0",
-              "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--data.block_size", "32"],
+              "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--data.batch_size", "2",
+              "--data.block_size", "32"],  # the suite's one compiled shape: its kernels are in the compile cache
     "sample": ["--max_new_tokens", "5"],
     "export": [],
     "tokenize": ["--shard_tokens", "20000"],

@@ -21,7 +21,7 @@ def first_run(tmp_path_factory, shakespeare):
     config = root / "run.yaml"
     config.write_text(yaml.safe_dump({
         "trainer": {
-            "accelerator": "cpu", "precision": "32-true", "max_steps": 2, "limit_val_batches": 0,
+            "accelerator": "cpu", "precision": "bf16-mixed", "max_steps": 2, "limit_val_batches": 0,
             "log_every_n_steps": 1,
             "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
                        "init_args": {"save_dir": str(root / "tb"), "name": "run"}},
