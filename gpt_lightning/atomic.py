@@ -33,10 +33,10 @@ def atomic_output(path: Path) -> Iterator[Path]:
     try:
         yield tmp
         os.chmod(tmp, mode)  # a writer that replaced the file (safetensors' save_file: 0600) gets it too
-        os.replace(tmp, path)
-    except IsADirectoryError:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"Cannot write {path}: it is a directory. Give a file path, or remove the directory.") from None
+        try:
+            os.replace(tmp, path)
+        except IsADirectoryError:  # only the destination's: one the writer met is its own error
+            raise UserError(f"Cannot write {path}: it is a directory. Give a file path, or remove the directory.") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

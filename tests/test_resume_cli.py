@@ -140,15 +140,19 @@ def hparams_step(run_dir):
     return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
 
 
+def tiny_cpu_fit(tmp_path, shakespeare, *extra):
+    """``fit`` of tiny-cpu.yaml shrunk (eager, one layer), on a small corpus, logging every step under tmp_path/tb."""
+    (tmp_path / "c.txt").write_text(shakespeare[:20_000])
+    return ["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--model.n_layer", "1", "--model.n_head", "2",
+            "--model.n_embd", "32", "--model.compile", "false", "--model.val_sample_tokens", "0",
+            "--data.data_path", str(tmp_path / "c.txt"), "--data.block_size", "16", "--data.cache_dir", str(tmp_path),
+            "--trainer.log_every_n_steps", "1", "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"), *extra]
+
+
 def test_a_resumed_run_logs_at_the_steps_the_uninterrupted_run_logs_at(tmp_path, shakespeare):
     """Train 3 steps (validating at the last), resume to 6: the curve continues at step 3, as the
     6-step run's does. Lightning put it at 4 to 6: its restart guess is wrong for an end-of-fit checkpoint."""
-    (tmp_path / "c.txt").write_text(shakespeare[:20_000])
-    common = ["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--model.n_layer", "1", "--model.n_head", "2",
-              "--model.n_embd", "32", "--model.compile", "false", "--model.val_sample_tokens", "0",
-              "--data.data_path", str(tmp_path / "c.txt"), "--data.block_size", "16", "--data.cache_dir", str(tmp_path),
-              "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "3", "--trainer.log_every_n_steps", "1",
-              "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")]
+    common = tiny_cpu_fit(tmp_path, shakespeare, "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "3")
     main([*common, "--trainer.max_steps", "6", "--trainer.logger.init_args.name", "whole"])
     main([*common, "--trainer.max_steps", "3", "--trainer.logger.init_args.name", "short"])
     main([*common, "--trainer.max_steps", "6", "--trainer.logger.init_args.name", "resumed",
@@ -165,12 +169,7 @@ def test_a_resumed_run_logs_at_the_steps_the_uninterrupted_run_logs_at(tmp_path,
 
 def test_ckpt_path_last_with_a_checkpoint_dirpath_is_lightning_s(tmp_path, shakespeare):
     """Checkpoints written to --checkpoint.dirpath are where Lightning's own `last` looks: left to it."""
-    (tmp_path / "c.txt").write_text(shakespeare[:20_000])
-    common = ["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--model.n_layer", "1", "--model.n_head", "2",
-              "--model.n_embd", "32", "--model.compile", "false", "--model.val_sample_tokens", "0",
-              "--data.data_path", str(tmp_path / "c.txt"), "--data.block_size", "16", "--data.cache_dir", str(tmp_path),
-              "--trainer.limit_val_batches", "0", "--trainer.log_every_n_steps", "1",
-              "--checkpoint.dirpath", str(tmp_path / "ckpts"), "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")]
+    common = tiny_cpu_fit(tmp_path, shakespeare, "--trainer.limit_val_batches", "0", "--checkpoint.dirpath", str(tmp_path / "ckpts"))
     main([*common, "--trainer.max_steps", "2"])
     main([*common, "--trainer.max_steps", "3", "--ckpt_path", "last"])
     events = EventAccumulator(str(tmp_path / "tb" / "tiny-cpu" / "version_1"))
