@@ -3,7 +3,7 @@
 Lightning documents ModelParallelStrategy for GPUs, but its FSDP2 path runs on a CPU mesh too, so
 everything but NCCL and speed is tested here: the plan shards every Block, compiled regions and
 activation checkpointing compose with it, sharded checkpoints resume and load, and 1, 2 and 4
-processes (HSDP) train what DDP trains. FSDP2 over gloo has had a gradient-averaging bug upstream
+processes (HSDP) train what DDP trains, 2 micro-batches a step, each rank's collectives counted. FSDP2 over gloo has had a gradient-averaging bug upstream
 (gradients summed, not averaged, over ranks); AdamW hides a constant gradient scale from the loss
 for a few steps, so every comparison here also checks the logged gradient norm, which would double.
 """
