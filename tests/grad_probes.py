@@ -79,3 +79,54 @@ class StepLossProbe(Callback):
 
     def on_train_end(self, trainer, pl_module):
         self.out.write_text(json.dumps({"steps": self.steps}))
+
+
+class CollectiveCounter(Callback):
+    """Per optimizer step, on each rank: the collectives ``torch.distributed`` ran during it, counted
+    by wrapping its functions in this process (FSDP2 calls them through the module): reduce-scatters
+    (FSDP2's, within the shard group), all-reduces over a group smaller than the world (HSDP's, across
+    the replicas: nodes) and all-reduces of a 1-byte flag (the non-finite guard's); and a checksum of
+    this rank's weights (its shards under FSDP2) after the step. With ``nan_step`` >= 0, rank
+    ``nan_rank`` alone makes its loss NaN at that step's first micro-batch (after the module has seen
+    the finite loss: only the gradients carry it), as one rank's bad batch would."""
+
+    def __init__(self, out_dir: str, nan_step: int = -1, nan_rank: int = 1) -> None:
+        self.out_dir = Path(out_dir)
+        self.nan_step, self.nan_rank = nan_step, nan_rank
+        self.steps: list[dict] = []
+        self._counts = {"reduce_scatter": 0, "replica_all_reduce": 0, "flag_all_reduce": 0}
+        self._step = 0
+
+    def setup(self, trainer, pl_module, stage):
+        import torch.distributed as dist
+
+        def counted(real, kind_of):
+            def wrapper(*args, **kwargs):
+                kind = kind_of(*args, **kwargs)
+                if kind:
+                    self._counts[kind] += 1
+                return real(*args, **kwargs)
+            return wrapper
+
+        def all_reduce_kind(tensor, op=None, group=None, *args, **kwargs):
+            if tensor.dtype == torch.uint8:
+                return "flag_all_reduce"
+            return "replica_all_reduce" if group is not None and dist.get_world_size(group) < dist.get_world_size() else None
+
+        dist.reduce_scatter_single = counted(dist.reduce_scatter_single, lambda *a, **k: "reduce_scatter")
+        dist.all_reduce = counted(dist.all_reduce, all_reduce_kind)
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        if trainer.global_step == self.nan_step and trainer.global_rank == self.nan_rank:
+            loss.mul_(float("nan"))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self._step:
+            return  # mid-accumulation
+        self._step = trainer.global_step
+        weights = [p.detach() for p in pl_module.parameters()]
+        checksum = sum(float((w.to_local() if isinstance(w, DTensor) else w).double().sum()) for w in weights)
+        self.steps.append({**self._counts, "weights": checksum})
+        self._counts = dict.fromkeys(self._counts, 0)
+        self.out_dir.mkdir(parents=True, exist_ok=True)  # written every step: a run that stops on a NaN still leaves it
+        (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps({"steps": self.steps}))

@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import numpy as np
@@ -185,6 +186,49 @@ def test_setup_reuses_the_cache_prepare_data_verified(small_text, tmp_path, monk
     monkeypatch.setattr("gpt_lightning.data.datamodule.build_token_cache", lambda *a: calls.append(a))
     dm.setup("fit")
     assert calls == [] and len(dm.tokens) > 0
+
+
+def test_a_launch_checks_a_settled_cache_by_size_and_mtime_without_reading_it(small_text, tmp_path, monkeypatch):
+    """Each launch hashed the whole text and token file on every rank (8 full reads of a multi-GB
+    corpus for 8 ranks); a file whose size and mtime are those it was hashed at is now only stat'ed."""
+    hashed = []
+
+    def counting(real):
+        return lambda path: hashed.append(Path(path).suffix) or real(path)
+
+    monkeypatch.setattr("gpt_lightning.data.corpus.sha256_file", counting(token_cache.sha256_file))
+    monkeypatch.setattr("gpt_lightning.data.token_cache.sha256_file", counting(token_cache.sha256_file))
+
+    def launch():  # as Lightning calls them: prepare_data on (local) rank 0, then setup on every rank
+        ranks = [TokenStreamDataModule(str(small_text), batch_size=2, block_size=16, cache_dir=str(tmp_path)) for _ in range(2)]
+        ranks[0].prepare_data()
+        for dm in ranks:
+            dm.setup("fit")
+        hashes, tokens = sorted(hashed), [np.asarray(dm.tokens) for dm in ranks]
+        hashed.clear()
+        return hashes, tokens
+
+    def age(path):  # the file was written a minute ago: its mtime has settled
+        old = path.stat().st_mtime_ns - 60 * 10**9
+        os.utime(path, ns=(old, old))
+
+    launch()  # tokenizes
+    (bin_path,) = (tmp_path / "tokens").glob("*.bin")
+    age(small_text), age(bin_path)
+    assert launch()[0] == [".bin", ".txt"]  # hashed once on rank 0, which stamps them; rank 1 trusts the stamps
+    hashes, (tokens, _) = launch()
+    assert hashes == []  # the launches after that read neither file
+
+    age(small_text)  # touched (a new mtime), same text: hashed again, not tokenized again
+    with monkeypatch.context() as m:
+        m.setattr(token_cache, "encode_items", lambda *a, **k: pytest.fail("the same text was tokenized again"))
+        assert launch()[0] == [".txt"] and launch()[0] == []
+
+    text = small_text.read_text()
+    small_text.write_text(text.replace("Citizen", "CITIZEN"))  # same size, new content and mtime
+    assert small_text.stat().st_size == len(text.encode())
+    hashes, (edited, edited_rank1) = launch()
+    assert ".txt" in hashes and not np.array_equal(edited, tokens) and np.array_equal(edited, edited_rank1)
 
 
 def test_data_shuffle_serves_the_training_split_in_a_seeded_order(small_text, tmp_path):

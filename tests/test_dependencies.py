@@ -1,6 +1,6 @@
 """pyproject.toml declares what is tested: the Lightning release the suite runs on (older ones
 save last.ckpt at every epoch end and count loop steps differently), and no minimum below what
-that release itself needs."""
+that release itself needs, and never a release known to be compromised."""
 
 import re
 from importlib.metadata import requires, version
@@ -30,6 +30,17 @@ def test_lightning_is_declared_as_the_minor_release_tested():
     assert tested in spec
     assert (minimum(DECLARED["lightning"]).major, minimum(DECLARED["lightning"]).minor) == (tested.major, tested.minor)
     assert Version(f"{tested.major}.{tested.minor - 1}.99") not in spec  # an untested older minor is refused
+
+
+# Lightning releases that were published compromised: credential-stealing code that runs on import
+# (advisory GHSA-w37p-236h-pfx3, Lightning issue #21691). pip must never pick them.
+COMPROMISED = {"lightning": ["2.6.2", "2.6.3"]}
+
+
+@pytest.mark.parametrize(("name", "release"), [(n, r) for n, rs in COMPROMISED.items() for r in rs])
+def test_a_compromised_release_is_excluded(name, release):
+    assert Version(release) not in DECLARED[name].specifier, f"{DECLARED[name]} admits the compromised {name} {release}"
+    assert Version(version(name)) != Version(release), f"this environment has the compromised {name} {release} installed"
 
 
 def test_no_minimum_is_below_what_lightning_itself_requires():

@@ -3,11 +3,12 @@
 Lightning documents ModelParallelStrategy for GPUs, but its FSDP2 path runs on a CPU mesh too, so
 everything but NCCL and speed is tested here: the plan shards every Block, compiled regions and
 activation checkpointing compose with it, sharded checkpoints resume and load, and 1, 2 and 4
-processes (HSDP) train what DDP trains. FSDP2 over gloo has had a gradient-averaging bug upstream
+processes (HSDP) train what DDP trains, 2 micro-batches a step, each rank's collectives counted. FSDP2 over gloo has had a gradient-averaging bug upstream
 (gradients summed, not averaged, over ranks); AdamW hides a constant gradient scale from the loss
 for a few steps, so every comparison here also checks the logged gradient norm, which would double.
 """
 
+import json
 import os
 
 import pytest
@@ -41,13 +42,29 @@ VALIDATE = ["--data.val_fraction", "0.1", "--trainer.limit_val_batches", "1", "-
             "--model.val_sample_tokens", "4"]
 
 
-def fit(workdir, text, name, *extra):
+# Two micro-batches per optimizer step: what every GPU recipe does, and where FSDP2 reduces.
+ACCUMULATE = ["--trainer.accumulate_grad_batches", "2"]
+ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}  # the probes' callbacks
+
+
+def counting(workdir, name, **init_args):
+    """The callback argument that has each rank count its collectives per step (``grad_probes``)."""
+    probe = {"class_path": "grad_probes.CollectiveCounter", "init_args": {"out_dir": str(workdir / "collectives" / name), **init_args}}
+    return f"--trainer.callbacks+={json.dumps(probe)}"
+
+
+def collectives(workdir, name, ranks):
+    return [json.loads((workdir / "collectives" / name / f"rank{r}.json").read_text())["steps"] for r in range(ranks)]
+
+
+def fit(workdir, text, name, *extra, check=True):
     result = run_cli(
         "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *TINY, "--data.data_path", str(text),
         "--trainer.logger.init_args.save_dir", str(workdir / "tb"), "--trainer.logger.init_args.name", name,
-        *extra, cwd=workdir,
+        *extra, cwd=workdir, env_extra=ENV,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
     return result
 
 
@@ -71,11 +88,11 @@ def last_checkpoint(workdir, name):
 
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory, shakespeare):
-    """The reference: 2 DDP processes, eager, 2 rows each, 4 steps."""
+    """The reference: 2 DDP processes, eager, 2 rows each, 2 micro-batches a step, 4 steps."""
     workdir = tmp_path_factory.mktemp("fsdp")
     (workdir / "small.txt").write_text(shakespeare[:50_000])
     fit(workdir, workdir / "small.txt", "ddp", "--trainer.strategy", "ddp", "--trainer.devices", "2",
-        "--data.batch_size", "2", "--trainer.max_steps", "4", *VALIDATE)
+        "--data.batch_size", "2", "--trainer.max_steps", "4", *ACCUMULATE, *VALIDATE, counting(workdir, "ddp"))
     return workdir
 
 
@@ -83,6 +100,22 @@ def assert_trains_like_ddp(workdir, name):
     assert logged(workdir, name, "train/loss") == pytest.approx(logged(workdir, "ddp", "train/loss"), rel=1e-5)
     # A sum over ranks instead of a mean would double the norm (the gloo averaging bug).
     assert logged(workdir, name, "train/grad_norm") == pytest.approx(logged(workdir, "ddp", "train/grad_norm"), rel=1e-4)
+    # DDP reduces once per step (no_sync); FSDP2 reduce-scatters every micro-batch: the same sums.
+    weights, reference = gpt_from_checkpoint(last_checkpoint(workdir, name)).state_dict(), gpt_from_checkpoint(last_checkpoint(workdir, "ddp")).state_dict()
+    assert weights.keys() == reference.keys()
+    for key in reference:
+        torch.testing.assert_close(weights[key], reference[key], rtol=0, atol=1e-5, msg=key)
+
+
+def assert_no_flag_all_reduce(workdir, name, ranks):
+    """The non-finite guard takes the norm of gradients already summed over ranks: a NaN on any
+    rank is in every rank's norm, so it needs no collective of its own (it had one every step)."""
+    for steps in collectives(workdir, name, ranks):
+        assert len(steps) == 4 and [step["flag_all_reduce"] for step in steps] == [0] * 4
+
+
+def test_ddp_needs_no_flag_all_reduce(ddp_run):
+    assert_no_flag_all_reduce(ddp_run, "ddp", 2)
 
 
 def test_the_plan_shards_every_block_then_the_root_and_keeps_the_keys(tmp_path, in_process_group):
@@ -108,16 +141,17 @@ def test_two_processes_compiled_and_checkpointed_train_like_ddp(ddp_run):
     workdir = ddp_run
     fit(workdir, workdir / "small.txt", "fsdp", *FSDP, "--trainer.devices", "2", "--data.batch_size", "2",
         "--trainer.max_steps", "4", "--model.compile", "true", "--model.compile_scope", "blocks",
-        "--model.activation_checkpointing", "true", *VALIDATE)
+        "--model.activation_checkpointing", "true", *ACCUMULATE, *VALIDATE, counting(workdir, "fsdp"))
     assert_trains_like_ddp(workdir, "fsdp")
     assert logged(workdir, "fsdp", "val/loss") == pytest.approx(logged(workdir, "ddp", "val/loss"), rel=1e-5)
+    assert_no_flag_all_reduce(workdir, "fsdp", 2)
+    # One FSDP mesh dimension: each micro-batch's reduce-scatter (3 units: 2 blocks and the root) keeps
+    # the gradients sharded, and there is no all-reduce (docs/fsdp2.md: "Gradient accumulation").
+    for steps in collectives(workdir, "fsdp", 2):
+        assert [(step["reduce_scatter"], step["replica_all_reduce"]) for step in steps] == [(2 * 3, 0)] * 4
     sharded = last_checkpoint(workdir, "fsdp")
     assert sharded.is_dir() and (sharded / "meta.pt").is_file()  # one shard file per rank
     assert len(list(sharded.glob("*.distcp"))) == 2
-    weights, reference = gpt_from_checkpoint(sharded).state_dict(), gpt_from_checkpoint(last_checkpoint(workdir, "ddp")).state_dict()
-    assert weights.keys() == reference.keys()
-    for key in reference:
-        torch.testing.assert_close(weights[key], reference[key], rtol=0, atol=1e-5, msg=key)
     # What users do with a checkpoint works on the folder as on a file.
     # (In this process: `sample` and `export` read the folder the same way wherever they run.)
     main(["sample", "--ckpt_path", str(sharded), "--max_new_tokens", "5", "--device", "cpu"])
@@ -130,8 +164,13 @@ def test_four_processes_on_a_two_by_two_mesh_train_like_ddp(ddp_run):
     workdir = ddp_run
     fit(workdir, workdir / "small.txt", "hsdp", *FSDP, "--trainer.strategy.init_args.data_parallel_size", "2",
         "--trainer.strategy.init_args.tensor_parallel_size", "2", "--trainer.devices", "4", "--data.batch_size", "1",
-        "--trainer.max_steps", "4", *VALIDATE)
-    assert_trains_like_ddp(workdir, "hsdp")  # same 4 rows a step as 2 ranks x 2 rows
+        "--trainer.max_steps", "4", *ACCUMULATE, *VALIDATE, counting(workdir, "hsdp"))
+    assert_trains_like_ddp(workdir, "hsdp")  # same 4 rows a micro-batch as 2 ranks x 2 rows
+    assert_no_flag_all_reduce(workdir, "hsdp", 4)
+    # Across the replicas ("nodes") once per optimizer step, for each of the 3 units; within a
+    # replica, a reduce-scatter every micro-batch. Was 2 all-reduces per unit and step.
+    for steps in collectives(workdir, "hsdp", 4):
+        assert [(step["reduce_scatter"], step["replica_all_reduce"]) for step in steps] == [(2 * 3, 3)] * 4
 
 
 # What the run warns about, as it did in its own process: DCP overwriting last.ckpt's folder, and
@@ -208,3 +247,17 @@ def test_a_nan_is_skipped_on_the_device_and_reported_as_without_sharding(small_t
     fit(good, max_steps=3)
     for (name, ours), theirs in zip(bad.state_dict().items(), good.state_dict().values()):
         assert torch.equal(ours.full_tensor(), theirs.full_tensor()), name  # steps 3 and 4 changed nothing
+
+
+@pytest.mark.parametrize("strategy", [["--trainer.strategy", "ddp"], FSDP], ids=["ddp", "fsdp2"])
+def test_a_nan_on_one_rank_alone_skips_the_update_on_every_rank(strategy, tmp_path, small_text):
+    """Rank 1's loss turns NaN at step 1's first micro-batch, after the module saw it finite: the
+    gradients alone carry it, summed across ranks (DDP's all-reduce after the accumulation; FSDP2's
+    reduce-scatter puts it in one rank's shard, whose norm is all-reduced), so every rank's guard
+    skips that update without the flag all-reduce it had."""
+    result = fit(tmp_path, small_text, "nan", *strategy, "--trainer.devices", "2", "--data.batch_size", "2",
+                 "--trainer.max_steps", "3", *ACCUMULATE, counting(tmp_path, "nan", nan_step=1), check=False)
+    assert result.returncode != 0 and "became non-finite (nan or inf) at step 1" in result.stderr
+    for steps in collectives(tmp_path, "nan", 2):
+        assert len(steps) == 2 and [step["flag_all_reduce"] for step in steps] == [0, 0]
+        assert steps[1]["weights"] == steps[0]["weights"]  # step 1 changed nothing on this rank

@@ -1,7 +1,8 @@
 """Where text comes from: a user's UTF-8 file, or tiny Shakespeare, which ships inside the package.
 
-A ``Corpus`` knows its text's sha256 before reading the text, so the token cache is found by hash
-and a cached corpus is never decoded again.
+A ``Corpus`` gives its text's sha256 without decoding the text (the packaged corpus knows it, a file
+is hashed when first asked), so the token cache is found by hash and a cached corpus is never decoded
+again; the cache can also vouch for a file's hash by its size and mtime, and then nothing is read.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import io
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
@@ -45,15 +47,22 @@ class Corpus:
 
     Args:
         location: absolute path of the file (for messages and the cache manifest).
-        sha256: the sha256 of the text's UTF-8 bytes: the token cache's key.
         read_text: returns the text, with a clear ``UserError`` when it cannot.
         open_text: the text as a stream (a large file is never read whole), newlines untouched.
+        known_sha256: the sha256 of the text's UTF-8 bytes when known in advance (the packaged corpus).
+        file: the user's file, hashed only when ``sha256`` is asked for (the token cache may not need to).
     """
 
     location: str
-    sha256: str
     read_text: Callable[[], str]
     open_text: Callable[[], io.TextIOBase]
+    known_sha256: str | None = None
+    file: Path | None = None
+
+    @cached_property
+    def sha256(self) -> str:
+        """The sha256 of the text's UTF-8 bytes: the token cache's key (a file is read whole, once)."""
+        return self.known_sha256 or sha256_file(self.file)
 
     @classmethod
     def from_file(cls, path: str | Path) -> Corpus:
@@ -67,14 +76,14 @@ class Corpus:
             )
         if not path.is_file():
             raise UserError(f"Data path {path} is not a file. Pass a UTF-8 text file to --data.data_path.")
-        return cls(str(path), sha256_file(path), lambda: _decode_text_file(path), lambda: _open_text_file(path))
+        return cls(str(path), lambda: _decode_text_file(path), lambda: _open_text_file(path), file=path)
 
     @classmethod
     def tiny_shakespeare(cls) -> Corpus:
         """Tiny Shakespeare from the package itself: no network, no download, checked when read."""
         resource = resources.files(__package__) / TINY_SHAKESPEARE_RESOURCE
-        return cls(str(resource), TINY_SHAKESPEARE_SHA256, lambda: _read_packaged(resource),
-                   lambda: io.StringIO(_read_packaged(resource), newline=""))
+        return cls(str(resource), lambda: _read_packaged(resource), lambda: io.StringIO(_read_packaged(resource), newline=""),
+                   known_sha256=TINY_SHAKESPEARE_SHA256)
 
 
 def _read_packaged(resource) -> str:

@@ -3,6 +3,12 @@
 The cache is keyed by the source's sha256, so an edited source is re-tokenized. The manifest records
 the tokenizer, the token count and the token file's sha256: a truncated, corrupted or foreign cache is
 detected and rebuilt. Both files are written atomically, so concurrent writers cannot tear them.
+
+Hashing a multi-GB source and token file takes seconds, on every rank of every launch, so each
+file's hash is remembered beside the cache (``stamps/``) with the size and mtime it had, and the file
+is read again only when either differs: what make and rsync's quick check trust. A file is stamped
+only once its mtime is ``SETTLED_NS`` old, so a rewrite within the timestamp tick it was hashed in
+cannot pass as the hashed content.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -37,13 +44,40 @@ class Manifest:
     source: str
 
 
+# A file's mtime must be this old before its size and mtime stand for its hash: timestamps tick
+# coarsely (milliseconds on ext4, up to 2 s on FAT and some NFS servers), and a same-size rewrite
+# within the tick the file was hashed in would keep both.
+SETTLED_NS = 2_000_000_000
+
+
 def cache_paths(cache_dir: Path, source_sha256: str, tokenizer: str = "gpt2") -> tuple[Path, Path]:
     stem = f"{source_sha256[:24]}.{tokenizer}"
     return cache_dir / "tokens" / f"{stem}.bin", cache_dir / "tokens" / f"{stem}.json"
 
 
-def _problem(bin_path: Path, json_path: Path, source_sha256: str, tokenizer: str) -> str | None:
-    """Why the cache can't be used, or None when it is sound."""
+def stamped_sha256(path: Path, cache_dir: Path) -> str:
+    """The sha256 of the file at ``path``, from its stamp when the file still has the size and mtime
+    it was hashed at (a ``stat``, no read); otherwise the file is hashed, then stamped once its mtime
+    has settled, for the other ranks and the next launch."""
+    path = Path(path).absolute()
+    stamp_path = cache_dir / "stamps" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:24]}.json"
+    before = path.stat()
+    try:
+        stamp = json.loads(stamp_path.read_text())
+        if (stamp["path"], stamp["size"], stamp["mtime_ns"]) == (str(path), before.st_size, before.st_mtime_ns):
+            return stamp["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not stamped yet, or an unreadable stamp: hash the file
+    digest = sha256_file(path)
+    after = path.stat()
+    if (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns) and time.time_ns() - after.st_mtime_ns >= SETTLED_NS:
+        stamp = {"path": str(path), "size": after.st_size, "mtime_ns": after.st_mtime_ns, "sha256": digest}
+        atomic_write_bytes(stamp_path, json.dumps(stamp, indent=2).encode())
+    return digest
+
+
+def _problem(bin_path: Path, json_path: Path, source_sha256: str, tokenizer: str, cache_dir: Path | None = None) -> str | None:
+    """Why the cache can't be used, or None when it is sound (``cache_dir``: trust its stamps)."""
     if not json_path.is_file() or not bin_path.is_file():
         return "not built yet"
     try:
@@ -59,7 +93,7 @@ def _problem(bin_path: Path, json_path: Path, source_sha256: str, tokenizer: str
     size = bin_path.stat().st_size
     if size != manifest.n_tokens * np.dtype(TOKEN_DTYPE).itemsize:
         return f"token file is {size} bytes, expected {manifest.n_tokens * 2}"
-    if sha256_file(bin_path) != manifest.tokens_sha256:
+    if (sha256_file(bin_path) if cache_dir is None else stamped_sha256(bin_path, cache_dir)) != manifest.tokens_sha256:
         return "token file's hash does not match its manifest"
     return None
 
@@ -71,8 +105,9 @@ def build_token_cache(corpus: Corpus, cache_dir: Path, workers: int | None = Non
     encoding it at once), encoded on ``workers`` processes (every core for a large text) and written
     as it comes: memory does not grow with the text.
     """
-    bin_path, json_path = cache_paths(cache_dir, corpus.sha256)
-    problem = _problem(bin_path, json_path, corpus.sha256, "gpt2")
+    source_sha256 = corpus.sha256 if corpus.file is None else stamped_sha256(corpus.file, cache_dir)
+    bin_path, json_path = cache_paths(cache_dir, source_sha256)
+    problem = _problem(bin_path, json_path, source_sha256, "gpt2", cache_dir)
     if problem is None:
         return bin_path
     stream = corpus.open_text()  # clear errors for empty / non-UTF-8 files, or a damaged package
@@ -99,7 +134,7 @@ def build_token_cache(corpus: Corpus, cache_dir: Path, workers: int | None = Non
         tokenizer="gpt2",
         n_tokens=count,
         tokens_sha256=digest.hexdigest(),
-        source_sha256=corpus.sha256,
+        source_sha256=source_sha256,
         source=corpus.location,
     )
     atomic_write_bytes(json_path, json.dumps(asdict(manifest), indent=2).encode())  # commit marker last

@@ -9,11 +9,16 @@ Parameters, gradients and AdamW's moments are then split across ranks instead of
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from gpt_lightning.model import GPT
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Trainer
 
 
 def sharding_mesh(device_mesh: DeviceMesh) -> DeviceMesh:
@@ -28,7 +33,7 @@ def sharding_mesh(device_mesh: DeviceMesh) -> DeviceMesh:
       that is every GPU.
     - both larger than 1 (several nodes, the defaults): HSDP. Parameters are sharded across the
       inner dimension (the GPUs of a node, fast links) and replicated across the outer one (nodes),
-      so only gradients cross the slower links, once per step.
+      so only gradients cross the slower links, once per optimizer step (``sync_at_last_micro_batch``).
     """
     if device_mesh.ndim != 2:
         return device_mesh
@@ -76,6 +81,30 @@ def shard_once(model: GPT, device_mesh: DeviceMesh, precision: str) -> None:
     parameters are gathered and computed in bf16."""
     if not isinstance(model, FSDPModule):
         shard_gpt(model, sharding_mesh(device_mesh), param_dtype=torch.bfloat16 if precision == "bf16-mixed" else None)
+
+
+def sync_at_last_micro_batch(model: GPT, trainer: Trainer, batch_idx: int) -> None:
+    """``on_train_batch_start``: under HSDP, all-reduce the gradients across replicas (nodes) only in
+    the backward of an optimizer step's last micro-batch.
+
+    With ``accumulate_grad_batches`` K, FSDP2 would otherwise all-reduce across nodes after each of
+    the K backwards (Lightning's ``no_sync`` covers DDP only). The reduce-scatter within a node still
+    runs every micro-batch, so gradients stay sharded: skipping it too
+    (``set_requires_gradient_sync``) would hold a whole unsharded gradient per GPU across the
+    micro-batches, the memory FSDP exists to save, to spare traffic on the fast links that overlaps
+    the backward anyway. The sum is the same either way: the shards add up the micro-batches, and one
+    all-reduce adds up the nodes. The last micro-batch is the one Lightning steps after: every K-th
+    batch of the epoch, or the epoch's last. Plain FSDP (one mesh dimension) has no all-reduce.
+
+    Args:
+        model: the GPT, sharded or not (then nothing to do).
+        trainer: the trainer running the step.
+        batch_idx: the batch's index in the epoch, as Lightning gives the hook.
+    """
+    if isinstance(model, FSDPModule) and trainer.accumulate_grad_batches > 1:
+        ready = batch_idx + 1  # batches of this epoch fetched so far, this one included
+        last = ready % trainer.accumulate_grad_batches == 0 or trainer.is_last_batch or ready == trainer.num_training_batches
+        model.set_requires_all_reduce(last)
 
 
 def is_empty(model: GPT) -> bool:

@@ -17,7 +17,7 @@ from torchmetrics import MeanMetric
 
 from gpt_lightning.model import GPTConfig
 from gpt_lightning.scaling.flops import training_flops
-from gpt_lightning.scaling.sharding import is_empty, materialize, shard_once
+from gpt_lightning.scaling.sharding import is_empty, materialize, shard_once, sync_at_last_micro_batch
 from gpt_lightning.training import resume
 from gpt_lightning.training.architecture import build_gpt
 from gpt_lightning.training.checks import check_fits_data, check_optimizer_settings
@@ -169,6 +169,7 @@ class GPTLightningModule(LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         resume.align_logging_step(self.trainer)  # after some resumes Lightning's is one ahead
+        sync_at_last_micro_batch(self.model, self.trainer, batch_idx)  # HSDP: across nodes once per optimizer step
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._nonfinite.check_at_logging_interval(self.trainer)

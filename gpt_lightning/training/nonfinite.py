@@ -57,9 +57,16 @@ class NonFiniteGuard:
         if grads:
             self.grad_norm = self.total_norm(grads)  # before any clipping
             bad = bad.to(grads[0].device) | ~torch.isfinite(self.grad_norm)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            # Ranks see different losses: they must agree, or their weights would drift apart. A
-            # plain all-reduce is queued on the device; Lightning's reduce adds a host barrier.
+        elif dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # Ranks see different losses and must agree, or their weights would drift apart. Where
+            # the norm is taken they agree without a collective: a non-finite loss on any rank makes
+            # its gradients non-finite, and the gradients are summed across ranks before this (DDP's
+            # all-reduce at the step's last micro-batch, no_sync ones accumulating; FSDP2's
+            # reduce-scatter puts the bad element in one rank's shard, and the DTensor norm is
+            # all-reduced; HSDP's once-per-step all-reduce carries it across nodes). NaN and inf
+            # survive every sum. Without the norm (16-mixed, where the GradScaler owns the gradients;
+            # no gradients at all) only the loss tells, so the flag is all-reduced: queued on the
+            # device (Lightning's reduce adds a host barrier).
             flag = bad.to(torch.uint8)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             bad = flag.bool()
