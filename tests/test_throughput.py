@@ -98,10 +98,37 @@ def test_arithmetic_with_warmup_world_size_accumulation_and_validation(tmp_path,
     assert saved["world_size"] == 2 and saved["accumulate_grad_batches"] == 2
     assert saved["tokens_per_step_per_device"] == 64
     assert saved["tokens_per_optimizer_step"] == 128  # 2 ranks x 2 micro-batches x 4 x 8
+    assert saved["tokens_trained"] == 6 * 128
     assert "ms/step, MFU 960.0%, 128 tokens per optimizer step)" in caplog.text
     assert (saved["batch_size"], saved["block_size"], saved["compiled"]) == (4, 8, True)
     for field in ("device", "precision", "torch", "lightning", "peak_host_rss_bytes", "flops_per_token"):
         assert saved[field]
+
+
+def test_the_summary_checks_the_tokens_of_every_step_not_the_first(tmp_path, monkeypatch, caplog):
+    """A loader of a user's own that ends an epoch with a short accumulation (2, 1, 2 micro-batches):
+    no single token count per step is claimed, and the fewest, most and total are what was trained."""
+    trainer = SimpleNamespace(
+        global_step=0, world_size=2, accumulate_grad_batches=2, log_every_n_steps=1, precision="32-true",
+        is_global_zero=True, log_dir=str(tmp_path), datamodule=None, strategy=FakeStrategy(2), loggers=[], callbacks=[],
+    )
+    module, monitor = FakeModule(), ThroughputMonitor(warmup_steps=0)
+    ticks = iter(range(100))
+    monkeypatch.setattr(ThroughputMonitor, "_now", staticmethod(lambda: next(ticks)))
+    batch = (torch.zeros(4, 8, dtype=torch.long), torch.zeros(4, 8, dtype=torch.long))
+    monitor.on_train_start(trainer, module)
+    for micro_batches in (2, 1, 2):
+        for micro in range(micro_batches):
+            monitor.on_train_batch_start(trainer, module, batch, 0)
+            trainer.global_step += micro == micro_batches - 1
+            monitor.on_train_batch_end(trainer, module, {}, batch, 0)
+    with caplog.at_level("INFO"):
+        monitor.on_train_end(trainer, module)
+    saved = monitor.summary
+    assert saved["tokens_per_optimizer_step"] is None and saved["tokens_per_step_per_device"] is None
+    assert (saved["tokens_per_optimizer_step_min"], saved["tokens_per_optimizer_step_max"]) == (64, 128)  # 2 ranks
+    assert saved["tokens_trained"] == 2 * 5 * 32
+    assert "64 to 128 tokens per optimizer step: not every step trained the same" in caplog.text
 
 
 @pytest.mark.parametrize("values, p10, p90", [

@@ -15,6 +15,7 @@ import platform
 import resource
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,7 @@ class ThroughputMonitor(Callback):
         self._pending: list[tuple[int, Any, Any, int]] = []  # (index, start mark, end mark, tokens)
         self._step_index = 0
         self._step_tokens = 0
+        self._tokens_per_step: Counter[int] = Counter()  # this rank's tokens of a step -> steps that trained so many
         self._step_start: Any = None  # mark at which the current optimizer step began
         self._last_global_step = trainer.global_step
         self._flops_per_token: float | None = None
@@ -206,6 +208,7 @@ class ThroughputMonitor(Callback):
             return  # mid-accumulation: the optimizer step is not done yet
         self._last_global_step = trainer.global_step
         end = self._mark()
+        self._tokens_per_step[self._step_tokens] += 1  # every step, measured or not: what was trained
         if not _scored_hellaswag_at(trainer, trainer.global_step - 1):  # that time belongs to no training step
             self._pending.append((self._step_index, self._step_start, end, self._step_tokens))
         self._step_index += 1
@@ -234,10 +237,15 @@ class ThroughputMonitor(Callback):
             return
         s = self.summary
         mfu = f", MFU {s['mfu']:.1%}" if s["mfu"] is not None else ""
+        if s["tokens_per_optimizer_step"] is not None:
+            per_step = f"{s['tokens_per_optimizer_step']:,} tokens per optimizer step"
+        else:  # a data loader of its own (ours serves whole steps): say that the steps differ
+            per_step = (f"{s['tokens_per_optimizer_step_min']:,} to {s['tokens_per_optimizer_step_max']:,} tokens per "
+                        "optimizer step: not every step trained the same")
         rank_zero_info(
             f"throughput: {s['tokens_per_sec_median']:,.0f} tokens/s median over {s['measured_steps']} "
-            f"post-warm-up steps ({s['step_ms_median']:.1f} ms/step{mfu}, {s['tokens_per_optimizer_step']:,} tokens per "
-            f"optimizer step); first step {s['first_step_s']:.2f} s, warm-up {s['warmup_s']:.2f} s"
+            f"post-warm-up steps ({s['step_ms_median']:.1f} ms/step{mfu}, {per_step}); "
+            f"first step {s['first_step_s']:.2f} s, warm-up {s['warmup_s']:.2f} s"
         )
         log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
         if self.filename and trainer.is_global_zero and log_dir:
@@ -323,6 +331,12 @@ class ThroughputMonitor(Callback):
             device_name = platform.processor() or platform.machine()
             peak_memory = {"peak_host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
         first = self.steps[0]
+        # What every optimizer step of this fit trained (warm-up and unmeasured steps too), all ranks:
+        # whether the steps differed anywhere, the fewest and most tokens of a step, and the total.
+        counts = self._tokens_per_step
+        uneven, fewest, most, total = (int(v) for v in trainer.strategy.reduce(torch.tensor(
+            [len(counts) > 1, min(counts), max(counts), sum(t * n for t, n in counts.items())],
+            dtype=torch.int64, device=pl_module.device), reduce_op="sum").tolist())
         return {
             "tokens_per_sec_median": median,
             "tokens_per_sec_mean": mean,
@@ -344,9 +358,13 @@ class ThroughputMonitor(Callback):
             "compiled": bool(getattr(pl_module, "is_compiled", False)),
             "world_size": world,
             "accumulate_grad_batches": trainer.accumulate_grad_batches,
-            "tokens_per_step_per_device": first.tokens,
-            # all ranks, all micro-batches: what one AdamW update averages over
-            "tokens_per_optimizer_step": int(summed_over_ranks(float(first.tokens))),
+            # this rank's, and all ranks' (all micro-batches: what one AdamW update averages over), when
+            # every step trained as many tokens; else null, and the fewest and most say how far they differed
+            "tokens_per_step_per_device": max(counts) if not uneven else None,
+            "tokens_per_optimizer_step": most if not uneven else None,
+            "tokens_per_optimizer_step_min": fewest,
+            "tokens_per_optimizer_step_max": most,
+            "tokens_trained": total,  # all ranks, all optimizer steps of this fit
             "batch_size": getattr(trainer.datamodule, "batch_size", None),
             "block_size": getattr(trainer.datamodule, "block_size", None),
             "torch": torch.__version__,
