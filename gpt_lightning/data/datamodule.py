@@ -317,15 +317,15 @@ class TokenStreamDataModule(LightningDataModule):
     def test_dataloader(self) -> DataLoader | list:
         return self.val_dataloader()
 
-    # --- resuming --------------------------------------------------------------------------------
-    # The position is the training loader's own state (ResumableLoader), which Lightning saves. Older
-    # checkpoints kept global_step x accumulation here, which overcounts after an epoch's short last
-    # accumulation: they resume where Lightning's own batch count says (ResumableStream._next_pass).
 
 
 class ResumableLoader(DataLoader):
     """A ``DataLoader`` of a ``ResumableStream`` that Lightning saves in checkpoints and restores (its
-    stateful-loader protocol): the epoch and the batches of it that training consumed."""
+    stateful-loader protocol): the epoch and the batches of it that training consumed.
+
+    The position lives here, not in the data module's own checkpoint entry. A checkpoint without it
+    (written before the loader kept a state) resumes where Lightning's own batch count says
+    (``ResumableStream._next_pass``)."""
 
     def state_dict(self) -> dict[str, Any]:
         return self.dataset.state_dict()
