@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 
 from gpt_lightning.training.module import GPTLightningModule
 from lightning.fabric.utilities.throughput import get_available_flops
@@ -129,6 +130,48 @@ def test_the_summary_checks_the_tokens_of_every_step_not_the_first(tmp_path, mon
     assert (saved["tokens_per_optimizer_step_min"], saved["tokens_per_optimizer_step_max"]) == (64, 128)  # 2 ranks
     assert saved["tokens_trained"] == 2 * 5 * 32
     assert "64 to 128 tokens per optimizer step: not every step trained the same" in caplog.text
+
+
+class FakeTime(Callback):
+    """The monitor's clock in a real fit, moved only here: 1 s per micro-batch (at its backward) and
+    100 s per validation batch, so a step's measured time says which work it holds."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        self.now += 1.0
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.now += 100.0
+
+
+def fit_on_fake_time(small_text, tmp_path, monkeypatch, *callbacks, **trainer_args):
+    """A real Trainer (bf16-mixed, as configs/tiny-cpu.yaml) on the tiny model; the monitor's steps."""
+    from lightning.pytorch import Trainer
+
+    from gpt_lightning.data import TokenStreamDataModule
+
+    from conftest import TINY_MODEL
+
+    clock, monitor = FakeTime(), ThroughputMonitor(warmup_steps=0, filename=None)
+    monkeypatch.setattr(ThroughputMonitor, "_now", staticmethod(lambda: clock.now))
+    data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, cache_dir=str(tmp_path))
+    trainer = Trainer(accelerator="cpu", precision="bf16-mixed", logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                      callbacks=[clock, monitor, *callbacks], **trainer_args)
+    trainer.fit(GPTLightningModule(**TINY_MODEL), data)
+    return monitor, clock
+
+
+def test_validation_inside_an_accumulation_pauses_the_step_clock(small_text, tmp_path, monkeypatch):
+    """Accumulating 2 with val_check_interval 5 (Lightning counts micro-batches): the 5th micro-batch,
+    the first of step 2, validates. Its step holds both micro-batches' time, not the second's alone
+    (the clock restarted after validation: twice the tokens/s), and none of the validation's."""
+    monitor, clock = fit_on_fake_time(small_text, tmp_path, monkeypatch, accumulate_grad_batches=2, max_steps=6,
+                                      val_check_interval=5, limit_val_batches=1)
+    assert clock.now == 6 * 2 + 2 * 100  # validated twice: inside step 2 and at the end of step 4
+    assert [(s.index, s.seconds, s.tokens) for s in monitor.steps] == [(i, 2.0, 128) for i in range(6)]
 
 
 @pytest.mark.parametrize("values, p10, p90", [

@@ -126,7 +126,8 @@ class ThroughputMonitor(Callback):
     Logs at the trainer's logging interval: ``throughput/tokens_per_sec`` (the whole job, summed
     over ranks), ``throughput/tokens_per_sec_per_device``, ``throughput/step_ms`` and
     ``throughput/mfu``; and once, ``throughput/first_step_s`` and ``throughput/warmup_s``.
-    Validation, checkpoint writing and the steps a ``HellaSwagEval`` scores in are not counted. At the end
+    Validation and checkpoint writing are not counted: the step's clock pauses for them, inside an
+    accumulation too. The steps a ``HellaSwagEval`` scores in are not counted either. At the end
     of ``fit`` it prints one summary line and writes ``throughput.json`` into ``trainer.log_dir``:
     the logger's run folder, or without a logger the Trainer's ``default_root_dir`` (the working
     directory unless set), as Lightning does with checkpoints. Also with ``log_every_n_steps`` 0,
@@ -158,6 +159,10 @@ class ThroughputMonitor(Callback):
         self.flops_per_batch = flops_per_batch
         self.filename = filename
         self.summary: dict[str, Any] | None = None
+        # The step's clock (see on_train_start): the sanity check's validation may pause it before training.
+        self._step_start: Any = None
+        self._step_spans: list[tuple[Any, Any]] = []
+        self._step_tokens = 0
 
     # --- clock -----------------------------------------------------------------------------------
     @staticmethod
@@ -181,11 +186,12 @@ class ThroughputMonitor(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._use_events = pl_module.device.type == "cuda"
         self.steps: list[StepTiming] = []
-        self._pending: list[tuple[int, Any, Any, int]] = []  # (index, start mark, end mark, tokens)
+        self._pending: list[tuple[int, list[tuple[Any, Any]], int]] = []  # (index, (start, end) marks, tokens)
         self._step_index = 0
         self._step_tokens = 0
         self._tokens_per_step: Counter[int] = Counter()  # this rank's tokens of a step -> steps that trained so many
-        self._step_start: Any = None  # mark at which the current optimizer step began
+        self._step_start: Any = None  # mark at which the step's clock last started; None while paused
+        self._step_spans: list[tuple[Any, Any]] = []  # (start, end) marks of the step's time before a pause
         self._last_global_step = trainer.global_step
         self._flops_per_token: float | None = None
         self._peak = self.peak_flops or peak_flops_for(pl_module.device, str(trainer.precision))
@@ -194,7 +200,7 @@ class ThroughputMonitor(Callback):
             torch.cuda.reset_peak_memory_stats(pl_module.device)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if self._step_start is None:  # first micro-batch after start, validation or a checkpoint
+        if self._step_start is None:  # first micro-batch after start, validation or a checkpoint: the clock goes on
             self._step_start = self._mark()
         tokens = _count_tokens(batch)
         self._step_tokens += tokens
@@ -209,10 +215,12 @@ class ThroughputMonitor(Callback):
         self._last_global_step = trainer.global_step
         end = self._mark()
         self._tokens_per_step[self._step_tokens] += 1  # every step, measured or not: what was trained
+        spans = [*self._step_spans, (self._step_start, end)]
         if not _scored_hellaswag_at(trainer, trainer.global_step - 1):  # that time belongs to no training step
-            self._pending.append((self._step_index, self._step_start, end, self._step_tokens))
+            self._pending.append((self._step_index, spans, self._step_tokens))
         self._step_index += 1
         self._step_tokens = 0
+        self._step_spans = []
         self._step_start = end  # the next step starts now, data loading included
         every = trainer.log_every_n_steps
         if every > 0 and trainer.global_step % every == 0:
@@ -221,10 +229,18 @@ class ThroughputMonitor(Callback):
             self._resolve()  # no step logging: only the summary at the end, from a bounded queue
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._step_start = None  # validation time belongs to no training step (nor a HellaSwag pass's)
+        self._pause()  # validation time belongs to no training step
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        self._step_start = None  # nor does checkpoint writing
+        self._pause()  # nor does checkpoint writing
+
+    def _pause(self) -> None:
+        """Stop the step's clock until its next micro-batch starts. Inside an accumulation (Lightning
+        counts an integer ``val_check_interval`` in micro-batches) the time of the micro-batches
+        already run is kept with their tokens; between steps there is none to keep."""
+        if self._step_start is not None and self._step_tokens:
+            self._step_spans.append((self._step_start, self._mark()))
+        self._step_start = None
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._resolve()
@@ -264,8 +280,8 @@ class ThroughputMonitor(Callback):
 
     def _resolve(self) -> None:
         """Turn pending marks into step durations (on CUDA: one wait, for the newest event)."""
-        for index, start, end, tokens in self._pending:
-            self.steps.append(StepTiming(index, self._seconds(start, end), tokens))
+        for index, spans, tokens in self._pending:
+            self.steps.append(StepTiming(index, sum(self._seconds(start, end) for start, end in spans), tokens))
         self._pending.clear()
 
     def _log_interval(self, trainer: Trainer, pl_module: LightningModule) -> None:
