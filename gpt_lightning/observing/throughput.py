@@ -114,12 +114,6 @@ class StepTiming:
     tokens: int  # tokens this process consumed in the step (all micro-batches)
 
 
-def _scored_hellaswag_at(trainer: Trainer, step: int) -> bool:
-    """Whether a ``HellaSwagEval`` scored inside optimizer step ``step`` (it does so as the step
-    starts): that step's time is mostly the evaluation's, so it is left out of the statistics."""
-    return any(isinstance(callback, HellaSwagEval) and callback.evaluated_at == step for callback in trainer.callbacks)
-
-
 class ThroughputMonitor(Callback):
     """Post-warm-up tokens/sec, step time and MFU, logged under ``throughput/``.
 
@@ -127,7 +121,9 @@ class ThroughputMonitor(Callback):
     over ranks), ``throughput/tokens_per_sec_per_device``, ``throughput/step_ms`` and
     ``throughput/mfu``; and once, ``throughput/first_step_s`` and ``throughput/warmup_s``.
     Validation and checkpoint writing are not counted: the step's clock pauses for them, inside an
-    accumulation too. The steps a ``HellaSwagEval`` scores in are not counted either. At the end
+    accumulation too. Nor is a ``HellaSwagEval`` pass: its time is taken out of the step it ran in
+    (it scores as a step starts, step 0 included, so the first step is still the compiling one
+    whatever the order of the callbacks). At the end
     of ``fit`` it prints one summary line and writes ``throughput.json`` into ``trainer.log_dir``:
     the logger's run folder, or without a logger the Trainer's ``default_root_dir`` (the working
     directory unless set), as Lightning does with checkpoints. Also with ``log_every_n_steps`` 0,
@@ -186,12 +182,16 @@ class ThroughputMonitor(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._use_events = pl_module.device.type == "cuda"
         self.steps: list[StepTiming] = []
-        self._pending: list[tuple[int, list[tuple[Any, Any]], int]] = []  # (index, (start, end) marks, tokens)
+        # (index, (start, end) marks, tokens, seconds of HellaSwag passes inside those marks)
+        self._pending: list[tuple[int, list[tuple[Any, Any]], int, float]] = []
         self._step_index = 0
         self._step_tokens = 0
         self._tokens_per_step: Counter[int] = Counter()  # this rank's tokens of a step -> steps that trained so many
         self._step_start: Any = None  # mark at which the step's clock last started; None while paused
         self._step_spans: list[tuple[Any, Any]] = []  # (start, end) marks of the step's time before a pause
+        self._evaluators = [callback for callback in trainer.callbacks if isinstance(callback, HellaSwagEval)]
+        self._passes_seen: list[int] = []  # each evaluator's passes when the clock last started
+        self._step_evaluating = 0.0  # seconds of the passes inside the step's spans so far
         self._last_global_step = trainer.global_step
         self._flops_per_token: float | None = None
         self._peak = self.peak_flops or peak_flops_for(pl_module.device, str(trainer.precision))
@@ -201,7 +201,7 @@ class ThroughputMonitor(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self._step_start is None:  # first micro-batch after start, validation or a checkpoint: the clock goes on
-            self._step_start = self._mark()
+            self._start_clock(self._mark())
         tokens = _count_tokens(batch)
         self._step_tokens += tokens
         if self._flops_per_token is None:
@@ -216,12 +216,11 @@ class ThroughputMonitor(Callback):
         end = self._mark()
         self._tokens_per_step[self._step_tokens] += 1  # every step, measured or not: what was trained
         spans = [*self._step_spans, (self._step_start, end)]
-        if not _scored_hellaswag_at(trainer, trainer.global_step - 1):  # that time belongs to no training step
-            self._pending.append((self._step_index, spans, self._step_tokens))
+        self._pending.append((self._step_index, spans, self._step_tokens, self._step_evaluating + self._evaluating()))
         self._step_index += 1
         self._step_tokens = 0
-        self._step_spans = []
-        self._step_start = end  # the next step starts now, data loading included
+        self._step_spans, self._step_evaluating = [], 0.0
+        self._start_clock(end)  # the next step starts now, data loading included
         every = trainer.log_every_n_steps
         if every > 0 and trainer.global_step % every == 0:
             self._log_interval(trainer, pl_module)
@@ -240,7 +239,20 @@ class ThroughputMonitor(Callback):
         already run is kept with their tokens; between steps there is none to keep."""
         if self._step_start is not None and self._step_tokens:
             self._step_spans.append((self._step_start, self._mark()))
+            self._step_evaluating += self._evaluating()
         self._step_start = None
+
+    def _start_clock(self, mark: Any) -> None:
+        self._step_start = mark
+        if self._evaluators:
+            self._passes_seen = [len(evaluator.durations) for evaluator in self._evaluators]
+
+    def _evaluating(self) -> float:
+        """Seconds of the HellaSwag passes since the clock last started: they ran inside the span
+        that ends now (a pass that ran before the clock started, as it may at step 0, is outside)."""
+        if not self._evaluators:
+            return 0.0
+        return sum(sum(e.durations[seen:]) for e, seen in zip(self._evaluators, self._passes_seen))
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._resolve()
@@ -280,8 +292,9 @@ class ThroughputMonitor(Callback):
 
     def _resolve(self) -> None:
         """Turn pending marks into step durations (on CUDA: one wait, for the newest event)."""
-        for index, spans, tokens in self._pending:
-            self.steps.append(StepTiming(index, sum(self._seconds(start, end) for start, end in spans), tokens))
+        for index, spans, tokens, evaluating in self._pending:
+            seconds = sum(self._seconds(start, end) for start, end in spans) - evaluating
+            self.steps.append(StepTiming(index, seconds, tokens))
         self._pending.clear()
 
     def _log_interval(self, trainer: Trainer, pl_module: LightningModule) -> None:
