@@ -108,39 +108,45 @@ def test_a_batch_limit_under_one_optimizer_step_is_refused_in_one_line(small_tex
 def test_every_optimizer_step_trains_the_whole_budget_across_epoch_ends(source, shakespeare, tmp_path, caplog):
     """tiny-cpu.yaml as written (bf16-mixed, its clipping), 3 micro-batches a step over epochs of 11
     batches (a text; two shards of 5 and 6): each epoch is 9 batches, 3 whole steps, where Lightning
-    ended each with a step of 2 micro-batches, each still divided by 3. throughput.json reports every
+    ended each with a step of 2 micro-batches, each still divided by 3. Validation every 2 steps stays
+    at step ends across epochs (it drifted into accumulations), and throughput.json reports every
     step's tokens (it looked at the first step only)."""
     import json
 
     import numpy as np
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from gpt_lightning.data import gpt2_encoding
 
     enc = gpt2_encoding()
     ids = enc.encode_ordinary(shakespeare[:4000])
-    if source == "text":
+    if source == "text":  # 470 tokens, the last 117 held out: 353 train 11 batches of 2 x 16 (and the last target)
         data = tmp_path / "corpus.txt"
-        data.write_text(enc.decode(ids[: 11 * 32 + 1]))  # 11 batches of 2 x 16 (and the last target)
-        assert len(enc.encode_ordinary(data.read_text())) == 11 * 32 + 1
+        data.write_text(enc.decode(ids[:470]))
+        assert len(enc.encode_ordinary(data.read_text())) == 470
     else:
         data = tmp_path / "shards"
         data.mkdir()
-        np.save(data / "c_train_000000.npy", np.array(ids[: 5 * 32 + 1], dtype=np.uint16))  # 5 batches
-        np.save(data / "c_train_000001.npy", np.array(ids[200 : 200 + 6 * 32 + 1], dtype=np.uint16))  # 6
+        np.save(data / "c_val_000000.npy", np.array(ids[:117], dtype=np.uint16))
+        np.save(data / "c_train_000001.npy", np.array(ids[117 : 117 + 5 * 32 + 1], dtype=np.uint16))  # 5 batches
+        np.save(data / "c_train_000002.npy", np.array(ids[300 : 300 + 6 * 32 + 1], dtype=np.uint16))  # 6
     caplog.set_level("INFO")
     caplog.clear()
     main(["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--model.n_layer", "1", "--model.n_head", "2",
           "--model.n_embd", "32", "--model.compile", "false", "--model.val_sample_tokens", "0",
-          "--data.data_path", str(data), "--data.val_fraction", "0", "--data.batch_size", "2", "--data.block_size", "16",
+          "--data.data_path", str(data), "--data.val_fraction", "0.25", "--data.batch_size", "2", "--data.block_size", "16",
           "--data.tokens_per_step", "96", "--data.cache_dir", str(tmp_path / "cache"), "--trainer.max_steps", "7",
-          "--trainer.limit_val_batches", "0", "--throughput.warmup_steps", "1",
+          "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1", "--throughput.warmup_steps", "1",
           "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
-    assert "1 epoch = 9 batches = 3 optimizer steps of 3 (2 of 11 batches left out so that no step is short)" in caplog.text
     (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
-    saved = json.loads((run_dir / "throughput.json").read_text())
-    assert saved["tokens_per_optimizer_step"] == saved["tokens_per_optimizer_step_min"] == 96
-    assert saved["tokens_per_optimizer_step_max"] == 96 and saved["tokens_trained"] == 7 * 96
-    assert "96 tokens per optimizer step)" in caplog.text
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     position = ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]  # the stream's own count
     assert (position["epoch"], position["batches"]) == (2, 3)  # 3 + 3 steps, then 1 of the third epoch
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    assert [e.step for e in events.Scalars("val/loss")] == [1, 3, 5]  # after optimizer steps 2, 4 and 6
+    saved = json.loads((run_dir / "throughput.json").read_text())
+    assert saved["tokens_per_optimizer_step"] == saved.get("tokens_per_optimizer_step_min") == 96
+    assert saved["tokens_per_optimizer_step_max"] == 96 and saved["tokens_trained"] == 7 * 96
+    assert "96 tokens per optimizer step)" in caplog.text
+    assert "1 epoch = 9 batches = 3 optimizer steps of 3 (2 of 11 batches left out so that no step is short)" in caplog.text

@@ -123,11 +123,10 @@ class ThroughputMonitor(Callback):
     Validation and checkpoint writing are not counted: the step's clock pauses for them, inside an
     accumulation too. Nor is a ``HellaSwagEval`` pass: its time is taken out of the step it ran in
     (it scores as a step starts, step 0 included, so the first step is still the compiling one
-    whatever the order of the callbacks). At the end
-    of ``fit`` it prints one summary line and writes ``throughput.json`` into ``trainer.log_dir``:
-    the logger's run folder, or without a logger the Trainer's ``default_root_dir`` (the working
-    directory unless set), as Lightning does with checkpoints. Also with ``log_every_n_steps`` 0,
-    which logs nothing at steps.
+    whatever the order of the callbacks). At the end of ``fit`` it prints one summary line and
+    writes ``throughput.json`` into ``trainer.log_dir``: the logger's run folder, or without a
+    logger the Trainer's ``default_root_dir`` (the working directory unless set), as Lightning does
+    with checkpoints. Also with ``log_every_n_steps`` 0, which logs nothing at steps.
 
     Args:
         warmup_steps: optimizer steps, counted from the start of each ``fit`` (a resumed run
