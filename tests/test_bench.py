@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
 from gpt_lightning.commands.bench import repo_relative, repository_root
@@ -30,6 +31,7 @@ def test_bench_compares_runs_side_by_side_and_fails_on_divergence(tmp_path, monk
             "bench", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--runs", "eager", "blocks",
             "--every", "2", "--tolerance", "-1",  # any difference at all counts as divergence: the failure path
             "--trainer.max_steps", "6", "--throughput.warmup_steps", "2", "--trainer.val_check_interval", "3",
+            "--trainer.accumulate_grad_batches", "2", "--trainer.log_every_n_steps", "1",  # as the GPU recipes do
             "--trainer.limit_val_batches", "1", "--model.n_layer", "2", "--model.n_embd", "32",
             "--model.n_head", "2", "--data.batch_size", "2", "--data.block_size", "32",
             "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
@@ -46,7 +48,14 @@ def test_bench_compares_runs_side_by_side_and_fails_on_divergence(tmp_path, monk
     assert str(REPO) not in json.dumps(saved)
     assert saved["runs"]["eager"]["log_dir"] == str(run_dir / "eager")
     runs, summary = saved["runs"], saved["summary"]
-    assert [len(runs[name]["loss"]) for name in ("eager", "blocks")] == [6, 6]
+    # One loss per optimizer step, each train/loss's value: the mean of its 2 micro-batches (it kept each
+    # micro-batch's, already halved by Lightning: 12 losses of about 5.4, then an IndexError before bench.json).
+    assert [len(runs[name][key]) for name in ("eager", "blocks") for key in ("loss", "step_ms")] == [6] * 4
+    assert runs["eager"]["loss"][0] > 10  # about ln(50257) = 10.8 for an untrained model
+    for name in ("eager", "blocks"):
+        events = EventAccumulator(str(run_dir / name))
+        events.Reload()
+        assert runs[name]["loss"] == pytest.approx([e.value for e in events.Scalars("train/loss")], rel=1e-6)
     assert (runs["eager"]["compiled"], runs["blocks"]["compiled"], runs["blocks"]["compile_scope"]) == (False, True, "blocks")
     for name in ("blocks",):
         assert summary[name]["speedup_vs_eager"] > 0 and summary[name]["compile_time_s"] > 0

@@ -141,6 +141,22 @@ def test_shuffled_rows_are_a_new_permutation_each_epoch_and_the_same_every_run()
     assert [x[:, 0].tolist() for x, _ in passes] == epoch1[100:]
 
 
+def test_an_epoch_is_a_whole_number_of_optimizer_steps():
+    """12 batches at 5 a step: 10 an epoch, so Lightning's end-of-epoch step is never short. A batch's
+    place does not move with the accumulation (a position means the same batches under another)."""
+    tokens = np.arange(101, dtype=np.uint16)  # 12 batches of 2 x 4
+    for shuffle in (False, True):
+        whole = [x[:, 0].tolist() for x, _ in TokenWindows(tokens, 2, 4, shuffle=shuffle, seed=7)]
+        windows = TokenWindows(tokens, 2, 4, shuffle=shuffle, seed=7, accumulate=5)
+        assert (len(windows), windows.available()) == (10, 12)
+        assert [x[:, 0].tolist() for x, _ in windows] == whole[:10]
+        assert windows.state_dict()["batches"] == 10
+        windows.load_state_dict({"epoch": 0, "batches": 7})
+        assert [x[:, 0].tolist() for x, _ in windows] == whole[7:10]  # the resumed epoch ends where it should
+    ranks = [TokenWindows(tokens, 2, 4, rank=r, world_size=2, accumulate=4) for r in (0, 1)]
+    assert [len(w) for w in ranks] == [4, 4] and [len(list(w)) for w in ranks] == [4, 4]  # 6 each, 4 served
+
+
 def test_data_module_reports_the_reference_numbers(cache_dir, capsys, caplog):
     dm = TokenStreamDataModule(batch_size=16, block_size=1024, val_fraction=0.0)
     dm.prepare_data()

@@ -174,31 +174,6 @@ def test_the_callback_scores_during_training_and_logs(tmp_path, small_text):
     assert [float(r["eval/hellaswag_acc"]) for r in rows] == pytest.approx([r["acc"] for r in callback.results])
 
 
-def test_throughput_leaves_out_the_steps_the_callback_scores_in(tmp_path, small_text, monkeypatch):
-    """A HellaSwag pass runs as its step starts; the throughput callback (here attached first, so its
-    clock is already running) counts neither it nor that step."""
-    import time
-
-    from gpt_lightning import ThroughputMonitor
-
-    evaluate = hellaswag.HellaSwagEval._evaluate
-
-    def slow_evaluate(self, trainer, pl_module):
-        if self.evaluated_at != trainer.global_step:  # a real pass, not the once-a-step early return
-            time.sleep(0.5)
-        evaluate(self, trainer, pl_module)
-
-    monkeypatch.setattr(hellaswag.HellaSwagEval, "_evaluate", slow_evaluate)
-    path = write_examples(tmp_path / "val.jsonl", synthetic_examples(4))
-    monitor = ThroughputMonitor(warmup_steps=0, filename=None)
-    callback = hellaswag.HellaSwagEval(str(path), every_n_steps=3, limit=4, batch_size=2)
-    tiny_fit(tmp_path, small_text, [monitor, callback], max_steps=7)
-    assert [r["step"] for r in callback.results] == [0, 3, 6, 7]
-    assert [step.index for step in monitor.steps] == [1, 2, 4, 5]  # steps 0, 3 and 6 scored HellaSwag
-    # Nor does the pass leak into the step after it (the first steps are slow for their own reasons: warm-up).
-    assert all(step.seconds < 0.5 for step in monitor.steps if step.index > 3), [(s.index, s.seconds) for s in monitor.steps]
-
-
 def test_without_the_file_the_callback_says_where_to_put_it_and_training_goes_on(tmp_path, small_text):
     callback = hellaswag.HellaSwagEval(str(tmp_path / "missing.jsonl"))
     with pytest.warns(UserWarning, match=r"HellaSwag evaluation is off: .*missing\.jsonl does not exist.*download"):

@@ -1,6 +1,7 @@
 """A run stopped at a checkpoint and resumed through the CLI ends with the very weights of the run that
-was never stopped (torch.equal), across epoch ends: with and without gradient accumulation (whose
-last, short accumulation of an epoch also steps), with limit_train_batches, and with shuffling."""
+was never stopped (torch.equal), across epoch ends: with and without gradient accumulation (an epoch
+is trimmed to whole optimizer steps), with limit_train_batches (rounded to whole steps), and with
+shuffling."""
 
 from pathlib import Path
 
@@ -59,8 +60,8 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
     "stop, flags",
     [
         (11, []),  # stopped on an epoch's last batch; the resumed run ends on the next one's
-        (4, ["--trainer.accumulate_grad_batches", "3"]),  # 3+3+3+2 batches an epoch: stopped on the short one
-        (4, ["--trainer.accumulate_grad_batches", "3", "--trainer.limit_train_batches", "7"]),  # 3+3+1
+        (4, ["--trainer.accumulate_grad_batches", "3"]),  # 3+3+3 batches an epoch (2 left out): stopped 1 step into the second
+        (4, ["--trainer.accumulate_grad_batches", "3", "--trainer.limit_train_batches", "7"]),  # rounded to 6: 3+3
         (5, ["--data.tokens_per_step", "96", "--data.shuffle", "true"]),  # accumulation 3, shuffled
         (4, ["--data.tokens_per_step", "96", "--data.shuffle", "true", "shards"]),  # 3 shards of 3 batches
     ],

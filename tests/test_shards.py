@@ -89,6 +89,18 @@ def test_shuffled_shards_change_order_each_epoch_and_resume_in_it(tmp_path):
     assert [x[:, 0].tolist() for x, _ in windows] == first[5:]
 
 
+def test_an_epoch_of_shards_is_a_whole_number_of_optimizer_steps(tmp_path):
+    for i in range(2):  # 3 batches of 2 x 4 each: 6 an epoch, 4 of them at 4 a step
+        write_npy(tmp_path / f"s_train_{i}.npy", np.arange(1000 * i, 1000 * i + 25))
+    shards = find_shards(tmp_path)["train"]
+    whole = [x[0, 0].item() for x, _ in ShardWindows(shards, 2, 4)]
+    windows = ShardWindows(shards, 2, 4, accumulate=4)
+    assert (len(windows), windows.available()) == (4, 6)
+    assert [x[0, 0].item() for x, _ in windows] == whole[:4] == [0, 8, 16, 1000]  # the last shard's tail left out
+    windows.load_state_dict({"epoch": 0, "batches": 3})
+    assert [x[0, 0].item() for x, _ in windows] == [1000]
+
+
 def test_directory_without_training_shards_is_a_clear_error(tmp_path):
     write_npy(tmp_path / "only_val.npy", np.arange(10))
     with pytest.raises(UserError, match="no training shards"):

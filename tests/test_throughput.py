@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 
 from gpt_lightning.training.module import GPTLightningModule
 from lightning.fabric.utilities.throughput import get_available_flops
@@ -98,10 +99,116 @@ def test_arithmetic_with_warmup_world_size_accumulation_and_validation(tmp_path,
     assert saved["world_size"] == 2 and saved["accumulate_grad_batches"] == 2
     assert saved["tokens_per_step_per_device"] == 64
     assert saved["tokens_per_optimizer_step"] == 128  # 2 ranks x 2 micro-batches x 4 x 8
+    assert saved["tokens_trained"] == 6 * 128
     assert "ms/step, MFU 960.0%, 128 tokens per optimizer step)" in caplog.text
     assert (saved["batch_size"], saved["block_size"], saved["compiled"]) == (4, 8, True)
     for field in ("device", "precision", "torch", "lightning", "peak_host_rss_bytes", "flops_per_token"):
         assert saved[field]
+
+
+def test_the_summary_checks_the_tokens_of_every_step_not_the_first(tmp_path, monkeypatch, caplog):
+    """A loader of a user's own that ends an epoch with a short accumulation (2, 1, 2 micro-batches):
+    no single token count per step is claimed, and the fewest, most and total are what was trained."""
+    trainer = SimpleNamespace(
+        global_step=0, world_size=2, accumulate_grad_batches=2, log_every_n_steps=1, precision="32-true",
+        is_global_zero=True, log_dir=str(tmp_path), datamodule=None, strategy=FakeStrategy(2), loggers=[], callbacks=[],
+    )
+    module, monitor = FakeModule(), ThroughputMonitor(warmup_steps=0)
+    ticks = iter(range(100))
+    monkeypatch.setattr(ThroughputMonitor, "_now", staticmethod(lambda: next(ticks)))
+    batch = (torch.zeros(4, 8, dtype=torch.long), torch.zeros(4, 8, dtype=torch.long))
+    monitor.on_train_start(trainer, module)
+    for micro_batches in (2, 1, 2):
+        for micro in range(micro_batches):
+            monitor.on_train_batch_start(trainer, module, batch, 0)
+            trainer.global_step += micro == micro_batches - 1
+            monitor.on_train_batch_end(trainer, module, {}, batch, 0)
+    with caplog.at_level("INFO"):
+        monitor.on_train_end(trainer, module)
+    saved = monitor.summary
+    assert saved["tokens_per_optimizer_step"] is None and saved["tokens_per_step_per_device"] is None
+    assert (saved["tokens_per_optimizer_step_min"], saved["tokens_per_optimizer_step_max"]) == (64, 128)  # 2 ranks
+    assert saved["tokens_trained"] == 2 * 5 * 32
+    assert "64 to 128 tokens per optimizer step: not every step trained the same" in caplog.text
+
+
+class FakeTime(Callback):
+    """The monitor's clock in a real fit, moved only here: 1 s per micro-batch (at its backward) and
+    100 s per validation batch, so a step's measured time says which work it holds."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        self.now += 1.0
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.now += 100.0
+
+
+def fit_on_fake_time(small_text, tmp_path, monkeypatch, clock, callbacks, **trainer_args):
+    """A real Trainer (bf16-mixed, as configs/tiny-cpu.yaml) of the tiny model, accumulating 2
+    micro-batches a step, its monitors on ``clock``."""
+    from lightning.pytorch import Trainer
+
+    from gpt_lightning.data import TokenStreamDataModule
+
+    from conftest import TINY_MODEL
+
+    monkeypatch.setattr(ThroughputMonitor, "_now", staticmethod(lambda: clock.now))
+    data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, cache_dir=str(tmp_path))
+    trainer = Trainer(accelerator="cpu", precision="bf16-mixed", accumulate_grad_batches=2, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                      callbacks=[clock, *callbacks], **{"logger": False, **trainer_args})
+    trainer.fit(GPTLightningModule(**TINY_MODEL), data)
+
+
+def test_validation_inside_an_accumulation_pauses_the_step_clock(small_text, tmp_path, monkeypatch):
+    """Accumulating 2 with val_check_interval 5 (Lightning counts micro-batches): the 5th micro-batch,
+    the first of step 2, validates. Its step holds both micro-batches' time, not the second's alone
+    (the clock restarted after validation: twice the tokens/s), and none of the validation's."""
+    clock, monitor = FakeTime(), ThroughputMonitor(warmup_steps=0, filename=None)
+    fit_on_fake_time(small_text, tmp_path, monkeypatch, clock, [monitor], max_steps=6, val_check_interval=5,
+                     limit_val_batches=1)
+    assert clock.now == 6 * 2 + 2 * 100  # validated twice: inside step 2 and at the end of step 4
+    assert [(s.index, s.seconds, s.tokens) for s in monitor.steps] == [(i, 2.0, 128) for i in range(6)]
+
+
+@pytest.mark.parametrize("monitor_first", [True, False], ids=["monitor-first", "hellaswag-first"])
+def test_a_hellaswag_pass_is_timed_out_of_its_step_and_the_first_step_is_the_compiling_one(
+        monitor_first, small_text, tmp_path, monkeypatch):
+    """HellaSwagEval scores as steps 0 and 3 start (1,000 s a pass here), whichever callback runs
+    first. Step 0 was left out, so the first step timed was step 1: first_step_s was a warm step's
+    and its tag never written (the FineWeb recipe scores at step 0). Now every step is timed, the
+    first as the first, each without the pass."""
+    import csv
+    from types import SimpleNamespace
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    from gpt_lightning.interop import hellaswag
+
+    from test_hellaswag import synthetic_examples, write_examples
+
+    clock, monitor = FakeTime(), ThroughputMonitor(warmup_steps=2, filename=None)
+    score = hellaswag.count_correct
+
+    def a_long_pass(*args, **kwargs):
+        clock.now += 1000.0
+        return score(*args, **kwargs)
+
+    monkeypatch.setattr(hellaswag, "count_correct", a_long_pass)
+    monkeypatch.setattr(hellaswag, "time", SimpleNamespace(perf_counter=lambda: clock.now), raising=False)
+    evaluator = hellaswag.HellaSwagEval(str(write_examples(tmp_path / "val.jsonl", synthetic_examples(4))),
+                                        every_n_steps=3, limit=4, batch_size=2)
+    fit_on_fake_time(small_text, tmp_path, monkeypatch, clock, [monitor, evaluator] if monitor_first else [evaluator, monitor],
+                     max_steps=5, limit_val_batches=0, logger=CSVLogger(tmp_path, name="csv"), log_every_n_steps=1)
+    assert [(s.index, s.seconds) for s in monitor.steps] == [(i, 2.0) for i in range(5)]
+    assert [r["step"] for r in evaluator.results] == [0, 3, 5] and evaluator.durations == [1000.0] * 3
+    assert monitor.summary["first_step_s"] == 2.0 and monitor.summary["warmup_s"] == 4.0
+    (metrics,) = (tmp_path / "csv").glob("version_*/metrics.csv")
+    written = [float(row["throughput/first_step_s"]) for row in csv.DictReader(metrics.open()) if row.get("throughput/first_step_s")]
+    assert written == [2.0]
 
 
 @pytest.mark.parametrize("values, p10, p90", [

@@ -37,13 +37,19 @@ def fit(tmp_path, small_text, name, *extra, processes=1, caplog=None):
 
 
 def test_accumulation_ddp_and_a_bigger_batch_train_the_same_weights(small_text, tmp_path, caplog):
+    """Across epoch ends too: limit_train_batches makes every step an epoch of its own, and a limit
+    that is no whole number of steps is rounded down (it trained 4 + 2 + 4 micro-batches, the 2
+    divided by 4 as if they were 4, and on each DDP rank 2 + 1 + 2)."""
     caplog.set_level("INFO")
     accumulated, log = fit(tmp_path, small_text, "accumulate", "--data.batch_size", "2", "--data.tokens_per_step", "128",
-                           caplog=caplog)
+                           "--trainer.limit_train_batches", "6", caplog=caplog)
     assert "128 tokens per optimizer step = 1 process(es) x 2 x 16 x 4 accumulated micro-batches" in log
-    big, _ = fit(tmp_path, small_text, "big", "--data.batch_size", "8", caplog=caplog)
-    ddp, log = fit(tmp_path, small_text, "ddp", "--data.batch_size", "2", "--data.tokens_per_step", "128", processes=2)
+    assert "trainer.limit_train_batches 6 rounded down to 4, a whole number of optimizer steps of 4 micro-batches" in log
+    big, _ = fit(tmp_path, small_text, "big", "--data.batch_size", "8", "--trainer.limit_train_batches", "1", caplog=caplog)
+    ddp, log = fit(tmp_path, small_text, "ddp", "--data.batch_size", "2", "--data.tokens_per_step", "128",
+                   "--trainer.limit_train_batches", "3", processes=2)
     assert "128 tokens per optimizer step = 2 process(es) x 2 x 16 x 2 accumulated micro-batches" in log
+    assert "trainer.limit_train_batches 3 rounded down to 2" in log
     for key, value in big.items():
         torch.testing.assert_close(accumulated[key], value, rtol=0, atol=1e-5, msg=key)
         torch.testing.assert_close(ddp[key], value, rtol=0, atol=1e-5, msg=key)
@@ -86,3 +92,61 @@ def test_with_tokens_per_step_the_validation_interval_counts_optimizer_steps(sma
     events.Reload()
     assert [event.step for event in events.Scalars("val/loss")] == [1, 3]  # after optimizer steps 2 and 4 (0-based, as train/loss)
     assert [event.step for event in events.Scalars("train/loss")] == [0, 1, 2, 3]  # one per optimizer step
+
+
+def test_a_batch_limit_under_one_optimizer_step_is_refused_in_one_line(small_text, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *TINY, "--data.data_path", str(small_text),
+              "--data.batch_size", "2", "--data.tokens_per_step", "128", "--trainer.limit_train_batches", "3",
+              "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert "trainer.limit_train_batches 3 is less than one optimizer step of 4 micro-batches: use 4 or a multiple of it." in err
+
+
+@pytest.mark.parametrize("source", ["text", "shards"])
+def test_every_optimizer_step_trains_the_whole_budget_across_epoch_ends(source, shakespeare, tmp_path, caplog):
+    """tiny-cpu.yaml as written (bf16-mixed, its clipping), 3 micro-batches a step over epochs of 11
+    batches (a text; two shards of 5 and 6): each epoch is 9 batches, 3 whole steps, where Lightning
+    ended each with a step of 2 micro-batches, each still divided by 3. Validation every 2 steps stays
+    at step ends across epochs (it drifted into accumulations), and throughput.json reports every
+    step's tokens (it looked at the first step only)."""
+    import json
+
+    import numpy as np
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from gpt_lightning.data import gpt2_encoding
+
+    enc = gpt2_encoding()
+    ids = enc.encode_ordinary(shakespeare[:4000])
+    if source == "text":  # 470 tokens, the last 117 held out: 353 train 11 batches of 2 x 16 (and the last target)
+        data = tmp_path / "corpus.txt"
+        data.write_text(enc.decode(ids[:470]))
+        assert len(enc.encode_ordinary(data.read_text())) == 470
+    else:
+        data = tmp_path / "shards"
+        data.mkdir()
+        np.save(data / "c_val_000000.npy", np.array(ids[:117], dtype=np.uint16))
+        np.save(data / "c_train_000001.npy", np.array(ids[117 : 117 + 5 * 32 + 1], dtype=np.uint16))  # 5 batches
+        np.save(data / "c_train_000002.npy", np.array(ids[300 : 300 + 6 * 32 + 1], dtype=np.uint16))  # 6
+    caplog.set_level("INFO")
+    caplog.clear()
+    main(["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--model.n_layer", "1", "--model.n_head", "2",
+          "--model.n_embd", "32", "--model.compile", "false", "--model.val_sample_tokens", "0",
+          "--data.data_path", str(data), "--data.val_fraction", "0.25", "--data.batch_size", "2", "--data.block_size", "16",
+          "--data.tokens_per_step", "96", "--data.cache_dir", str(tmp_path / "cache"), "--trainer.max_steps", "7",
+          "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1", "--throughput.warmup_steps", "1",
+          "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
+    (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    position = ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]  # the stream's own count
+    assert (position["epoch"], position["batches"]) == (2, 3)  # 3 + 3 steps, then 1 of the third epoch
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    assert [e.step for e in events.Scalars("val/loss")] == [1, 3, 5]  # after optimizer steps 2, 4 and 6
+    saved = json.loads((run_dir / "throughput.json").read_text())
+    assert saved["tokens_per_optimizer_step"] == saved.get("tokens_per_optimizer_step_min") == 96
+    assert saved["tokens_per_optimizer_step_max"] == 96 and saved["tokens_trained"] == 7 * 96
+    assert "96 tokens per optimizer step)" in caplog.text
+    assert "1 epoch = 9 batches = 3 optimizer steps of 3 (2 of 11 batches left out so that no step is short)" in caplog.text

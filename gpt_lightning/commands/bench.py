@@ -42,13 +42,27 @@ RUNS = {
 
 
 class LossRecorder(Callback):
-    """Keeps every training loss as a device tensor: read once at the end, no per-step sync."""
+    """Keeps each optimizer step's loss as a device tensor: read once at the end, no per-step sync.
+
+    The step's loss is the mean of its micro-batches' losses, the value ``train/loss`` logs (on one
+    process). Lightning's ``outputs["loss"]`` is one micro-batch's loss already divided by the
+    accumulation, so the step's loss is their sum over the step."""
 
     def __init__(self) -> None:
         self.losses: list[torch.Tensor] = []
+        self._step_sum: torch.Tensor | None = None  # the current step's micro-batches so far
+        self._last_global_step = 0
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._step_sum, self._last_global_step = None, trainer.global_step
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.losses.append(outputs["loss"].detach())
+        loss = outputs["loss"].detach()
+        self._step_sum = loss if self._step_sum is None else self._step_sum + loss
+        if trainer.global_step != self._last_global_step:  # this micro-batch ended an optimizer step
+            self._last_global_step = trainer.global_step
+            self.losses.append(self._step_sum)
+            self._step_sum = None
 
     def values(self) -> list[float]:
         return torch.stack(self.losses).float().cpu().tolist() if self.losses else []
@@ -146,7 +160,7 @@ def compare(run: dict[str, Any], eager: dict[str, Any] | None) -> dict[str, Any]
 def table(runs: list[dict[str, Any]], every: int) -> str:
     header = f"{'step':>5} | " + " | ".join(f"{run['name'] + ' loss':>14} {'ms':>9}" for run in runs)
     rows = [header]
-    for i in range(0, min(len(run["loss"]) for run in runs), every):
+    for i in range(0, min(min(len(run["loss"]), len(run["step_ms"])) for run in runs), every):
         rows.append(f"{i:>5} | " + " | ".join(f"{run['loss'][i]:>14.4f} {run['step_ms'][i]:>9.2f}" for run in runs))
     return "\n".join(rows)
 

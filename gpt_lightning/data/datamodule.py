@@ -4,6 +4,8 @@ Windows are cut exactly as nanoGPT's ``DataLoaderLite`` cuts them: batch ``g`` i
 ``buf = tokens[g*B*T : (g+1)*B*T + 1]`` with ``x = buf[:-1].view(B, T)`` and ``y = buf[1:].view(B, T)``.
 Under distributed training rank ``r`` of ``W`` takes batches ``r, r+W, r+2W, ...``, so ranks read
 disjoint windows. With ``shuffle``, each epoch serves them in a new seeded order (see ``windows``).
+Under gradient accumulation a training epoch is a whole number of optimizer steps: Lightning's
+end-of-epoch step would otherwise take the epoch's last few micro-batches as a whole step's.
 
 The training loader is stateful (Lightning's ``state_dict`` / ``load_state_dict`` protocol): the
 epoch and the batches it served are saved in the checkpoint, so a resumed run continues with the very
@@ -130,8 +132,8 @@ class TokenStreamDataModule(LightningDataModule):
             self.tokens = load_tokens(token_file)
             n = len(self.tokens)
             rank_zero_info(f"loaded {n} tokens")
-        batches = len(self._train_windows())
-        if batches == 0:
+        windows = self._train_windows()
+        if windows.available() == 0:
             raise UserError(
                 f"The training split is too small: one batch on each of {self.world_size} process(es) "
                 f"needs world_size x batch_size x block_size + 1 = "
@@ -139,8 +141,19 @@ class TokenStreamDataModule(LightningDataModule):
                 + (" in one shard" if self.is_sharded else f", it has {self.train_token_count}")
                 + ". Use more text, or a smaller data.batch_size / data.block_size."
             )
+        accumulate, batches = windows.accumulate, len(windows)
+        if batches == 0:
+            raise UserError(
+                f"The training split holds {windows.available()} batches per process, fewer than the {accumulate} "
+                "micro-batches of one optimizer step. Use more text, or a smaller data.tokens_per_step / "
+                "trainer.accumulate_grad_batches / data.batch_size."
+            )
         per_rank = " per process" if self.world_size > 1 else ""
-        rank_zero_info(f"1 epoch = {batches} batches{per_rank}")
+        left_out = windows.available() - batches
+        steps = f" = {batches // accumulate} optimizer steps of {accumulate}" if accumulate > 1 else ""
+        trimmed = f" ({left_out} of {windows.available()} batches left out so that no step is short)" if left_out else ""
+        rank_zero_info(f"1 epoch = {batches} batches{per_rank}{steps}{trimmed}")
+        self._round_batch_limit(batches, accumulate)
         self._check_validation_interval(batches)
 
     def _set_gradient_accumulation(self) -> None:
@@ -194,6 +207,32 @@ class TokenStreamDataModule(LightningDataModule):
         remembered = self._given_val_check_interval
         return remembered[1] if remembered is not None and remembered[0]() is self.trainer else None
 
+    def _round_batch_limit(self, batches: int, accumulate: int) -> None:
+        """Round ``trainer.limit_train_batches`` down to whole optimizer steps, in one line.
+
+        Lightning ends the epoch at the limit with an optimizer step, however few micro-batches it
+        took, each still divided by the full accumulation: 7 batches at 3 a step would train
+        3 + 3 + 1. The limit is rewritten as the number of batches Lightning would have taken,
+        rounded down to a multiple of ``accumulate`` (a fraction of an epoch becomes that count)."""
+        trainer = self.trainer
+        if trainer is None or accumulate == 1 or trainer.fast_dev_run:  # fast_dev_run: Lightning's smoke run, as it is
+            return
+        limit = trainer.limit_train_batches
+        epoch = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+        if epoch % accumulate == 0:
+            return
+        given = f"{limit}" if isinstance(limit, int) else f"{limit} (= {epoch} of {batches} batches)"
+        if epoch < accumulate:
+            raise UserError(
+                f"trainer.limit_train_batches {given} is less than one optimizer step of {accumulate} micro-batches: "
+                f"use {accumulate} or a multiple of it."
+            )
+        trainer.limit_train_batches = epoch // accumulate * accumulate
+        rank_zero_info(
+            f"trainer.limit_train_batches {given} rounded down to {trainer.limit_train_batches}, a whole number of "
+            f"optimizer steps of {accumulate} micro-batches"
+        )
+
     def _check_validation_interval(self, batches: int) -> None:
         """Say in our words what Lightning's fit loop would raise as a ValueError traceback."""
         trainer = self.trainer
@@ -229,7 +268,9 @@ class TokenStreamDataModule(LightningDataModule):
     def _windows(self, split: str) -> TokenWindows | ShardWindows | None:
         args = (self.batch_size, self.block_size, self.rank, self.world_size)
         # Training: shuffled on request, in the trainer's epochs. Validation: always the same batches.
-        train = {"shuffle": self.shuffle, "seed": self.seed, "progress": self._trainer_progress} if split == "train" else {}
+        # Training epochs are whole optimizer steps of the trainer's accumulation (see ResumableStream).
+        train = {"shuffle": self.shuffle, "seed": self.seed, "progress": self._trainer_progress,
+                 "accumulate": self._accumulation()} if split == "train" else {}
         if self.shards is not None:
             return ShardWindows(self.shards[split], *args, **train) if self.shards[split] else None
         assert self.tokens is not None, "call setup() first"
@@ -243,6 +284,11 @@ class TokenStreamDataModule(LightningDataModule):
         if self.trainer is None:
             return 0, 0
         return self.trainer.current_epoch, self.trainer.fit_loop.epoch_loop.batch_progress.current.ready
+
+    def _accumulation(self) -> int:
+        """Micro-batches per optimizer step: the trainer's ``accumulate_grad_batches`` (which
+        ``tokens_per_step`` sets in ``setup``), 1 without a trainer."""
+        return self.trainer.accumulate_grad_batches if self.trainer is not None else 1
 
     def _train_windows(self) -> TokenWindows | ShardWindows:
         return self._windows("train")  # type: ignore[return-value]
@@ -271,15 +317,15 @@ class TokenStreamDataModule(LightningDataModule):
     def test_dataloader(self) -> DataLoader | list:
         return self.val_dataloader()
 
-    # --- resuming --------------------------------------------------------------------------------
-    # The position is the training loader's own state (ResumableLoader), which Lightning saves. Older
-    # checkpoints kept global_step x accumulation here, which overcounts after an epoch's short last
-    # accumulation: they resume where Lightning's own batch count says (ResumableStream._next_pass).
 
 
 class ResumableLoader(DataLoader):
     """A ``DataLoader`` of a ``ResumableStream`` that Lightning saves in checkpoints and restores (its
-    stateful-loader protocol): the epoch and the batches of it that training consumed."""
+    stateful-loader protocol): the epoch and the batches of it that training consumed.
+
+    The position lives here, not in the data module's own checkpoint entry. A checkpoint without it
+    (written before the loader kept a state) resumes where Lightning's own batch count says
+    (``ResumableStream._next_pass``)."""
 
     def state_dict(self) -> dict[str, Any]:
         return self.dataset.state_dict()

@@ -76,6 +76,8 @@ class ShardWindows(ResumableStream):
         shuffle: a new seeded order of shards, and of rows within each shard, every epoch.
         seed: the shuffle's seed: the same orders in every run and on every rank.
         progress: the trainer's epoch and batches done (see ``ResumableStream``).
+        accumulate: micro-batches per optimizer step; an epoch serves a multiple of it, the batches
+            left over being the last of the epoch's last shard (see ``ResumableStream``).
     """
 
     def __init__(
@@ -88,8 +90,9 @@ class ShardWindows(ResumableStream):
         shuffle: bool = False,
         seed: int = 0,
         progress: Callable[[], tuple[int, int]] | None = None,
+        accumulate: int = 1,
     ) -> None:
-        super().__init__(progress)
+        super().__init__(progress, accumulate)
         self.shards = list(shards)
         self.batch_size, self.block_size = batch_size, block_size
         self.rank, self.world_size = rank, world_size
@@ -97,7 +100,7 @@ class ShardWindows(ResumableStream):
         per_batch = batch_size * block_size * world_size
         self.batches_per_shard = [max(0, (len(open_shard(p)) - 1) // per_batch) for p in self.shards]
 
-    def __len__(self) -> int:
+    def available(self) -> int:
         return sum(self.batches_per_shard)
 
     def layout(self) -> list[int]:

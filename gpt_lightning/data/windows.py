@@ -5,11 +5,13 @@ In order (the default), batch ``g`` is nanoGPT's ``tokens[g*B*T : (g+1)*B*T + 1]
 Shuffled, the array is cut into rows of ``T + 1`` tokens (row ``s`` starts at ``s*T``); each epoch a
 seeded permutation of the rows fills the batches, a different one each epoch and the same one in
 every run. Either way rank ``r`` of ``W`` takes batches ``r, r+W, r+2W, ...`` of the single-process
-stream, so ranks read disjoint windows.
+stream, so ranks read disjoint windows. Under gradient accumulation an epoch is a whole number of
+optimizer steps: the batches that would make its last step short are left out of it.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -18,42 +20,68 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import IterableDataset
 
+
 class ResumableStream(IterableDataset):
     """The epoch and position bookkeeping shared by token arrays and shard folders.
 
     ``state_dict()`` is ``{"epoch", "batches", "layout"}``: the stream's own epoch count and the
     batches of that epoch served. Lightning fetches nothing ahead from a sized loader, so at a
-    checkpoint this is exactly what training consumed (including an epoch's last, short accumulation
-    and ``limit_train_batches``). The epoch is the stream's own count, not the trainer's: a checkpoint
-    written after ``fit`` stopped at ``max_steps`` records the trainer's epoch as ended while the
-    stream is mid-epoch, and the shuffled order must follow the stream.
+    checkpoint this is exactly what training consumed (``limit_train_batches`` included). The epoch
+    is the stream's own count, not the trainer's: a checkpoint written after ``fit`` stopped at
+    ``max_steps`` records the trainer's epoch as ended while the stream is mid-epoch, and the
+    shuffled order must follow the stream.
+
+    An epoch is ``len(self)`` batches: the whole batches the data holds, rounded down to a multiple
+    of ``accumulate``. Lightning ends an epoch with an optimizer step whatever the accumulation, and
+    still divides each loss by the full ``accumulate``: an epoch of 297 batches at 8 a step would end
+    with a step of one batch and an eighth of a gradient. Trimming the epoch, rather than wrapping
+    the stream across epochs as nanoGPT's loader does, keeps every epoch end (Lightning's and the
+    stream's alike) at an optimizer step's end, so the position stays one ``(epoch, batches)`` pair
+    that Lightning's own epoch and batch counts agree with; a wrapping stream would need a second
+    position (where in which pass over the data) and would change its shuffled order mid-epoch. A
+    batch's place in its epoch does not depend on ``accumulate``, only where the epoch ends does, so
+    a position saved under one accumulation means the same batches under another.
 
     Args:
         progress: under a trainer, ``(epoch, batches of it already done)`` as the trainer sees them
             when a pass starts (see ``TokenStreamDataModule``). The trainer decides whether a resumed
             epoch goes on (it then skips that many batches) or a new one begins. None: each
             ``iter()`` is the next epoch, and a restored position goes on if its epoch has batches left.
+        accumulate: micro-batches per optimizer step (``trainer.accumulate_grad_batches``); each
+            epoch serves a multiple of it. The ``available % accumulate`` batches left over are the
+            epoch's last in its order (shuffled: other rows each epoch).
     """
 
-    def __init__(self, progress: Callable[[], tuple[int, int]] | None = None) -> None:
+    def __init__(self, progress: Callable[[], tuple[int, int]] | None = None, accumulate: int = 1) -> None:
+        if not isinstance(accumulate, int) or accumulate < 1:
+            raise ValueError(f"accumulate must be a positive integer, got {accumulate!r}.")
         self.progress = progress
+        self.accumulate = accumulate
         self._epoch: int | None = None  # epoch of the pass being served; None before the first
         self._served = 0  # batches of that epoch served
         self._restored: dict[str, Any] | None = None
 
-    # Subclasses: the layout that a position is counted in, and one epoch's batches from ``start``.
+    # Subclasses: the whole batches per epoch the data holds on each rank, the layout that a
+    # position is counted in, and all of one epoch's batches from ``start``.
+    def available(self) -> int:
+        raise NotImplementedError
+
     def layout(self) -> list[int]:
         raise NotImplementedError
 
     def batches(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         raise NotImplementedError
 
+    def __len__(self) -> int:
+        """Batches per epoch: a whole number of optimizer steps."""
+        return self.available() // self.accumulate * self.accumulate
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # A generator: nothing here runs until the first batch is asked for, when the trainer has
         # settled where it stands (Lightning calls iter() before it restores its loops' progress).
         epoch, start = self._next_pass()
         self._epoch, self._served = epoch, start
-        for batch in self.batches(epoch, start):
+        for batch in itertools.islice(self.batches(epoch, start), max(0, len(self) - start)):
             self._served += 1  # counted before the batch leaves: a checkpoint after it includes it
             yield batch
 
@@ -99,6 +127,7 @@ class TokenWindows(ResumableStream):
         shuffle: serve rows of ``T + 1`` tokens in a seeded random order, a new order each epoch.
         seed: the shuffle's seed, with the epoch: the same order in every run and on every rank.
         progress: the trainer's epoch and batches done (see ``ResumableStream``).
+        accumulate: micro-batches per optimizer step; an epoch serves a multiple of it (see ``ResumableStream``).
     """
 
     def __init__(
@@ -111,8 +140,9 @@ class TokenWindows(ResumableStream):
         shuffle: bool = False,
         seed: int | Sequence[int] = 0,
         progress: Callable[[], tuple[int, int]] | None = None,
+        accumulate: int = 1,
     ) -> None:
-        super().__init__(progress)
+        super().__init__(progress, accumulate)
         self.tokens = tokens
         self.batch_size = batch_size
         self.block_size = block_size
@@ -123,7 +153,7 @@ class TokenWindows(ResumableStream):
         # A batch needs B*T + 1 tokens (the targets are shifted by one).
         self.num_batches = (len(tokens) - 1) // (batch_size * block_size * world_size)
 
-    def __len__(self) -> int:
+    def available(self) -> int:
         return self.num_batches
 
     def layout(self) -> list[int]:

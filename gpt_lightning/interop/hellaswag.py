@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -222,6 +223,8 @@ class HellaSwagEval(Callback):
         self.examples: list[Example] | None = None
         self.evaluated_at: int | None = None
         self.results: list[dict] = []  # step, acc_norm, acc, examples (all ranks), examples_here (this rank)
+        # Wall seconds of each pass, in results' order: ThroughputMonitor takes them out of the step they ran in.
+        self.durations: list[float] = []
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -250,6 +253,9 @@ class HellaSwagEval(Callback):
         if self.examples is None or self.evaluated_at == step:  # once a step, not once per micro-batch
             return
         self.evaluated_at = step
+        if pl_module.device.type == "cuda":  # the pass's time starts once the queued training work is done
+            torch.cuda.synchronize(pl_module.device)
+        began = time.perf_counter()
         model = getattr(pl_module, "model", pl_module)
         encode = gpt2_encoding().encode_ordinary
         rank, world = trainer.global_rank, trainer.world_size
@@ -269,3 +275,4 @@ class HellaSwagEval(Callback):
         for logger in trainer.loggers:
             logger.log_metrics({"eval/hellaswag_acc_norm": result["acc_norm"], "eval/hellaswag_acc": result["acc"]}, step=step)
         rank_zero_info(f"step {step}: hellaswag acc_norm {result['acc_norm']:.4f}, acc {result['acc']:.4f} over {n} examples")
+        self.durations.append(time.perf_counter() - began)  # ends on a host read (the counts): the device is done too

@@ -15,6 +15,7 @@ import platform
 import resource
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,23 +114,19 @@ class StepTiming:
     tokens: int  # tokens this process consumed in the step (all micro-batches)
 
 
-def _scored_hellaswag_at(trainer: Trainer, step: int) -> bool:
-    """Whether a ``HellaSwagEval`` scored inside optimizer step ``step`` (it does so as the step
-    starts): that step's time is mostly the evaluation's, so it is left out of the statistics."""
-    return any(isinstance(callback, HellaSwagEval) and callback.evaluated_at == step for callback in trainer.callbacks)
-
-
 class ThroughputMonitor(Callback):
     """Post-warm-up tokens/sec, step time and MFU, logged under ``throughput/``.
 
     Logs at the trainer's logging interval: ``throughput/tokens_per_sec`` (the whole job, summed
     over ranks), ``throughput/tokens_per_sec_per_device``, ``throughput/step_ms`` and
     ``throughput/mfu``; and once, ``throughput/first_step_s`` and ``throughput/warmup_s``.
-    Validation, checkpoint writing and the steps a ``HellaSwagEval`` scores in are not counted. At the end
-    of ``fit`` it prints one summary line and writes ``throughput.json`` into ``trainer.log_dir``:
-    the logger's run folder, or without a logger the Trainer's ``default_root_dir`` (the working
-    directory unless set), as Lightning does with checkpoints. Also with ``log_every_n_steps`` 0,
-    which logs nothing at steps.
+    Validation and checkpoint writing are not counted: the step's clock pauses for them, inside an
+    accumulation too. Nor is a ``HellaSwagEval`` pass: its time is taken out of the step it ran in
+    (it scores as a step starts, step 0 included, so the first step is still the compiling one
+    whatever the order of the callbacks). At the end of ``fit`` it prints one summary line and
+    writes ``throughput.json`` into ``trainer.log_dir``: the logger's run folder, or without a
+    logger the Trainer's ``default_root_dir`` (the working directory unless set), as Lightning does
+    with checkpoints. Also with ``log_every_n_steps`` 0, which logs nothing at steps.
 
     Args:
         warmup_steps: optimizer steps, counted from the start of each ``fit`` (a resumed run
@@ -157,6 +154,10 @@ class ThroughputMonitor(Callback):
         self.flops_per_batch = flops_per_batch
         self.filename = filename
         self.summary: dict[str, Any] | None = None
+        # The step's clock (see on_train_start): the sanity check's validation may pause it before training.
+        self._step_start: Any = None
+        self._step_spans: list[tuple[Any, Any]] = []
+        self._step_tokens = 0
 
     # --- clock -----------------------------------------------------------------------------------
     @staticmethod
@@ -180,10 +181,16 @@ class ThroughputMonitor(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._use_events = pl_module.device.type == "cuda"
         self.steps: list[StepTiming] = []
-        self._pending: list[tuple[int, Any, Any, int]] = []  # (index, start mark, end mark, tokens)
+        # (index, (start, end) marks, tokens, seconds of HellaSwag passes inside those marks)
+        self._pending: list[tuple[int, list[tuple[Any, Any]], int, float]] = []
         self._step_index = 0
         self._step_tokens = 0
-        self._step_start: Any = None  # mark at which the current optimizer step began
+        self._tokens_per_step: Counter[int] = Counter()  # this rank's tokens of a step -> steps that trained so many
+        self._step_start: Any = None  # mark at which the step's clock last started; None while paused
+        self._step_spans: list[tuple[Any, Any]] = []  # (start, end) marks of the step's time before a pause
+        self._evaluators = [callback for callback in trainer.callbacks if isinstance(callback, HellaSwagEval)]
+        self._passes_seen: list[int] = []  # each evaluator's passes when the clock last started
+        self._step_evaluating = 0.0  # seconds of the passes inside the step's spans so far
         self._last_global_step = trainer.global_step
         self._flops_per_token: float | None = None
         self._peak = self.peak_flops or peak_flops_for(pl_module.device, str(trainer.precision))
@@ -192,8 +199,8 @@ class ThroughputMonitor(Callback):
             torch.cuda.reset_peak_memory_stats(pl_module.device)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if self._step_start is None:  # first micro-batch after start, validation or a checkpoint
-            self._step_start = self._mark()
+        if self._step_start is None:  # first micro-batch after start, validation or a checkpoint: the clock goes on
+            self._start_clock(self._mark())
         tokens = _count_tokens(batch)
         self._step_tokens += tokens
         if self._flops_per_token is None:
@@ -206,11 +213,13 @@ class ThroughputMonitor(Callback):
             return  # mid-accumulation: the optimizer step is not done yet
         self._last_global_step = trainer.global_step
         end = self._mark()
-        if not _scored_hellaswag_at(trainer, trainer.global_step - 1):  # that time belongs to no training step
-            self._pending.append((self._step_index, self._step_start, end, self._step_tokens))
+        self._tokens_per_step[self._step_tokens] += 1  # every step, measured or not: what was trained
+        spans = [*self._step_spans, (self._step_start, end)]
+        self._pending.append((self._step_index, spans, self._step_tokens, self._step_evaluating + self._evaluating()))
         self._step_index += 1
         self._step_tokens = 0
-        self._step_start = end  # the next step starts now, data loading included
+        self._step_spans, self._step_evaluating = [], 0.0
+        self._start_clock(end)  # the next step starts now, data loading included
         every = trainer.log_every_n_steps
         if every > 0 and trainer.global_step % every == 0:
             self._log_interval(trainer, pl_module)
@@ -218,10 +227,31 @@ class ThroughputMonitor(Callback):
             self._resolve()  # no step logging: only the summary at the end, from a bounded queue
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._step_start = None  # validation time belongs to no training step (nor a HellaSwag pass's)
+        self._pause()  # validation time belongs to no training step
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        self._step_start = None  # nor does checkpoint writing
+        self._pause()  # nor does checkpoint writing
+
+    def _pause(self) -> None:
+        """Stop the step's clock until its next micro-batch starts. Inside an accumulation (Lightning
+        counts an integer ``val_check_interval`` in micro-batches) the time of the micro-batches
+        already run is kept with their tokens; between steps there is none to keep."""
+        if self._step_start is not None and self._step_tokens:
+            self._step_spans.append((self._step_start, self._mark()))
+            self._step_evaluating += self._evaluating()
+        self._step_start = None
+
+    def _start_clock(self, mark: Any) -> None:
+        self._step_start = mark
+        if self._evaluators:
+            self._passes_seen = [len(evaluator.durations) for evaluator in self._evaluators]
+
+    def _evaluating(self) -> float:
+        """Seconds of the HellaSwag passes since the clock last started: they ran inside the span
+        that ends now (a pass that ran before the clock started, as it may at step 0, is outside)."""
+        if not self._evaluators:
+            return 0.0
+        return sum(sum(e.durations[seen:]) for e, seen in zip(self._evaluators, self._passes_seen))
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._resolve()
@@ -234,10 +264,15 @@ class ThroughputMonitor(Callback):
             return
         s = self.summary
         mfu = f", MFU {s['mfu']:.1%}" if s["mfu"] is not None else ""
+        if s["tokens_per_optimizer_step"] is not None:
+            per_step = f"{s['tokens_per_optimizer_step']:,} tokens per optimizer step"
+        else:  # a data loader of its own (ours serves whole steps): say that the steps differ
+            per_step = (f"{s['tokens_per_optimizer_step_min']:,} to {s['tokens_per_optimizer_step_max']:,} tokens per "
+                        "optimizer step: not every step trained the same")
         rank_zero_info(
             f"throughput: {s['tokens_per_sec_median']:,.0f} tokens/s median over {s['measured_steps']} "
-            f"post-warm-up steps ({s['step_ms_median']:.1f} ms/step{mfu}, {s['tokens_per_optimizer_step']:,} tokens per "
-            f"optimizer step); first step {s['first_step_s']:.2f} s, warm-up {s['warmup_s']:.2f} s"
+            f"post-warm-up steps ({s['step_ms_median']:.1f} ms/step{mfu}, {per_step}); "
+            f"first step {s['first_step_s']:.2f} s, warm-up {s['warmup_s']:.2f} s"
         )
         log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
         if self.filename and trainer.is_global_zero and log_dir:
@@ -256,8 +291,9 @@ class ThroughputMonitor(Callback):
 
     def _resolve(self) -> None:
         """Turn pending marks into step durations (on CUDA: one wait, for the newest event)."""
-        for index, start, end, tokens in self._pending:
-            self.steps.append(StepTiming(index, self._seconds(start, end), tokens))
+        for index, spans, tokens, evaluating in self._pending:
+            seconds = sum(self._seconds(start, end) for start, end in spans) - evaluating
+            self.steps.append(StepTiming(index, seconds, tokens))
         self._pending.clear()
 
     def _log_interval(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -323,6 +359,12 @@ class ThroughputMonitor(Callback):
             device_name = platform.processor() or platform.machine()
             peak_memory = {"peak_host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
         first = self.steps[0]
+        # What every optimizer step of this fit trained (warm-up and unmeasured steps too), all ranks:
+        # whether the steps differed anywhere, the fewest and most tokens of a step, and the total.
+        counts = self._tokens_per_step
+        uneven, fewest, most, total = (int(v) for v in trainer.strategy.reduce(torch.tensor(
+            [len(counts) > 1, min(counts), max(counts), sum(t * n for t, n in counts.items())],
+            dtype=torch.int64, device=pl_module.device), reduce_op="sum").tolist())
         return {
             "tokens_per_sec_median": median,
             "tokens_per_sec_mean": mean,
@@ -344,9 +386,13 @@ class ThroughputMonitor(Callback):
             "compiled": bool(getattr(pl_module, "is_compiled", False)),
             "world_size": world,
             "accumulate_grad_batches": trainer.accumulate_grad_batches,
-            "tokens_per_step_per_device": first.tokens,
-            # all ranks, all micro-batches: what one AdamW update averages over
-            "tokens_per_optimizer_step": int(summed_over_ranks(float(first.tokens))),
+            # this rank's, and all ranks' (all micro-batches: what one AdamW update averages over), when
+            # every step trained as many tokens; else null, and the fewest and most say how far they differed
+            "tokens_per_step_per_device": max(counts) if not uneven else None,
+            "tokens_per_optimizer_step": most if not uneven else None,
+            "tokens_per_optimizer_step_min": fewest,
+            "tokens_per_optimizer_step_max": most,
+            "tokens_trained": total,  # all ranks, all optimizer steps of this fit
             "batch_size": getattr(trainer.datamodule, "batch_size", None),
             "block_size": getattr(trainer.datamodule, "block_size", None),
             "torch": torch.__version__,
