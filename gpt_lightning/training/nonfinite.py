@@ -3,7 +3,7 @@ host sync.
 
 The obvious guard, ``if not torch.isfinite(loss)`` after every backward, makes the CPU wait until
 the GPU has drained its queue, so the next step's kernels cannot be queued ahead. Here the decision
-stays on the device: a 0-dim tensor that the fused AdamW takes as ``found_inf`` (the way
+stays on the device: a 0-dim tensor that the fused AdamW (and ``MuonWithAdamW``) takes as ``found_inf`` (the way
 ``torch.amp.GradScaler`` skips a step) and that skips every update from the first bad step on. The
 first bad step is kept in another device tensor that the host reads only when asked: at logging
 intervals and before a checkpoint is written.
