@@ -52,5 +52,16 @@ python3 -m gpt_lightning bench --config configs/gpt2-124m.yaml --runs "${runs[@]
 cp "$logs"/bench/*/bench.json "$logs"/bench/*/bench.png "$dest/"
 python3 benchmarks/generation.py "${generation[@]}" --out "$dest/generation.json"
 python3 benchmarks/hellaswag.py "${hellaswag[@]}" --out "$dest/hellaswag.json"
+
+# 5. AdamW against Muon at the reference shape (GPT-2 124M, B=16, T=1024, WSD), one lockstep pair:
+#    validation loss against tokens and the time per step (benchmarks/optimizers.py, docs/optimizers.md).
+optimizers=(--n_layer 12 --n_head 12 --n_embd 768 --batch_size 16 --block_size 1024 --steps 300 --warmup_steps 30
+            --eval_every 25 --adamw_lrs 1.2e-3 --muon_lrs 0.02)
+if [ -n "${GPU_RUN_SMOKE:-}" ]; then
+    optimizers=(--n_layer 1 --n_head 2 --n_embd 32 --batch_size 2 --block_size 16 --steps 2 --warmup_steps 1
+                --eval_every 1 --eval_batches 1 --adamw_lrs 1e-3 --muon_lrs 0.02)
+fi
+python3 benchmarks/optimizers.py "${optimizers[@]}" --out "$dest"
+
 echo "results in $dest"
 exit "$tests_status"

@@ -31,6 +31,8 @@ class RecordRank(Callback):
             "windows": self.windows,
             "losses": self.losses,
             "local_median_tokens_per_sec": statistics.median(s.tokens / s.seconds for s in measured),
+            "weights_checksum": sum(float(p.double().sum()) for p in pl_module.parameters()),  # equal on every rank
+            "optimizer": type(trainer.optimizers[0]).__name__,
         }
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))

@@ -174,8 +174,9 @@ def test_with_a_checkpoint_on_exception_a_nan_still_keeps_the_last_good_one(smal
     assert all(torch.isfinite(v).all() for v in last["state_dict"].values())
 
 
-@pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
-def test_a_nan_is_reported_at_the_next_logging_interval_and_no_update_follows_it(precision, small_text, tmp_path):
+@pytest.mark.parametrize("precision, optimizer", [("32-true", "adamw"), ("16-mixed", "adamw"), ("32-true", "muon")],
+                         ids=["32-true", "16-mixed", "muon"])
+def test_a_nan_is_reported_at_the_next_logging_interval_and_no_update_follows_it(precision, optimizer, small_text, tmp_path):
     """Under 16-mixed the GradScaler skips the updates (their gradients are made non-finite on the
     device) and the host reads nothing until the interval, as with fused AdamW's found_inf. On CPU
     the 16-mixed flag becomes bf16-mixed: the plugin keeps fp16 and its GradScaler."""
@@ -190,12 +191,12 @@ def test_a_nan_is_reported_at_the_next_logging_interval_and_no_update_follows_it
         return trainer
 
     seed_everything(0)
-    bad = NaNAtStep(nan_step=3, **TINY_MODEL)
+    bad = NaNAtStep(nan_step=3, **TINY_MODEL, optimizer=optimizer)
     with pytest.raises(UserError, match="non-finite .* at step 3") as info:
         fit(bad, max_steps=10)
     assert bad.trainer.global_step == 5  # found at the logging interval: no host read before it
     seed_everything(0)
-    good = GPTLightningModule(**TINY_MODEL)
+    good = GPTLightningModule(**TINY_MODEL, optimizer=optimizer)
     fit(good, max_steps=3)
     # Steps 3 and 4 updated nothing: the weights are those after 3 good steps.
     for (name, ours), theirs in zip(bad.state_dict().items(), good.state_dict().values()):

@@ -36,14 +36,16 @@ def fit_args(small_text, tmp_path, max_steps=6, log_every_n_steps=1):
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory, shakespeare):
     """One launch under Lightning's DDP launcher (2 processes, 8 steps, logging every 4th), whose
-    outputs both tests below read: every rank's windows and losses, and the barriers per step."""
+    outputs the tests below read: every rank's windows, losses and weights, and the barriers per
+    step. It trains with Muon (the torchrun launch keeps AdamW)."""
     tmp_path = tmp_path_factory.mktemp("ddp")
     small_text = tmp_path / "small.txt"
     small_text.write_text(shakespeare[:50_000])
     counter = {"class_path": "host_reads.BarrierCounter", "init_args": {"out": str(tmp_path / "barriers.json")}}
     args = fit_args(small_text, tmp_path, max_steps=8, log_every_n_steps=4)
     result = run_cli(*args, "--trainer.devices", "2", f"--trainer.callbacks+={json.dumps(counter)}",
-                     "--checkpoint.every_n_train_steps", "1000", cwd=tmp_path, env_extra=ENV)
+                     "--checkpoint.every_n_train_steps", "1000", "--model.optimizer", "muon",
+                     "--trainer.gradient_clip_val", "1.0", cwd=tmp_path, env_extra=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     return tmp_path, small_text, result
 
@@ -55,6 +57,14 @@ def test_ddp_on_two_cpu_processes(ddp_run):
     per_rank = (n - int(n * 0.1) - 1) // (2 * 2 * 32)
     assert f"1 epoch = {per_rank} batches per process" in result.stdout + result.stderr
     check_one_job_on_two_ranks(tmp_path, steps=8, logged_steps=[3, 7])
+
+
+def test_muon_keeps_the_ranks_weights_identical(ddp_run):
+    """Muon orthogonalizes the all-reduced gradients' momentum on each rank: the same update everywhere."""
+    tmp_path, _, _ = ddp_run
+    ranks = [json.loads((tmp_path / "ranks" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["optimizer"] for r in ranks] == ["MuonWithAdamW"] * 2
+    assert ranks[0]["weights_checksum"] == ranks[1]["weights_checksum"]
 
 
 def test_the_loss_is_averaged_over_ranks_only_when_it_is_written(ddp_run):

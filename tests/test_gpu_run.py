@@ -44,3 +44,8 @@ def test_the_gpu_run_script_end_to_end_in_smoke_mode(tmp_path):
     hellaswag = json.loads((dest / "hellaswag.json").read_text())
     assert set(hellaswag["results"]) == {"per_example_before", "batched_2"}
     assert hellaswag["same_answers_as_before"] and hellaswag["results"]["batched_2"]["result"]["examples"] == 5
+    # benchmarks/optimizers.py: the AdamW-vs-Muon pair, its curves against tokens and the picture.
+    optimizers = json.loads((dest / "optimizers.json").read_text())
+    assert [r["optimizer"] for r in optimizers["runs"]] == ["adamw", "muon"]
+    assert all(len(r["curve"]) == 3 for r in optimizers["runs"])  # before training and after each of 2 steps
+    assert (dest / "optimizers.png").read_bytes()[:4] == b"\x89PNG"

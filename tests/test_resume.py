@@ -1,11 +1,13 @@
 """Stop after step k, resume from the checkpoint: the same batches and the same losses."""
 
 import numpy as np
+import pytest
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 
 from gpt_lightning.commands.bench import LossRecorder
 from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.errors import UserError
 from gpt_lightning.training.module import GPTLightningModule
 from gpt_lightning.observing.throughput import ThroughputMonitor
 
@@ -67,17 +69,19 @@ def test_the_position_is_the_loader_state_lightning_saves(small_text, tmp_path):
 
 
 class LearningRates(Callback):
-    def __init__(self):
-        self.values: list[float] = []
+    def __init__(self, every_group: bool = False):
+        self.values: list = []  # the first group's rate at each step, or every group's
+        self.every_group = every_group
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.values.append(trainer.optimizers[0].param_groups[0]["lr"])
+        groups = trainer.optimizers[0].param_groups
+        self.values.append([g["lr"] for g in groups] if self.every_group else groups[0]["lr"])
 
 
-def rates(data_path, cache, max_steps, ckpt_path=None, save_to=None, **schedule):
-    module = GPTLightningModule(**TINY_MODEL, learning_rate=1e-3, **schedule)
+def rates(data_path, cache, max_steps, ckpt_path=None, save_to=None, every_group=False, **schedule):
+    module = GPTLightningModule(**{"learning_rate": 1e-3, **TINY_MODEL, **schedule})
     data = TokenStreamDataModule(str(data_path), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(cache))
-    recorder = LearningRates()
+    recorder = LearningRates(every_group)
     trainer = Trainer(
         accelerator="cpu", precision="bf16-mixed", max_steps=max_steps, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=[recorder],
@@ -101,3 +105,22 @@ def test_a_schedule_changed_on_resume_takes_effect_at_the_restored_step(small_te
     schedule = GPTLightningModule(**TINY_MODEL, learning_rate=1e-3, **decayed).lr_multiplier
     assert resumed == [1e-3 * schedule(step) for step in (3, 4, 5)]  # what a fresh run has at steps 3 to 5
     assert resumed[0] < 1e-3  # the decay had started by step 3
+
+
+def test_muon_s_groups_resume_at_their_own_peaks_times_the_schedule_given_now(small_text, tmp_path):
+    """Each parameter group's rate after a resume is its peak given now x the schedule given now at the
+    restored step: a new Muon rate and a WSD schedule lengthened from 3 to 6 steps take effect at once."""
+    ckpt = tmp_path / "muon.ckpt"
+    muon = dict(optimizer="muon", lr_schedule="wsd", warmup_steps=1, decay_fraction=0.5, min_lr_ratio=0.0)
+    rates(small_text, tmp_path, 3, save_to=ckpt, **muon)
+    resumed = rates(small_text, tmp_path, 6, ckpt_path=ckpt, every_group=True, muon_learning_rate=0.01,
+                    learning_rate=2e-3, **muon)
+    multipliers = [1.0, 2 / 3, 1 / 3]  # steps 3 to 5 of 6, the decaying half
+    assert resumed == [pytest.approx([0.01 * m, 2e-3 * m, 2e-3 * m]) for m in multipliers]
+
+
+def test_a_checkpoint_of_the_other_optimizer_is_refused_in_one_line(small_text, tmp_path):
+    ckpt = tmp_path / "adamw.ckpt"
+    rates(small_text, tmp_path, 1, save_to=ckpt)
+    with pytest.raises(UserError, match="trained with model.optimizer adamw, this run asks for muon.*--model.optimizer adamw"):
+        rates(small_text, tmp_path, 2, ckpt_path=ckpt, optimizer="muon")

@@ -64,8 +64,10 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
         (4, ["--trainer.accumulate_grad_batches", "3", "--trainer.limit_train_batches", "7"]),  # rounded to 6: 3+3
         (5, ["--data.tokens_per_step", "96", "--data.shuffle", "true"]),  # accumulation 3, shuffled
         (4, ["--data.tokens_per_step", "96", "--data.shuffle", "true", "shards"]),  # 3 shards of 3 batches
+        (4, ["--trainer.accumulate_grad_batches", "3", "--trainer.gradient_clip_val", "1.0", "--model.optimizer", "muon",
+             "--model.lr_schedule", "wsd", "--model.warmup_steps", "2"]),  # Muon's buffers, the WSD decay across the stop
     ],
-    ids=["epoch-end", "accumulation", "limit_train_batches", "shuffled", "shuffled-shards"],
+    ids=["epoch-end", "accumulation", "limit_train_batches", "shuffled", "shuffled-shards", "muon-wsd"],
 )
 def test_resumed_run_ends_with_the_weights_of_the_uninterrupted_one(tmp_path, corpus, stop, flags):
     if flags and flags[-1] == "shards":  # the corpus's tokens as a shard folder: the shard order is shuffled too

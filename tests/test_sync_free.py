@@ -17,7 +17,11 @@ FP16 = ["--trainer.precision", "null", "--trainer.plugins",
         json.dumps({"class_path": "lightning.pytorch.plugins.MixedPrecision", "init_args": {"precision": "16-mixed", "device": "cpu"}})]
 
 
-@pytest.mark.parametrize("overlay", [[], FSDP2, FP16], ids=["single-device", "fsdp2", "16-mixed"])
+# Muon with AdamW (not fused as one kernel): the guard's skip must stay on the device too.
+MUON = ["--model.optimizer", "muon", "--trainer.gradient_clip_val", "1.0"]
+
+
+@pytest.mark.parametrize("overlay", [[], FSDP2, FP16, MUON], ids=["single-device", "fsdp2", "16-mixed", "muon"])
 def test_no_host_read_between_logging_intervals(small_text, tmp_path, overlay, in_process_group):
     probe = {"class_path": "host_reads.HostReadCounter", "init_args": {"out": str(tmp_path / "reads.json")}}
     main([

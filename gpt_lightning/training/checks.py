@@ -5,18 +5,59 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning.pytorch.strategies import ModelParallelStrategy
+
 from gpt_lightning.errors import UserError
 from gpt_lightning.model import GPTConfig
+from gpt_lightning.training.optimizers import require_muon
 
 
-def check_optimizer_settings(learning_rate: float, weight_decay: float, warmup_steps: int, cosine_decay_steps: int | None) -> None:
-    """Raise ``UserError`` for an AdamW or schedule setting outside its range."""
+def check_optimizer_settings(
+    optimizer: str,
+    learning_rate: float,
+    weight_decay: float,
+    warmup_steps: int,
+    cosine_decay_steps: int | None,
+    lr_schedule: str,
+    decay_fraction: float,
+    muon_learning_rate: float,
+    muon_weight_decay: float,
+) -> None:
+    """Raise ``UserError`` for an optimizer or schedule setting outside its range."""
     if not learning_rate > 0:
         raise UserError(f"model.learning_rate must be > 0, got {learning_rate!r}.")
     if weight_decay < 0:
         raise UserError(f"model.weight_decay must be >= 0, got {weight_decay!r}.")
     if warmup_steps < 0 or (cosine_decay_steps is not None and cosine_decay_steps <= 0):
         raise UserError("model.warmup_steps must be >= 0 and model.cosine_decay_steps > 0.")
+    if lr_schedule == "wsd" and not 0 < decay_fraction <= 1:
+        raise UserError(f"model.decay_fraction must be in (0, 1], got {decay_fraction!r}.")
+    if optimizer == "muon":
+        require_muon()
+        if not muon_learning_rate > 0 or muon_weight_decay < 0:
+            raise UserError("model.muon_learning_rate must be > 0 and model.muon_weight_decay >= 0.")
+
+
+def check_strategy_supports(optimizer: str, strategy: Any) -> None:
+    """Raise ``UserError`` for Muon under FSDP2: ``torch.optim.Muon`` would orthogonalize each rank's
+    shard of a matrix (a ``DTensor``'s local rows), not the matrix."""
+    if optimizer == "muon" and isinstance(strategy, ModelParallelStrategy):
+        raise UserError(
+            "model.optimizer muon does not run under FSDP2 (ModelParallelStrategy): torch.optim.Muon would "
+            "orthogonalize each rank's shard, not the whole matrix. Use --trainer.strategy ddp (or "
+            "--model.optimizer adamw with FSDP2)."
+        )
+
+
+def run_length(estimated_stepping_batches: float) -> int:
+    """The run's optimizer steps, which the "wsd" schedule decays at the end of; ``UserError`` when
+    the run has no end (``max_steps`` -1 and ``max_epochs`` -1)."""
+    if estimated_stepping_batches == float("inf"):
+        raise UserError(
+            "model.lr_schedule wsd decays over the end of the run, which has no end here: set "
+            "--trainer.max_steps (or --trainer.max_epochs)."
+        )
+    return max(1, int(estimated_stepping_batches))
 
 
 def check_fits_data(config: GPTConfig, datamodule: Any) -> None:

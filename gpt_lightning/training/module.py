@@ -1,12 +1,12 @@
-"""``GPTLightningModule``: the GPT trained by Lightning: AdamW and its schedule, the steps, and
-in-place ``torch.compile``. What happens around them lives with its own concern, called from one-line
-hooks: ``architecture``, ``checks``, ``resume``, ``nonfinite``, ``step_loss``, ``compilation`` (this package) and
+"""``GPTLightningModule``: the GPT trained by Lightning: its optimizer (AdamW, or Muon with AdamW) and
+schedule, the steps, and in-place ``torch.compile``. What happens around them lives with its own concern,
+called from one-line hooks: ``architecture``, ``checks``, ``optimizers``, ``resume``, ``nonfinite``,
+``step_loss``, ``compilation`` (this package) and
 ``gpt_lightning.scaling`` (FSDP2, FLOPs). Validation text samples are a callback: ``ValidationSamples``.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import torch
@@ -20,16 +20,17 @@ from gpt_lightning.scaling.flops import training_flops
 from gpt_lightning.scaling.sharding import is_empty, materialize, shard_once, sync_at_last_micro_batch
 from gpt_lightning.training import resume
 from gpt_lightning.training.architecture import build_gpt
-from gpt_lightning.training.checks import check_fits_data, check_optimizer_settings
+from gpt_lightning.training.checks import check_fits_data, check_optimizer_settings, check_strategy_supports, run_length
 from gpt_lightning.training.compilation import compile_in_place, compile_notice, evaluation_stance, is_compiled
 from gpt_lightning.training.nonfinite import NonFiniteGuard
+from gpt_lightning.training.optimizers import build_optimizer, group_settings, lr_multiplier
 from gpt_lightning.training.step_loss import StepLoss
 
 _DEFAULT = GPTConfig()  # the architecture defaults live in GPTConfig alone
 
 
 class GPTLightningModule(LightningModule):
-    """GPT-2 language model trained with AdamW.
+    """GPT-2 language model trained with AdamW, or with Muon on the blocks' matrices (``optimizer``).
 
     Args:
         vocab_size: token-embedding rows; at least the tokenizer's 50257 (50304 is faster on GPUs).
@@ -40,14 +41,31 @@ class GPTLightningModule(LightningModule):
         n_embd: residual-stream width; divisible by ``n_head``.
         dropout: dropout probability (0 for short runs).
         bias: biases in Linear and LayerNorm layers, as in GPT-2.
+        optimizer: "adamw": AdamW on every weight. "muon": ``torch.optim.Muon`` (torch >= 2.9) on the
+            blocks' 2-D matrices (attention and MLP weights), AdamW (``learning_rate``, ...) on the
+            embeddings, the tied head, LayerNorms and biases: fewer tokens to the same loss
+            (docs/optimizers.md). Not under FSDP2 (``ModelParallelStrategy``).
         learning_rate: AdamW peak learning rate.
         weight_decay: AdamW weight decay, of 2-D weights only (matmuls, embeddings; not biases, LayerNorm gains).
         betas: AdamW moment coefficients.
         eps: AdamW epsilon.
+        muon_learning_rate: Muon's peak learning rate (with ``optimizer: muon``); the schedule scales it
+            as it scales ``learning_rate``.
+        muon_momentum: Muon's Nesterov momentum.
+        muon_weight_decay: Muon's decoupled weight decay (each step multiplies the matrices by
+            1 - lr x this).
+        muon_adjust_lr: how Muon scales its learning rate per matrix shape: "original" (Keller
+            Jordan's sqrt(max(1, rows / cols)), for lr about 0.02) or "match_rms_adamw" (Moonshot's
+            0.2 x sqrt(max(rows, cols)): updates of AdamW's size, for an AdamW-like lr).
         warmup_steps: linear learning-rate warm-up from 0 over this many optimizer steps.
+        lr_schedule: after warm-up, "cosine": a cosine decay over ``cosine_decay_steps`` (None: constant);
+            "wsd" (warmup-stable-decay): constant, then a linear decay to ``min_lr_ratio`` x peak over
+            the last ``decay_fraction`` of the run's optimizer steps (``trainer.max_steps``, or what
+            the epochs come to).
         cosine_decay_steps: cosine decay to ``min_lr_ratio`` x peak over this many steps after warm-up, then
             constant. None: constant after warm-up.
-        min_lr_ratio: final learning rate of the cosine schedule, as a fraction of the peak.
+        decay_fraction: the fraction of the run's steps the "wsd" schedule decays over, at its end.
+        min_lr_ratio: final learning rate of the decay, as a fraction of the peak.
         compile: ``torch.compile`` the model in place (checkpoint keys stay plain); the first step compiles.
         compile_scope: "model": one graph for the GPT; "blocks": one graph reused by every ``Block`` (compiled
             once, not n_layer times) plus one for the head and loss.
@@ -74,12 +92,19 @@ class GPTLightningModule(LightningModule):
         n_embd: int = _DEFAULT.n_embd,
         dropout: float = _DEFAULT.dropout,
         bias: bool = _DEFAULT.bias,
+        optimizer: Literal["adamw", "muon"] = "adamw",
         learning_rate: float = 1e-3,
         weight_decay: float = 0.01,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        muon_learning_rate: float = 0.02,
+        muon_momentum: float = 0.95,
+        muon_weight_decay: float = 0.0,
+        muon_adjust_lr: Literal["original", "match_rms_adamw"] = "original",
         warmup_steps: int = 0,
+        lr_schedule: Literal["cosine", "wsd"] = "cosine",
         cosine_decay_steps: int | None = None,
+        decay_fraction: float = 0.2,
         min_lr_ratio: float = 0.1,
         compile: bool = True,
         compile_scope: Literal["model", "blocks"] = "blocks",
@@ -94,7 +119,10 @@ class GPTLightningModule(LightningModule):
         init_from: str | None = None,
     ) -> None:
         super().__init__()
-        check_optimizer_settings(learning_rate, weight_decay, warmup_steps, cosine_decay_steps)
+        check_optimizer_settings(
+            optimizer, learning_rate, weight_decay, warmup_steps, cosine_decay_steps, lr_schedule, decay_fraction,
+            muon_learning_rate, muon_weight_decay,
+        )
         self.save_hyperparameters()
         self.config, self.model, to_record = build_gpt(self.hparams)
         self.save_hyperparameters(to_record)  # checkpoints record the architecture built, without init_from
@@ -103,16 +131,19 @@ class GPTLightningModule(LightningModule):
         with torch.device("cpu"):  # a few scalars: real even when the model is built on the meta device
             self.val_loss = MeanMetric()  # token-weighted mean, reduced across ranks at compute()
         self._nonfinite, self._step_loss = NonFiniteGuard(), StepLoss()  # see on_before_optimizer_step
+        self._total_steps: int | None = None  # the run's optimizer steps, for the "wsd" schedule
 
     def setup(self, stage: str) -> None:
         if self.hparams.float32_matmul_precision is not None:
             torch.set_float32_matmul_precision(self.hparams.float32_matmul_precision)
         check_fits_data(self.config, self.trainer.datamodule)
+        check_strategy_supports(self.hparams.optimizer, self.trainer.strategy)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another architecture; keep the optimizer settings given now (``resume``)."""
         resume.refuse_other_architecture(checkpoint, self.config)
-        resume.apply_optimizer_settings(checkpoint, self.hparams, self._trainer.optimizers if self._trainer is not None else ())
+        optimizers = self._trainer.optimizers if self._trainer is not None else ()
+        resume.apply_optimizer_settings(checkpoint, self.hparams.optimizer, group_settings(self.hparams), optimizers)
 
     def configure_model(self) -> None:
         """Shard under ``ModelParallelStrategy`` (FSDP2), give a meta-device build its memory and
@@ -136,9 +167,9 @@ class GPTLightningModule(LightningModule):
             rank_zero_info(compile_notice(self.hparams.compile_scope, self.hparams.compile_eval))
 
     def on_train_start(self) -> None:
-        """After a resume, the learning rate of the schedule given now at the restored step (``resume``)."""
-        if self.trainer.global_step > 0:
-            resume.place_schedule(self.trainer, self.hparams.learning_rate, self.lr_multiplier)
+        """The learning rates of the schedule given now at the (restored) step (``resume``)."""
+        peaks = [settings["lr"] for settings in group_settings(self.hparams)]
+        resume.place_schedule(self.trainer, peaks, self.lr_multiplier)
 
     def training_flops(self, batch_size: int, seq_len: int) -> float:
         """FLOPs of one training step (forward + backward) on a (batch_size, seq_len) batch, for MFU."""
@@ -202,27 +233,24 @@ class GPTLightningModule(LightningModule):
 
     def configure_optimizers(self) -> Any:
         hp = self.hparams
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        groups = [  # resume.apply_optimizer_settings relies on this order
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-        optimizer = torch.optim.AdamW(
-            groups, lr=hp.learning_rate, betas=tuple(hp.betas), eps=hp.eps,
-            # Fused: one kernel for all parameters instead of a loop over them, on CUDA and CPU.
+        optimizer = build_optimizer(
+            self.model, hp.optimizer, learning_rate=hp.learning_rate, weight_decay=hp.weight_decay, betas=hp.betas,
+            eps=hp.eps, muon_learning_rate=hp.muon_learning_rate, muon_momentum=hp.muon_momentum,
+            muon_weight_decay=hp.muon_weight_decay, muon_adjust_lr=hp.muon_adjust_lr,
+            # Fused AdamW: one kernel for all parameters instead of a loop over them, on CUDA and CPU.
             fused=self.device.type in ("cuda", "cpu") or None,
         )
-        if hp.warmup_steps == 0 and hp.cosine_decay_steps is None:
+        if hp.lr_schedule == "wsd":
+            self._total_steps = run_length(self.trainer.estimated_stepping_batches)
+        elif hp.warmup_steps == 0 and hp.cosine_decay_steps is None:
             return optimizer
-        scheduler = LambdaLR(optimizer, self.lr_multiplier)
+        scheduler = LambdaLR(optimizer, self.lr_multiplier)  # every group's peak x the same multiplier
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def lr_multiplier(self, step: int) -> float:
         """Learning rate at optimizer step ``step`` as a fraction of the peak."""
         hp = self.hparams
-        if step < hp.warmup_steps:
-            return (step + 1) / hp.warmup_steps
-        if hp.cosine_decay_steps is None:
-            return 1.0
-        progress = min(1.0, (step - hp.warmup_steps) / hp.cosine_decay_steps)
-        return hp.min_lr_ratio + (1 - hp.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        return lr_multiplier(
+            step, warmup_steps=hp.warmup_steps, lr_schedule=hp.lr_schedule, cosine_decay_steps=hp.cosine_decay_steps,
+            decay_fraction=hp.decay_fraction, min_lr_ratio=hp.min_lr_ratio, total_steps=self._total_steps,
+        )

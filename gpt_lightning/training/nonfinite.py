@@ -3,7 +3,7 @@ host sync.
 
 The obvious guard, ``if not torch.isfinite(loss)`` after every backward, makes the CPU wait until
 the GPU has drained its queue, so the next step's kernels cannot be queued ahead. Here the decision
-stays on the device: a 0-dim tensor that the fused AdamW takes as ``found_inf`` (the way
+stays on the device: a 0-dim tensor that the fused AdamW (and ``MuonWithAdamW``) takes as ``found_inf`` (the way
 ``torch.amp.GradScaler`` skips a step) and that skips every update from the first bad step on. The
 first bad step is kept in another device tensor that the host reads only when asked: at logging
 intervals and before a checkpoint is written.
@@ -23,6 +23,7 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch.distributed.tensor import DTensor
 
 from gpt_lightning.errors import UserError
+from gpt_lightning.training.optimizers import MuonWithAdamW
 
 
 class NonFiniteGuard:
@@ -112,11 +113,13 @@ class NonFiniteGuard:
             # guard at the next logging interval.
             if grads:
                 grads[0].masked_fill_(skip, float("nan"))
-        elif scaler is None and optimizer.defaults.get("fused"):
-            optimizer.found_inf = skip.float()  # the fused kernel leaves weights and moments untouched
+        elif scaler is None and (optimizer.defaults.get("fused") or isinstance(optimizer, MuonWithAdamW)):
+            # The fused kernel (and MuonWithAdamW, on the device too) leaves weights and moments untouched.
+            optimizer.found_inf = skip.float()
         elif bool(skip):
-            # A non-fused optimizer (not one gpt-lightning builds on CPU or CUDA) cannot skip on the
-            # device: decide on the host, every step (one read).
+            # Any other optimizer (not one gpt-lightning builds, but under 16-mixed, where the
+            # GradScaler reads its own flag every step anyway) cannot skip on the device: decide on
+            # the host, every step (one read).
             self.raise_if_found(module.global_step)
 
     def clip_gradients(

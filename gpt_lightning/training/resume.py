@@ -3,17 +3,18 @@
 - The architecture must be the checkpoint's: one that differs is refused with a message naming each
   difference, before Lightning's ``load_state_dict`` fails on a shape (or, for ``n_head``, which
   changes no shape, silently computes something else).
-- The optimizer settings are the ones given now: the restored AdamW and scheduler state keep their
-  moments and the schedule's position, but take this run's learning rate, betas, eps and weight
-  decay, so ``fit --ckpt_path last.ckpt --model.learning_rate 3e-4`` continues at 3e-4.
-- So is the schedule: when training starts, the learning rate is the one the schedule given now
-  sets at the restored step, with or without a scheduler in the checkpoint (a warm-up removed, or
-  a cosine decay added or lengthened, takes effect at once).
+- The optimizer settings are the ones given now: the restored optimizer state keeps its moments,
+  but takes this run's betas, eps, weight decay (and Muon's momentum), and a checkpoint of the
+  other optimizer (AdamW vs Muon) is refused in one line.
+- So are the learning rates and the schedule: when training starts, each parameter group's rate is
+  its peak given now times the schedule given now at the restored step, with or without a
+  scheduler in the checkpoint (``fit --ckpt_path last.ckpt --model.learning_rate 3e-4`` continues at
+  3e-4; a warm-up removed, or a decay added or lengthened, takes effect at once).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
@@ -64,52 +65,57 @@ def refuse_other_architecture(checkpoint: dict[str, Any], config: GPTConfig) -> 
 
 
 def apply_optimizer_settings(
-    checkpoint: dict[str, Any], hparams: Mapping[str, Any], optimizers: Iterable[torch.optim.Optimizer] = ()
+    checkpoint: dict[str, Any],
+    optimizer: str,
+    settings: Sequence[Mapping[str, Any]],
+    optimizers: Iterable[torch.optim.Optimizer] = (),
 ) -> None:
-    """Rewrite the restored AdamW and scheduler state with ``hparams``' lr, betas, eps and weight
-    decay, keeping the moments and the schedule's position: a learning rate given on resume is the
-    one training continues with (scaled by the schedule, if any), not the one saved.
+    """Rewrite the restored optimizer state's group settings (betas, eps, weight decay, Muon's
+    momentum ...) with ``settings``, keeping the moments: what the user gave now is what training
+    continues with. The learning rates are ``place_schedule``'s, at train start.
 
     Args:
         checkpoint: the checkpoint dict, before Lightning restores the optimizer from it.
-        hparams: the module's hyper-parameters (what the user gave now).
+        optimizer: the module's ``optimizer`` now ("adamw" or "muon"); a checkpoint of the other
+            one is refused (its state has other groups and moments).
+        settings: each parameter group's settings, in the order the module builds its groups
+            (``optimizers.group_settings``); their ``lr`` is the group's peak.
         optimizers: the trainer's optimizers, for strategies (``ModelParallelStrategy``) that load
             the sharded optimizer state in place before the module's ``on_load_checkpoint``.
     """
-    saved_lr = (checkpoint.get("hyper_parameters") or {}).get("learning_rate") or hparams["learning_rate"]
-    scale = hparams["learning_rate"] / saved_lr
+    saved = (checkpoint.get("hyper_parameters") or {}).get("optimizer", "adamw")
+    if saved != optimizer:
+        raise UserError(
+            f"The checkpoint was trained with model.optimizer {saved}, this run asks for {optimizer}: their "
+            f"optimizer states differ. Resume with --model.optimizer {saved}, or start a new run "
+            "(model.init_from takes weights only, from a Hugging Face export)."
+        )
     if "optimizer_states" in checkpoint:  # restored from this dict after this hook
         param_groups = [group for state in checkpoint["optimizer_states"] for group in state.get("param_groups", [])]
     else:  # loaded in place already
         param_groups = [group for optimizer in optimizers for group in optimizer.param_groups]
-    # configure_optimizers builds two groups: decayed weights, then never-decayed vectors
-    for group, weight_decay in zip(param_groups, (hparams["weight_decay"], 0.0) * len(param_groups)):
-        group["lr"] *= scale
-        if "initial_lr" in group:
-            group["initial_lr"] = hparams["learning_rate"]
-        group.update(betas=tuple(hparams["betas"]), eps=hparams["eps"], weight_decay=weight_decay)
-    for scheduler in checkpoint.get("lr_schedulers") or []:
-        for key in ("base_lrs", "_last_lr"):
-            if key in scheduler:
-                scheduler[key] = [lr * scale for lr in scheduler[key]]
+    for group, given in zip(param_groups, settings):
+        group.update({key: value for key, value in given.items() if key != "lr"})
+        if "initial_lr" in group:  # LambdaLR's record of the peak
+            group["initial_lr"] = given["lr"]
 
 
-def place_schedule(trainer: Any, learning_rate: float, multiplier: Callable[[int], float]) -> None:
-    """Set every optimizer's learning rate, and each scheduler's position, to what the schedule
-    given now (``learning_rate`` x ``multiplier(step)``) has after ``trainer.global_step`` steps:
-    the restored values come from the checkpoint's schedule, which may differ or be absent. A fresh
-    run (step 0) is left as ``configure_optimizers`` built it."""
+def place_schedule(trainer: Any, peaks: Sequence[float], multiplier: Callable[[int], float]) -> None:
+    """Set every parameter group's learning rate, and each scheduler's position, to what the
+    schedule given now (the group's peak in ``peaks`` x ``multiplier(step)``) has after
+    ``trainer.global_step`` steps: the restored values come from the checkpoint's schedule and
+    learning rates, which may differ or be absent. On a fresh run (step 0) this is what
+    ``configure_optimizers`` built already."""
     step = trainer.global_step
-    lr = learning_rate * multiplier(step)
     for optimizer in trainer.optimizers:
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        for group, peak in zip(optimizer.param_groups, peaks):
+            group["lr"] = peak * multiplier(step)
     for config in trainer.lr_scheduler_configs:
         scheduler = config.scheduler
-        groups = len(scheduler.optimizer.param_groups)
-        scheduler.base_lrs = [learning_rate] * groups
+        groups = scheduler.optimizer.param_groups
+        scheduler.base_lrs = list(peaks[: len(groups)])
         scheduler.last_epoch = step  # a scheduler steps once per optimizer step after its first
-        scheduler._last_lr = [lr] * groups  # what get_last_lr() reports until its next step
+        scheduler._last_lr = [group["lr"] for group in groups]  # what get_last_lr() reports until its next step
 
 
 def align_logging_step(trainer: Any) -> None:

@@ -1,0 +1,180 @@
+"""The optimizers ``GPTLightningModule`` trains with: AdamW on every weight (``"adamw"``), or
+``torch.optim.Muon`` on the blocks' 2-D matrices and AdamW on the rest (``"muon"``), as one
+``torch.optim.Optimizer``.
+
+Why one optimizer for the two: Lightning's automatic optimization steps one optimizer per batch
+(two need manual optimization, where accumulation, clipping, the non-finite guard and the schedule
+would all be ours to re-implement). ``MuonWithAdamW`` is a plain ``Optimizer`` whose
+``param_groups`` and ``state`` are those of its two parts (the same dicts), so Lightning's
+accumulation and clipping, a ``LambdaLR``, the ``LearningRateMonitor`` (one tag per named group) and
+the checkpoint's ``optimizer_states`` (``state_dict`` / ``load_state_dict``) all see one optimizer.
+
+Like fused AdamW, it skips an update on the device: the ``NonFiniteGuard`` sets ``found_inf`` (a
+0-dim tensor, 1 = skip) and ``step`` leaves every weight and moment as it was, with no host read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpt_lightning.errors import UserError
+
+# The parameter-group names, in the order configure_optimizers builds them: the LearningRateMonitor
+# logs lr-<optimizer>/<name>; resume re-applies each group's settings by position.
+MUON_GROUPS = ("muon", "adamw", "adamw_no_decay")
+
+
+def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
+    """Whether Muon updates ``param``: a 2-D weight inside a transformer block (``c_attn``,
+    ``attn.c_proj``, ``c_fc``, ``mlp.c_proj``). The embeddings (and the head tied to ``wte``), the
+    LayerNorm gains and the biases stay on AdamW, as in Keller Jordan's recipe."""
+    return name.startswith("transformer.h.") and param.dim() == 2
+
+
+def require_muon() -> None:
+    """Raise ``UserError`` when this torch has no ``torch.optim.Muon`` (added in 2.9)."""
+    if not hasattr(torch.optim, "Muon"):
+        raise UserError(
+            f"model.optimizer muon needs torch >= 2.9 (torch.optim.Muon); this is torch {torch.__version__}. "
+            "Upgrade torch or use --model.optimizer adamw."
+        )
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """``torch.optim.Muon`` on ``muon_groups`` and ``torch.optim.AdamW`` on ``adamw_groups``,
+    stepped together as one optimizer.
+
+    Args:
+        muon_groups: parameter groups of 2-D matrices, with Muon's options (``lr``, ``momentum``, ...).
+        adamw_groups: the other parameter groups, with AdamW's options.
+        muon: ``torch.optim.Muon`` keyword arguments shared by ``muon_groups``.
+        adamw: ``torch.optim.AdamW`` keyword arguments shared by ``adamw_groups`` (``fused`` included).
+    """
+
+    def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], muon: dict[str, Any], adamw: dict[str, Any]) -> None:
+        require_muon()
+        self.muon = torch.optim.Muon(muon_groups, **muon)
+        self.adamw = torch.optim.AdamW(adamw_groups, **adamw)
+        super().__init__(self.muon.param_groups + self.adamw.param_groups, defaults={})
+        self.found_inf: torch.Tensor | None = None  # set by the NonFiniteGuard before each step
+        self._share_with_parts()
+
+    def _share_with_parts(self) -> None:
+        # The parts step the very group dicts and state this optimizer saves, loads and schedules.
+        n = len(self.muon.param_groups)
+        self.muon.param_groups, self.adamw.param_groups = self.param_groups[:n], self.param_groups[n:]
+        self.muon.state = self.adamw.state = self.state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)  # builds new group dicts and a new state: share them again
+        self._share_with_parts()
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:  # Lightning's closure: forward, backward, the guard, clipping
+            with torch.enable_grad():
+                loss = closure()
+        skip = self.found_inf
+        if skip is None:
+            self.muon.step()
+        else:
+            self._muon_step_unless(skip.bool())
+        self.adamw.found_inf = skip  # fused AdamW skips on the device; None: no guard
+        self.adamw.step()
+        return loss
+
+    def _muon_step_unless(self, skip: torch.Tensor) -> None:
+        """Muon's step, undone on the device where ``skip`` (a 0-dim bool tensor) is set: the
+        momentum buffers are kept by feeding them back as the gradient (``lerp(buf, buf) == buf``),
+        the weights by selecting their copy from before the step. Where ``skip`` is unset both
+        selections are exact no-ops, so the update is torch's, bit for bit."""
+        params = [p for group in self.muon.param_groups for p in group["params"] if p.grad is not None]
+        for p in params:
+            buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+            p.grad.copy_(torch.where(skip, buf, p.grad))  # a non-finite gradient never reaches the buffer
+        before = [p.detach().clone() for p in params]
+        self.muon.step()
+        for p, old in zip(params, before):
+            p.copy_(torch.where(skip, old, p))
+
+
+def build_optimizer(
+    model: nn.Module,
+    kind: str,
+    *,
+    learning_rate: float,
+    weight_decay: float,
+    betas: Iterable[float],
+    eps: float,
+    fused: bool | None,
+    muon_learning_rate: float,
+    muon_momentum: float,
+    muon_weight_decay: float,
+    muon_adjust_lr: str,
+) -> torch.optim.Optimizer:
+    """The optimizer of ``kind`` ("adamw" or "muon") over ``model``'s trainable parameters. Its
+    groups' order is the one ``group_settings`` gives (``resume`` re-applies settings by it)."""
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    adamw = dict(betas=tuple(betas), eps=eps, fused=fused)
+    if kind == "adamw":
+        groups = [
+            {"params": [p for _, p in named if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(groups, lr=learning_rate, **adamw)
+    require_muon()
+    muon_groups = [{"name": "muon", "params": [p for name, p in named if is_hidden_matrix(name, p)]}]
+    adamw_groups = [
+        {"name": "adamw", "params": [p for name, p in named if not is_hidden_matrix(name, p) and p.dim() >= 2], "weight_decay": weight_decay},
+        {"name": "adamw_no_decay", "params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    muon = dict(lr=muon_learning_rate, momentum=muon_momentum, nesterov=True, weight_decay=muon_weight_decay,
+                ns_steps=5, adjust_lr_fn=muon_adjust_lr)
+    return MuonWithAdamW(muon_groups, adamw_groups, muon=muon, adamw=dict(lr=learning_rate, **adamw))
+
+
+def group_settings(hparams: Any) -> list[dict[str, Any]]:
+    """Each parameter group's peak learning rate and other settings, in ``build_optimizer``'s
+    order, from the module's hyper-parameters: what a resumed run re-applies (``resume``)."""
+    adamw = dict(betas=tuple(hparams["betas"]), eps=hparams["eps"])
+    decayed, vectors = (
+        {"lr": hparams["learning_rate"], "weight_decay": hparams["weight_decay"], **adamw},
+        {"lr": hparams["learning_rate"], "weight_decay": 0.0, **adamw},
+    )
+    if hparams.get("optimizer", "adamw") == "adamw":
+        return [decayed, vectors]
+    muon = {"lr": hparams["muon_learning_rate"], "momentum": hparams["muon_momentum"],
+            "weight_decay": hparams["muon_weight_decay"], "adjust_lr_fn": hparams["muon_adjust_lr"]}
+    return [muon, decayed, vectors]
+
+
+def lr_multiplier(
+    step: int,
+    *,
+    warmup_steps: int,
+    lr_schedule: str,
+    cosine_decay_steps: int | None,
+    decay_fraction: float,
+    min_lr_ratio: float,
+    total_steps: int | None,
+) -> float:
+    """The learning rate at optimizer step ``step`` as a fraction of each group's peak: a linear
+    warm-up over ``warmup_steps``, then "cosine" (down to ``min_lr_ratio`` over ``cosine_decay_steps``,
+    then constant; None: constant) or "wsd" (constant, then linear down to ``min_lr_ratio`` over the
+    last ``decay_fraction`` of ``total_steps``). ``GPTLightningModule``'s options, documented there."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if lr_schedule == "wsd":
+        decay_steps = max(1, round(decay_fraction * total_steps))
+        progress = min(1.0, max(0.0, (step - (total_steps - decay_steps)) / decay_steps))
+        return 1.0 - (1.0 - min_lr_ratio) * progress
+    if cosine_decay_steps is None:
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / cosine_decay_steps)
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
