@@ -204,11 +204,10 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         device = torch.empty(0).device  # where the caller builds: the CPU, a torch.device(...) context, or meta
-        # The layers are made on the meta device, so that their own initializations (which GPT-2's
-        # replaces) neither take memory nor draw random numbers; then memory and GPT-2's init. Built
-        # under torch.device("meta") (weights about to be loaded, or sharded first), the model stays
-        # empty until to_empty and init_weights, which ties the head again and draws exactly what an
-        # eager build draws.
+        # The layers are made on the meta device (no memory for values GPT-2's init replaces), then
+        # memory and init_weights, which draws what an eager nanoGPT build draws. Built under
+        # torch.device("meta") (weights about to be loaded, or sharded first), the model stays empty
+        # until to_empty and init_weights.
         with torch.device("meta"):
             self.transformer = nn.ModuleDict(
                 dict(
@@ -257,13 +256,29 @@ class GPT(nn.Module):
 
     def init_weights(self, generator: torch.Generator | None = None) -> None:
         """GPT-2's initialization, drawn in ``nn.Module.apply``'s order from the CPU ``generator``
-        (None: the global one). A weight that is not a plain CPU tensor (on a GPU, or one rank's
+        (None: the global one) after the draws the layers' default initializations make. A weight that is not a plain CPU tensor (on a GPU, or one rank's
         shard of an FSDP2 ``DTensor``) is drawn whole on the CPU and then copied in, so every
         placement gets the values a CPU build from the same generator state has. Ties the LM head
         to the embedding first if ``to_empty`` untied them."""
         if self.lm_head.weight is not self.transformer.wte.weight:
             self.tie_weights()  # to_empty gave each module a Parameter of its own
+        self._draw_default_inits(generator)
         self.apply(lambda module: self._init_weights(module, generator))
+
+    def _draw_default_inits(self, generator: torch.Generator | None) -> None:
+        """Consume the CPU generator as building each layer with its own default initialization does
+        (nanoGPT's GPT draws those before GPT-2's init replaces them): torch's own layers, built on
+        the CPU one at a time and dropped, so that a seed gives the weights it gives there."""
+        with torch.random.fork_rng(devices=[], enabled=generator is not None):
+            if generator is not None:  # the layers draw from the global generator: lend it this state
+                torch.random.set_rng_state(generator.get_state())
+            for m in self.modules():
+                if isinstance(m, nn.Linear):
+                    nn.Linear(m.in_features, m.out_features, bias=m.bias is not None, device="cpu")
+                elif isinstance(m, nn.Embedding):
+                    nn.Embedding(m.num_embeddings, m.embedding_dim, device="cpu")
+            if generator is not None:
+                generator.set_state(torch.random.get_rng_state())
 
     def _init_weights(self, module: nn.Module, generator: torch.Generator | None = None) -> None:
         if isinstance(module, nn.Linear):
