@@ -123,14 +123,14 @@ def compiled_decode_step(model: GPT):
     graph at every position). On CUDA, ``reduce-overhead`` replays it as a CUDA graph; on a CPU,
     inductor's ``freezing`` treats the weights as constants and lays them out for its matmuls once
     (the decode-time weight layout a skinny matmul needs), which the eager path cannot do."""
-    held = getattr(model, "_decode_step", None)
+    held = getattr(model, "decode_step", None)
     if held is None:
         cuda = model.lm_head.weight.is_cuda
         held = torch.compile(
             model.forward_cached, mode="reduce-overhead" if cuda else None, fullgraph=True, dynamic=False,
             options=None if cuda else {"freezing": True},
         )
-        model._decode_step = held  # a plain attribute: not a submodule, not in state_dict
+        model.decode_step = held  # a plain attribute: not a submodule, not in state_dict
     return held
 
 
