@@ -1,4 +1,4 @@
-"""Generation speed: tokens/s of ``GPT.generate`` (KV cache) against ``transformers``'
+"""Generation speed: tokens/s of ``gpt_lightning.generation.generate`` (KV cache) against ``transformers``'
 ``GPT2LMHeadModel.generate`` (``use_cache=True``) on the same weights, and against our uncached path
 (a full forward pass per token, the path before the cache), side by side in one process.
 
@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from gpt_lightning.atomic import atomic_write_bytes
+from gpt_lightning.generation import generate
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.interop.pretrained import export_hf
 
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     n = args.new_tokens
 
     def run_ours(batch: int, tokens: int = n, **kwargs) -> torch.Tensor:
-        return ours.generate(prompt[:batch], tokens, temperature=0, **kwargs)
+        return generate(ours, prompt[:batch], tokens, temperature=0, **kwargs)
 
     @torch.no_grad()
     def run_theirs(batch: int, tokens: int = n) -> torch.Tensor:

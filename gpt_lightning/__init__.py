@@ -9,8 +9,6 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from gpt_lightning import _moved
-
 _WHERE = {
     "GPT": "gpt_lightning.model",
     "GPTConfig": "gpt_lightning.model",
@@ -29,8 +27,6 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 __version__ = "0.1.0"
 
-
-_moved.install()  # old module paths (gpt_lightning.module, gpt_lightning.throughput, ...) still import
 
 
 def __getattr__(name: str) -> Any:

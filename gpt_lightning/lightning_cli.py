@@ -12,7 +12,6 @@ import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
-import lightning_utilities.core.rank_zero as lightning_rank_zero
 import torch
 import yaml
 from lightning.pytorch import Trainer
@@ -24,6 +23,9 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from gpt_lightning.interop.checkpoint import LIGHTNING_CKPT_ALIASES, SHARDED_METADATA, read_checkpoint, saved_arguments
 from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.errors import UserError
+from gpt_lightning.lightning_internals import (
+    CheckpointArguments, add_configure_optimizers, lightning_parse_ckpt_path, option_strings, rank_zero_logger,
+)
 from gpt_lightning.observing.console import StepProgressBar, TrainingFlopsSummary
 from gpt_lightning.observing.samples import ValidationSamples
 from gpt_lightning.observing.throughput import ThroughputMonitor
@@ -53,8 +55,8 @@ def quiet_lightning_console() -> None:
     process; no validation batches with ``data.val_fraction 0``).
     """
     # Lightning routes rank-zero messages through this module-level logger (set when it is imported).
-    if not any(isinstance(f, _DropUnactionable) for f in lightning_rank_zero.log.filters):
-        lightning_rank_zero.log.addFilter(_DropUnactionable())
+    if not any(isinstance(f, _DropUnactionable) for f in rank_zero_logger().filters):
+        rank_zero_logger().addFilter(_DropUnactionable())
     for message in (
         r".*isinstance\(treespec, LeafSpec\).*",
         r".*The dirpath has changed from.*",  # every resume logs into a new version directory
@@ -86,7 +88,7 @@ def _did_you_mean(message: str, parser: LightningArgumentParser) -> str:
     if not match:
         return ""
     wrong = "--" + next(group for group in match.groups() if group).lstrip("-")
-    known = [option for action in parser._actions for option in action.option_strings if option.startswith("--")]
+    known = [option for option in option_strings(parser) if option.startswith("--")]
     close = difflib.get_close_matches(wrong, known, n=1, cutoff=0.8)
     return f"{'' if message.endswith('.') else '.'} Did you mean {close[0]}?" if close else ""
 
@@ -130,7 +132,7 @@ def _refuse_a_finished_run(ckpt_path: str, checkpoint: dict[str, Any], max_steps
         )
 
 
-class GPTLightningCLI(LightningCLI):
+class GPTLightningCLI(CheckpointArguments, LightningCLI):
     """LightningCLI with the GPT module and token-stream data, TensorBoard logging under ``logs/``,
     and checkpointing, learning-rate and throughput callbacks always attached (``--checkpoint.*``,
     ``--lr_monitor.*`` and ``--throughput.*`` configure them).
@@ -182,17 +184,17 @@ class GPTLightningCLI(LightningCLI):
             check_config_files(self._cli_args)
         super().parse_arguments(parser, args)
 
-    def _parse_ckpt_path(self) -> None:
+    def parse_ckpt_path(self) -> None:
         """Put the checkpoint's settings *before* the user's arguments and parse again.
 
-        Lightning's own ``_parse_ckpt_path`` (the hook this overrides) merges the checkpoint's
+        Lightning's own ``_parse_ckpt_path`` (which runs this instead: ``CheckpointArguments``) merges the checkpoint's
         hyper-parameters *over* the parsed config, so anything the user gave on resume is silently
         replaced. Parsed first, the checkpoint's values are defaults that the user's config files and
         flags, parsed after them, override.
         """
         subcommand = self.config.get("subcommand")
         if not subcommand or self._cli_args is None or subcommand not in self._cli_args:
-            return super()._parse_ckpt_path()
+            return lightning_parse_ckpt_path(self)
         ckpt_path = self.config[subcommand].get("ckpt_path")
         resolved = []
         if ckpt_path == "last" and subcommand == "fit" and (newest := self._newest_last_checkpoint()) is not None:
@@ -201,8 +203,8 @@ class GPTLightningCLI(LightningCLI):
         if not ckpt_path or ckpt_path in LIGHTNING_CKPT_ALIASES:
             return
         checkpoint = read_checkpoint(ckpt_path, weights=False)  # the settings are all it needs
-        model = saved_arguments(checkpoint, self._model_class)  # block_size too: it may exceed the data's
-        data = saved_arguments(checkpoint, self._datamodule_class, "datamodule_hyper_parameters")
+        model = saved_arguments(checkpoint, self.model_class)  # block_size too: it may exceed the data's
+        data = saved_arguments(checkpoint, self.datamodule_class, "datamodule_hyper_parameters")
         from_checkpoint = ["--model", json.dumps(model), "--data", json.dumps(data)]
         at = self._cli_args.index(subcommand) + 1
         # The weights come from the checkpoint: model.init_from (a fresh start's source) is not read.
@@ -257,15 +259,20 @@ class GPTLightningCLI(LightningCLI):
             return super().instantiate_classes()
         with torch.device("meta"):
             self.config_init = self.parser.instantiate_classes(self.config)
-        self.datamodule = self._get(self.config_init, "data")
-        self.model = self._get(self.config_init, "model")
-        self._add_configure_optimizers_method_to_model(self.subcommand)
+        self.datamodule = self.config_section("data")
+        self.model = self.config_section("model")
+        add_configure_optimizers(self, self.subcommand)
         self.trainer = self.instantiate_trainer()
+
+    def config_section(self, key: str, default: Any = None) -> Any:
+        """``key`` (``"model"``, ``"trainer"``, ...) of the instantiated config, under the subcommand if any."""
+        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        return config.get(key, default)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The trainer, with our validation samples, step-counting progress bar and FLOPs summary
         unless the user turned those off or brought their own."""
-        trainer_config = self._get(self.config_init, "trainer", default={})
+        trainer_config = self.config_section("trainer", default={})
         callbacks = list(kwargs.pop("callbacks", None) or trainer_config.get("callbacks") or [])
         if not any(isinstance(c, ValidationSamples) for c in callbacks):
             callbacks.append(ValidationSamples())  # --model.val_sample_tokens sets it (0: off)

@@ -3,18 +3,14 @@
 Parameter names follow OpenAI's GPT-2 layout (``transformer.wte``, ``transformer.h.N.attn.c_attn``,
 ...), so GPT-2 checkpoints map onto it with only the usual Conv1D -> Linear transposes.
 
-Generation keeps each layer's keys and values in a ``KVCache``: the prompt goes through the blocks
-once (prefill), then each new token alone (decode), through ``forward_cached`` methods beside the
-training ``forward``, which they leave as it is.
+Beside the training ``forward``, ``forward_cached`` runs tokens through the blocks reading and
+extending one ``KVCache`` per block: what ``gpt_lightning.generation`` samples with.
 """
 
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from functools import partial
-from typing import Iterator
 
 import torch
 import torch.nn as nn
@@ -77,28 +73,6 @@ class KVCache:
             self.v = v.new_zeros((B, nh, self.max_len, hs))  # (B, nh, max_len, hs)
         self.k.index_copy_(2, pos, k)
         self.v.index_copy_(2, pos, v)
-
-
-def _packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")  # (..., out)
-
-
-@contextmanager
-def _packed_linears(model: nn.Module, rows: int) -> Iterator[None]:
-    """Inside the ``with``, every ``nn.Linear`` of ``model`` (CPU weights) multiplies through oneDNN
-    with its weight reordered once into oneDNN's blocked layout for ``rows`` rows, as
-    ``torch.compile`` does for CPU inference. Decoding multiplies a few rows by every weight at each
-    step; the eager matmul then takes slow paths (bfloat16 at any batch, float32 at a few rows),
-    which the reordered weight avoids. The reordered copies live only inside the ``with``: the
-    parameters, ``state_dict`` and autograd never see them."""
-    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
-    for layer in linears:
-        layer.forward = partial(_packed_linear, torch.ops.mkldnn._reorder_linear_weight(layer.weight, rows), layer.bias)
-    try:
-        yield
-    finally:
-        for layer in linears:
-            del layer.forward  # the class's forward again
 
 
 def _normal_(weight: torch.Tensor, std: float, generator: torch.Generator | None) -> None:
@@ -204,11 +178,10 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         device = torch.empty(0).device  # where the caller builds: the CPU, a torch.device(...) context, or meta
-        # The layers are made on the meta device, so that their own initializations (which GPT-2's
-        # replaces) neither take memory nor draw random numbers; then memory and GPT-2's init. Built
-        # under torch.device("meta") (weights about to be loaded, or sharded first), the model stays
-        # empty until to_empty and init_weights, which ties the head again and draws exactly what an
-        # eager build draws.
+        # The layers are made on the meta device (no memory for values GPT-2's init replaces), then
+        # memory and init_weights, which draws what an eager nanoGPT build draws. Built under
+        # torch.device("meta") (weights about to be loaded, or sharded first), the model stays empty
+        # until to_empty and init_weights.
         with torch.device("meta"):
             self.transformer = nn.ModuleDict(
                 dict(
@@ -257,13 +230,29 @@ class GPT(nn.Module):
 
     def init_weights(self, generator: torch.Generator | None = None) -> None:
         """GPT-2's initialization, drawn in ``nn.Module.apply``'s order from the CPU ``generator``
-        (None: the global one). A weight that is not a plain CPU tensor (on a GPU, or one rank's
+        (None: the global one) after the draws the layers' default initializations make. A weight that is not a plain CPU tensor (on a GPU, or one rank's
         shard of an FSDP2 ``DTensor``) is drawn whole on the CPU and then copied in, so every
         placement gets the values a CPU build from the same generator state has. Ties the LM head
         to the embedding first if ``to_empty`` untied them."""
         if self.lm_head.weight is not self.transformer.wte.weight:
             self.tie_weights()  # to_empty gave each module a Parameter of its own
+        self._draw_default_inits(generator)
         self.apply(lambda module: self._init_weights(module, generator))
+
+    def _draw_default_inits(self, generator: torch.Generator | None) -> None:
+        """Consume the CPU generator as building each layer with its own default initialization does
+        (nanoGPT's GPT draws those before GPT-2's init replaces them): torch's own layers, built on
+        the CPU one at a time and dropped, so that a seed gives the weights it gives there."""
+        with torch.random.fork_rng(devices=[], enabled=generator is not None):
+            if generator is not None:  # the layers draw from the global generator: lend it this state
+                torch.random.set_rng_state(generator.get_state())
+            for m in self.modules():
+                if isinstance(m, nn.Linear):
+                    nn.Linear(m.in_features, m.out_features, bias=m.bias is not None, device="cpu")
+                elif isinstance(m, nn.Embedding):
+                    nn.Embedding(m.num_embeddings, m.embedding_dim, device="cpu")
+            if generator is not None:
+                generator.set_state(torch.random.get_rng_state())
 
     def _init_weights(self, module: nn.Module, generator: torch.Generator | None = None) -> None:
         if isinstance(module, nn.Linear):
@@ -347,147 +336,3 @@ class GPT(nn.Module):
         for block, cache in zip(self.transformer.h, caches):
             x = block.forward_cached(x, cache, pos, length)  # (B, T, C)
         return self.lm_head(self.transformer.ln_f(x[:, -1]))  # (B, vocab_size)
-
-    @torch.no_grad()
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        generator: torch.Generator | None = None,
-        vocab_limit: int | None = None,
-        *,
-        use_cache: bool = True,
-        compile: bool = False,
-    ) -> torch.Tensor:
-        """Extend ``idx`` (B, T) by sampling ``max_new_tokens`` tokens, all B rows in one batch.
-
-        With the cache (the default), the context goes through the blocks once and each new token
-        alone, attending to the cached keys and values. Each token is predicted from at most
-        ``block_size`` tokens: a longer prompt is cut to its last ``block_size``, and when the cache
-        is full the window slides, keeping its last ``block_size // 2`` tokens (positions restart
-        at 0, so they are prefilled again) and filling up once more: one prefill every
-        ``block_size // 2`` tokens instead of a full forward pass for each token. Nothing is read
-        back to the host until the tokens are returned.
-
-        Args:
-            idx: prompt token ids, shape (B, T), T >= 1.
-            max_new_tokens: how many tokens to append.
-            temperature: softmax temperature; 0 means greedy (argmax).
-            top_k: sample only among the k most likely tokens; None for the whole vocabulary.
-            generator: random generator for reproducible samples (on ``idx``'s device).
-            vocab_limit: sample only ids below this: the tokenizer's size when the embedding is
-                padded past it (50304 rows for GPT-2's 50257 tokens), so every id decodes.
-            use_cache: False recomputes the last ``block_size`` tokens' forward pass for each new
-                token (the reference the cache is tested against; slow).
-            compile: run each decode step through ``torch.compile`` (static shapes; CUDA graphs on
-                CUDA). It compiles at the first call, so it pays only for long or repeated
-                generations.
-
-        Returns:
-            token ids of shape (B, T + max_new_tokens).
-        """
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}.")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be >= 1 or None, got {top_k}.")
-        if idx.dim() != 2 or idx.size(1) == 0:
-            raise ValueError(f"idx must be token ids of shape (B, T) with T >= 1, got shape {tuple(idx.shape)}.")
-        sample = _Sampler(temperature, top_k, generator, vocab_limit)
-        if use_cache:
-            return self._generate_cached(idx, max_new_tokens, sample, compile)
-        # Eager, even when the model or its blocks are compiled for fixed (B, T) training shapes:
-        # every new length would otherwise be a recompilation.
-        with torch.compiler.set_stance("force_eager"):
-            for _ in range(max_new_tokens):
-                logits, _ = self(idx[:, -self.config.block_size :])  # (B, <=block_size, V)
-                idx = torch.cat((idx, sample(logits[:, -1])), dim=1)  # (B, T+1)
-        return idx
-
-    def _generate_cached(self, idx: torch.Tensor, max_new_tokens: int, sample: "_Sampler", compile: bool) -> torch.Tensor:
-        # forward_cached is not the compiled __call__ of the model or its blocks (training's
-        # torch.compile): it runs eager unless `compile` asks for a decode graph of its own.
-        B, T = idx.shape
-        out = torch.empty((B, T + max_new_tokens), dtype=idx.dtype, device=idx.device)  # (B, T + N)
-        out[:, :T] = idx
-        if max_new_tokens == 0:
-            return out
-        block_size = self.config.block_size
-        max_len = min(block_size, T + max_new_tokens)
-        keep = max(1, block_size // 2)  # tokens a full window keeps when it slides
-        caches = [KVCache(max_len) for _ in self.transformer.h]
-        positions = torch.arange(max_len, device=idx.device)  # (max_len,)
-        pos = torch.zeros(1, dtype=torch.long, device=idx.device)  # (1,): the decode step's position
-        step = self._compiled_decode_step() if compile else self.forward_cached
-        packed = not compile and self._decodes_faster_packed(B)
-        with _packed_linears(self, B) if packed else nullcontext():
-            start = max(0, T - block_size)  # the window: out[:, start:end] is in the cache
-            logits = self.forward_cached(out[:, start:T], caches, positions[: T - start])  # prefill
-            if compile:  # the caches exist now and stay where they are: CUDA graphs may keep their addresses
-                for cache in caches:
-                    torch._dynamo.mark_static_address(cache.k)
-                    torch._dynamo.mark_static_address(cache.v)
-            for end in range(T, T + max_new_tokens):
-                out[:, end : end + 1] = sample(logits)  # (B, 1)
-                if end + 1 == T + max_new_tokens:
-                    break
-                length = end - start  # tokens in the cache
-                if length == max_len:  # full: slide the window and prefill it again
-                    start = end + 1 - keep
-                    logits = self.forward_cached(out[:, start : end + 1], caches, positions[:keep])
-                    continue
-                pos.fill_(length)  # on the device: no host read, the same tensor for a compiled step
-                if compile:
-                    logits = step(out[:, end : end + 1], caches, pos)  # all max_len positions, masked
-                else:
-                    logits = step(out[:, end : end + 1], caches, pos, length + 1)
-        return out
-
-    def _decodes_faster_packed(self, rows: int) -> bool:
-        """Whether eager decoding of ``rows`` rows goes through ``_packed_linears``: on a CPU with
-        oneDNN, in bfloat16 (where this CPU has it natively) or in float32 at 2 rows or more (one
-        float32 row is a matrix-vector product that already streams the weights at memory speed), and
-        not under autocast."""
-        weight = self.lm_head.weight
-        if weight.device.type != "cpu" or isinstance(weight, DTensor) or not torch.backends.mkldnn.is_available():
-            return False
-        if torch.is_autocast_enabled("cpu"):  # autocast casts per op; the packed weights keep their type
-            return False
-        if weight.dtype == torch.bfloat16:
-            return torch.ops.mkldnn._is_mkldnn_bf16_supported()
-        return weight.dtype == torch.float32 and rows > 1
-
-    def _compiled_decode_step(self):
-        """``forward_cached`` for one token, compiled once per model (static shapes: the same graph
-        at every position; ``reduce-overhead`` on CUDA replays it as a CUDA graph)."""
-        compiled = getattr(self, "_decode_step", None)
-        if compiled is None:
-            mode = "reduce-overhead" if self.lm_head.weight.is_cuda else None
-            compiled = torch.compile(self.forward_cached, mode=mode, fullgraph=True, dynamic=False)
-            self._decode_step = compiled
-        return compiled
-
-
-class _Sampler:
-    """The next token (B, 1) from next-token logits (B, V): greedy at temperature 0, else a draw
-    from the softmax of logits / temperature over the ``top_k`` likeliest ids below ``vocab_limit``."""
-
-    def __init__(self, temperature: float, top_k: int | None, generator: torch.Generator | None, vocab_limit: int | None):
-        self.temperature, self.top_k, self.generator, self.vocab_limit = temperature, top_k, generator, vocab_limit
-
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        logits = logits[:, : self.vocab_limit].float()  # (B, V)
-        if self.temperature == 0:
-            return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-        logits = logits / self.temperature
-        if self.top_k is not None:
-            kth = torch.topk(logits, min(self.top_k, logits.size(-1))).values[:, [-1]]  # (B, 1)
-            logits = logits.masked_fill(logits < kth, -math.inf)
-        probs = F.softmax(logits, dim=-1)  # (B, V)
-        # torch.multinomial's one-sample draw (the same numbers from the same generator) without its
-        # check that probs is a distribution, which reads a value back to the host (a CUDA sync).
-        noise = torch.empty_like(probs).exponential_(1, generator=self.generator)  # (B, V)
-        return (probs / noise).argmax(dim=-1, keepdim=True)  # (B, 1)

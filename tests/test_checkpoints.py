@@ -96,14 +96,15 @@ def test_sample_command_continues_a_prompt_from_a_checkpoint(eager_ckpt, capsys)
 
 def test_sample_in_bfloat16_reads_bf16_weights_and_cache(eager_ckpt, monkeypatch):
     from gpt_lightning.commands.sample import sample
-    from gpt_lightning.model import GPT, KVCache
+    from gpt_lightning.commands import sample as command
+    from gpt_lightning.model import KVCache
 
     _, ckpt = eager_ckpt
     seen = []
     store = KVCache.store
     monkeypatch.setattr(KVCache, "store", lambda self, k, v, pos: (seen.append(k.dtype), store(self, k, v, pos))[1])
-    generate = GPT.generate
-    monkeypatch.setattr(GPT, "generate", lambda self, *a, **kw: (seen.append(self.lm_head.weight.dtype), generate(self, *a, **kw))[1])
+    generate = command.generate
+    monkeypatch.setattr(command, "generate", lambda model, *a, **kw: (seen.append(model.lm_head.weight.dtype), generate(model, *a, **kw))[1])
     texts = sample(ckpt, prompt="ROMEO:", max_new_tokens=6, temperature=0, dtype="bfloat16", device="cpu")
     assert texts[0].startswith("ROMEO:") and len(texts[0]) > len("ROMEO:")
     assert seen[0] == torch.bfloat16
@@ -114,12 +115,12 @@ def test_sample_in_bfloat16_reads_bf16_weights_and_cache(eager_ckpt, monkeypatch
 
 def test_top_k_0_samples_among_the_whole_vocabulary(eager_ckpt, monkeypatch):
     from gpt_lightning.commands.sample import sample
-    from gpt_lightning.model import GPT
+    from gpt_lightning.commands import sample as command
 
     _, ckpt = eager_ckpt
     seen = []
-    generate = GPT.generate
-    monkeypatch.setattr(GPT, "generate", lambda self, *a, **kw: (seen.append(kw["top_k"]), generate(self, *a, **kw))[1])
+    generate = command.generate
+    monkeypatch.setattr(command, "generate", lambda model, *a, **kw: (seen.append(kw["top_k"]), generate(model, *a, **kw))[1])
     sample(ckpt, prompt="ROMEO:", max_new_tokens=3, top_k=0, device="cpu")
     sample(ckpt, prompt="ROMEO:", max_new_tokens=3, top_k=5, device="cpu")
     assert seen == [None, 5]

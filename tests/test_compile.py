@@ -7,6 +7,7 @@ import torch._dynamo
 from lightning.pytorch import Trainer
 
 from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.generation import generate
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.training.module import GPTLightningModule
 
@@ -36,7 +37,7 @@ def test_regional_compilation_compiles_the_block_once():
     assert counters["stats"]["unique_graphs"] == 2
     assert not counters["recompiles"]
     assert module.is_compiled and not [k for k in module.state_dict() if "_orig_mod" in k]
-    module.model.generate(idx[:, :4], 3)  # sampling runs eager: no graph for its growing lengths
+    generate(module.model, idx[:, :4], 3)  # sampling runs eager: no graph for its growing lengths
     assert counters["stats"]["unique_graphs"] == 2
 
 

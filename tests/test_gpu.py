@@ -81,6 +81,7 @@ def test_peak_memory_of_gpt2_124m_is_near_the_guide_estimate(overlay, small_text
 
 
 def test_generation_reads_nothing_back_and_the_compiled_step_gives_the_eager_tokens():
+    from gpt_lightning.generation import generate
     from gpt_lightning.model import GPT
 
     torch.manual_seed(0)
@@ -90,12 +91,12 @@ def test_generation_reads_nothing_back_and_the_compiled_step_gives_the_eager_tok
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # any device-to-host read raises
     try:
-        sampled = model.generate(idx, 80, temperature=0.8, top_k=50, generator=generator, vocab_limit=50257)  # slides once
-        greedy = model.generate(idx, 80, temperature=0)
+        sampled = generate(model, idx, 80, temperature=0.8, top_k=50, generator=generator, vocab_limit=50257)  # slides once
+        greedy = generate(model, idx, 80, temperature=0)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert sampled.shape == (4, 88) and (sampled < 50257).all()
-    assert torch.equal(model.generate(idx, 80, temperature=0, compile=True), greedy)  # CUDA graphs
+    assert torch.equal(generate(model, idx, 80, temperature=0, compile=True), greedy)  # CUDA graphs
 
 
 def test_hellaswag_counts_stay_on_the_device_under_bf16():

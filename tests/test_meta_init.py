@@ -93,3 +93,59 @@ def test_model_parallel_builds_empty_then_starts_from_the_eager_weights(small_te
     assert probe.weights.keys() == eager.keys()
     for name, tensor in eager.items():
         assert torch.equal(probe.weights[name], tensor), name
+
+
+class NanoGPT(torch.nn.Module):
+    """The reference script's build, in its order: every layer made eagerly on the CPU (each with
+    torch's own default initialization), the head tied, then GPT-2's init by ``apply``."""
+
+    def __init__(self, config):
+        super().__init__()
+        nn, C = torch.nn, config.n_embd
+
+        def block():
+            b = nn.Module()
+            b.ln_1, b.attn, b.ln_2, b.mlp = nn.LayerNorm(C), nn.Module(), nn.LayerNorm(C), nn.Module()
+            b.attn.c_attn, b.attn.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+            b.mlp.c_fc, b.mlp.c_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+            b.attn.c_proj.SCALE = b.mlp.c_proj.SCALE = 1
+            return b
+
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, C), wpe=nn.Embedding(config.block_size, C),
+            h=nn.ModuleList(block() for _ in range(config.n_layer)), ln_f=nn.LayerNorm(C)))
+        self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight
+        self.apply(lambda m: self._init(m, config.n_layer))
+
+    @staticmethod
+    def _init(module, n_layer):
+        if isinstance(module, torch.nn.Linear):
+            std = 0.02 * (2 * n_layer) ** -0.5 if hasattr(module, "SCALE") else 0.02
+            torch.nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, torch.nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+
+def test_a_seed_gives_the_weights_the_reference_scripts_build_gives():
+    """torch.manual_seed(42); GPT(GPTConfig()) starts where the reference script's model starts
+    (its step-0 loss 10.999393): the layers' default draws first, then GPT-2's init. The meta build
+    materialized later (FSDP2's path, above) gives these same weights."""
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=500)
+    torch.manual_seed(42)
+    reference = NanoGPT(config).state_dict()
+    torch.manual_seed(42)
+    ours = GPT(config).state_dict()
+    assert ours.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert torch.equal(ours[name], tensor), name
+    torch.manual_seed(42)
+    state = torch.random.get_rng_state()
+    with torch.device("meta"):
+        empty = GPT(config)
+    empty.to_empty(device="cpu")
+    empty.init_weights(torch.Generator().set_state(state))
+    for name, tensor in reference.items():
+        assert torch.equal(empty.state_dict()[name], tensor), name

@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from gpt_lightning.generation import generate
 from gpt_lightning.model import GPT, GPTConfig
 
 TINY = GPTConfig(block_size=16, vocab_size=50257, n_layer=2, n_head=2, n_embd=32)
@@ -51,7 +52,7 @@ def test_bad_config_is_a_clear_error():
 
 def test_generate_appends_tokens_within_block_size():
     model = GPT(TINY).eval()
-    out = model.generate(torch.zeros(2, 3, dtype=torch.long), max_new_tokens=20, top_k=5)
+    out = generate(model, torch.zeros(2, 3, dtype=torch.long), max_new_tokens=20, top_k=5)
     assert out.shape == (2, 23)
-    greedy = model.generate(torch.zeros(1, 3, dtype=torch.long), 5, temperature=0)
-    assert torch.equal(greedy, model.generate(torch.zeros(1, 3, dtype=torch.long), 5, temperature=0))
+    greedy = generate(model, torch.zeros(1, 3, dtype=torch.long), 5, temperature=0)
+    assert torch.equal(greedy, generate(model, torch.zeros(1, 3, dtype=torch.long), 5, temperature=0))

@@ -1,5 +1,5 @@
-"""The package's layout: rooms that import only downwards, no cycles, old import paths that still
-resolve to the same objects, and nothing that changes a warning or log filter when imported."""
+"""The package's layout: rooms that import only downwards, no cycles, the public names importable,
+no private torch op called, and nothing that changes a warning or log filter when imported."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ import importlib
 import subprocess
 import sys
 
+import pytest
 import torch
 from lightning.pytorch import LightningModule
-
-from gpt_lightning._moved import MOVED
 
 from conftest import REPO, TINY_MODEL
 
@@ -20,9 +19,9 @@ PACKAGE = REPO / "gpt_lightning"
 # do not know each other (training and observing are independent; interop and scaling too).
 LAYERS = (
     {"errors"},  # UserError: what every layer raises for a user's mistake
-    {"atomic", "_moved"},
+    {"atomic", "lightning_internals"},  # lightning_internals: the one room that reaches into Lightning's private names
     {"model", "data"},
-    {"scaling", "interop"},
+    {"scaling", "interop", "generation"},  # generation: sampling from a GPT
     {"training", "observing"},
     {"lightning_cli"},  # GPTLightningCLI: the module, the data and the callbacks put together
     {"cli", "commands"},  # the gpt-lightning command and its own subcommands
@@ -73,7 +72,7 @@ def test_imports_run_downwards_only():
     # the two ends of the house: the pure model and the data never import anything that trains or watches
     for module, targets in GRAPH.items():
         if room(module) in ("model", "data"):
-            assert {room(t) for t in targets} <= {"model", "data", "errors", "atomic"}, module
+            assert {room(t) for t in targets} <= {"model", "data", "errors", "atomic", "lightning_internals"}, module
 
 
 def test_no_import_cycles():
@@ -94,26 +93,35 @@ def test_no_import_cycles():
         visit(module)
 
 
-def test_old_module_paths_are_the_moved_modules():
-    for old, new in MOVED.items():
-        assert importlib.import_module(old) is importlib.import_module(new)
-    from gpt_lightning.module import GPTLightningModule
-    from gpt_lightning.throughput import ThroughputMonitor
+def test_the_public_names_are_the_modules_own_and_no_import_hook_is_installed():
+    from gpt_lightning.observing.throughput import ThroughputMonitor
+    from gpt_lightning.training.module import GPTLightningModule
 
     import gpt_lightning
 
     assert GPTLightningModule is gpt_lightning.GPTLightningModule and ThroughputMonitor is gpt_lightning.ThroughputMonitor
     for name in gpt_lightning.__all__:
         assert getattr(gpt_lightning, name) is not None
+    assert not [finder for finder in sys.meta_path if type(finder).__module__.startswith("gpt_lightning")]
+    with pytest.raises(ModuleNotFoundError):  # the pre-0.1 top-level paths are gone (CHANGELOG)
+        importlib.import_module("gpt_lightning.module")
 
 
-def test_a_checkpoint_naming_the_old_class_path_loads(tmp_path):
+def test_no_private_torch_op_is_called():
+    """Private ops (``torch.ops.mkldnn._linear_pointwise``, ...) change with any torch release and have
+    no DTensor rule: the package calls torch's public API only."""
+    called = [f"{path.relative_to(REPO)}:{n}" for path in PACKAGE.rglob("*.py")
+              for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if "torch.ops." in line]
+    assert not called, called
+
+
+def test_a_checkpoint_naming_the_class_path_loads(tmp_path):
     """A run of a stock ``LightningCLI`` records ``_class_path`` in its checkpoint's hyper-parameters;
     Lightning imports it (through jsonargparse) to rebuild the module."""
     from gpt_lightning.training.module import GPTLightningModule
 
     module = GPTLightningModule(**TINY_MODEL, block_size=16)
-    hyper_parameters = {**module.hparams, "_class_path": "gpt_lightning.module.GPTLightningModule",
+    hyper_parameters = {**module.hparams, "_class_path": "gpt_lightning.training.module.GPTLightningModule",
                         "_instantiator": "lightning.pytorch.cli.instantiate_module"}
     path = tmp_path / "old.ckpt"
     torch.save({"state_dict": module.state_dict(), "hyper_parameters": hyper_parameters,

@@ -10,6 +10,7 @@ import torch
 from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.errors import UserError
+from gpt_lightning.generation import generate
 
 
 def resolve_device(device: str) -> torch.device:
@@ -46,7 +47,7 @@ def sample(
     dtype: str = "float32",
 ) -> list[str]:
     """Continuations of ``prompt`` sampled from a ``gpt-lightning`` checkpoint, all
-    ``num_samples`` in one batch; ``compile`` compiles the decode step (see ``GPT.generate``).
+    ``num_samples`` in one batch; ``compile`` compiles the decode step (see ``gpt_lightning.generation.generate``).
     ``dtype`` is the weights' (and the cache's) type while sampling: decoding reads every weight
     once per token, so bfloat16 reads half the bytes of float32 (on CPUs with AMX or AVX-512 BF16
     and on GPUs its matmuls are native); float32 gives the checkpoint's own numbers."""
@@ -65,14 +66,14 @@ def sample(
         raise UserError(
             f"{ckpt_path} has a vocabulary of {model.config.vocab_size} tokens, fewer than the GPT-2 encoding's "
             f"{encoding.n_vocab} that `sample` reads and writes text with. Sample from it in Python with your "
-            "own tokenizer: gpt_lightning.interop.checkpoint.gpt_from_checkpoint(path).generate(ids, ...)."
+            "own tokenizer: gpt_lightning.generation.generate(gpt_lightning.interop.checkpoint.gpt_from_checkpoint(path), ids, ...)."
         )
     ids = encoding.encode_ordinary(prompt) or [encoding.eot_token]
     ids = ids[-model.config.block_size :]
     idx = torch.tensor([ids] * num_samples, dtype=torch.long, device=torch_device)  # (num_samples, T)
     generator = torch.Generator(device=torch_device).manual_seed(seed)
-    out = model.generate(
-        idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator, vocab_limit=encoding.n_vocab,
+    out = generate(
+        model, idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator, vocab_limit=encoding.n_vocab,
         compile=compile,
     )
     return [encoding.decode(row.tolist()) for row in out]

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from gpt_lightning.data.corpus import Corpus, default_cache_dir
 from gpt_lightning.errors import UserError
+from gpt_lightning.lightning_internals import batches_started
 from gpt_lightning.data.shards import ShardWindows, find_shards, open_shard
 from gpt_lightning.data.token_cache import build_token_cache, load_tokens
 from gpt_lightning.data.tokenizer import GPT2_VOCAB_SIZE
@@ -283,7 +284,7 @@ class TokenStreamDataModule(LightningDataModule):
         than 0 when Lightning resumes mid-epoch (it then runs only the epoch's remaining batches)."""
         if self.trainer is None:
             return 0, 0
-        return self.trainer.current_epoch, self.trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        return self.trainer.current_epoch, batches_started(self.trainer)
 
     def _accumulation(self) -> int:
         """Micro-batches per optimizer step: the trainer's ``accumulate_grad_batches`` (which

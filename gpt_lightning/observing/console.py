@@ -17,8 +17,8 @@ from lightning.pytorch.callbacks import ModelSummary, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
-from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 
+from gpt_lightning.lightning_internals import format_summary_table
 from gpt_lightning.scaling.memory import GIB, TrainingMemory, fit_warning, training_memory
 from gpt_lightning.model import GPTConfig
 from gpt_lightning.scaling.sharding import shard_count
@@ -162,7 +162,7 @@ class TrainingFlopsSummary(ModelSummary):
         **summarize_kwargs: Any,
     ) -> None:
         columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
-        table = _format_summary_table(
+        table = format_summary_table(
             total_parameters, trainable_parameters, model_size, total_training_modes,
             int(self._flops_per_batch or 0), *columns,
         )

@@ -8,6 +8,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.errors import UserError
+from gpt_lightning.generation import generate
+from gpt_lightning.model import GPT
 
 TAG = "samples"
 
@@ -37,9 +39,9 @@ class ValidationSamples(Callback):
         self.prompt = prompt
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if not callable(getattr(getattr(pl_module, "model", None), "generate", None)):
+        if not isinstance(getattr(pl_module, "model", None), GPT):
             raise UserError(
-                f"ValidationSamples samples from the module's GPT (module.model.generate); "
+                f"ValidationSamples samples from the module's GPT (module.model generates with gpt_lightning.generation); "
                 f"{type(pl_module).__name__} has none. Remove the callback or give the module a gpt_lightning GPT as .model."
             )
         if self._setting(pl_module, "tokens") is None:
@@ -76,7 +78,7 @@ class ValidationSamples(Callback):
         ids = encoding.encode_ordinary(prompt) or [encoding.eot_token]
         idx = torch.tensor([ids], dtype=torch.long, device=pl_module.device)  # (1, T)
         generator = torch.Generator(device=pl_module.device).manual_seed(0)  # same draw every time: comparable
-        out = pl_module.model.generate(
-            idx, tokens, temperature=1.0, top_k=50, generator=generator, vocab_limit=encoding.n_vocab
+        out = generate(
+            pl_module.model, idx, tokens, temperature=1.0, top_k=50, generator=generator, vocab_limit=encoding.n_vocab
         )
         return encoding.decode(out[0].tolist())

@@ -23,6 +23,7 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch.distributed.tensor import DTensor
 
 from gpt_lightning.errors import UserError
+from gpt_lightning.lightning_internals import loss_scale, unscales_in_step
 from gpt_lightning.training.optimizers import MuonWithAdamW
 
 
@@ -148,7 +149,7 @@ class NonFiniteGuard:
         algorithm = GradClipAlgorithmType(algorithm or GradClipAlgorithmType.NORM)
         scale = None
         if _unscaled_in_step(module.trainer, optimizer):
-            scale = module.trainer.precision_plugin.scaler._get_scale_async()  # a tensor; get_scale() reads it back
+            scale = loss_scale(module.trainer.precision_plugin.scaler)  # a tensor; get_scale() reads it back
         norm = self.grad_norm
         if norm is None:  # 16-mixed: the guard leaves the gradients to the GradScaler
             norm = self.total_norm(grads)
@@ -201,4 +202,4 @@ def _unscaled_in_step(trainer: Trainer, optimizer: torch.optim.Optimizer) -> boo
     with an optimizer that unscales inside its own step (fused AdamW), which Lightning leaves the
     gradients scaled for (with any other, it unscales before ``on_before_optimizer_step``)."""
     scaler = getattr(trainer.precision_plugin, "scaler", None)
-    return scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False)
+    return scaler is not None and unscales_in_step(optimizer)

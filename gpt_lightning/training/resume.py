@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from gpt_lightning.errors import UserError
+from gpt_lightning.lightning_internals import batches_that_stepped, set_batches_that_stepped
 from gpt_lightning.model import GPTConfig
 
 # The GPTConfig fields a resumed run must share with its checkpoint. Dropout is a training setting:
@@ -127,6 +128,5 @@ def align_logging_step(trainer: Any) -> None:
     point of the resumed run was drawn one step to the right of the uninterrupted run's. In
     automatic optimization the two counts are equal at the start of every batch, so setting it is
     a no-op except after such a resume. (Lightning issue #19367 is the same family.)"""
-    loop = trainer.fit_loop.epoch_loop
-    if loop._batches_that_stepped != trainer.global_step:
-        loop._batches_that_stepped = trainer.global_step
+    if batches_that_stepped(trainer) != trainer.global_step:
+        set_batches_that_stepped(trainer, trainer.global_step)
