@@ -56,9 +56,8 @@ class GPTConfig:
 
 @dataclass
 class KVCache:
-    """One layer's keys and values during generation, each (B, nh, max_len, hs), filled from
-    position 0 up to the current length. Allocated by the first (prefill) call, in the dtype the
-    keys are computed in (bf16 under autocast). Not module state: ``state_dict`` never sees it."""
+    """One layer's keys and values during generation, each (B, nh, max_len, hs), filled from position 0;
+    allocated by the prefill in the keys' dtype (bf16 under autocast). Not module state (not in state_dict)."""
 
     # Positions the cache holds: the longest context a decode step attends to (<= block_size).
     max_len: int
@@ -98,13 +97,15 @@ class CausalSelfAttention(nn.Module):
         self.c_proj.residual_projection = True  # marks it for the scaled GPT-2 init
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def heads(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Queries, keys and values of ``x`` (B, T, C), each split into heads: 3 x (B, nh, T, hs)."""
         B, T, C = x.shape  # batch, time, channels (n_embd)
-        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
-        hs = C // self.n_head
-        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        qkv = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
+        return [t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in qkv]  # 3 x (B, nh, T, hs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.heads(x)  # 3 x (B, nh, T, hs)
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
         )  # (B, nh, T, hs)
@@ -120,11 +121,7 @@ class CausalSelfAttention(nn.Module):
         ``pos`` masked out.
         """
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
-        hs = C // self.n_head
-        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        q, k, v = self.heads(x)  # 3 x (B, nh, T, hs)
         cache.store(k, v, pos)
         if T > 1:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
@@ -178,10 +175,8 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         device = torch.empty(0).device  # where the caller builds: the CPU, a torch.device(...) context, or meta
-        # The layers are made on the meta device (no memory for values GPT-2's init replaces), then
-        # memory and init_weights, which draws what an eager nanoGPT build draws. Built under
-        # torch.device("meta") (weights about to be loaded, or sharded first), the model stays empty
-        # until to_empty and init_weights.
+        # Layers made on the meta device (no memory for values GPT-2's init replaces), then memory and
+        # init_weights. Built under torch.device("meta"), the model stays empty until to_empty + init_weights.
         with torch.device("meta"):
             self.transformer = nn.ModuleDict(
                 dict(
@@ -204,20 +199,15 @@ class GPT(nn.Module):
             self.init_weights()
 
     def tie_weights(self) -> None:
-        """Weight tying (GPT-2): the output projection is the token embedding. One Parameter, one name
-        in state_dict() per module, shared storage. Again after ``load_state_dict(assign=True)``,
-        or ``to_empty``, which give each module a Parameter of its own."""
+        """Weight tying (GPT-2): the output projection is the token embedding, one Parameter. Again after
+        ``load_state_dict(assign=True)`` or ``to_empty``, which give each module a Parameter of its own."""
         self.transformer.wte.weight = self.lm_head.weight
 
     @classmethod
     def from_state_dict(cls, config: GPTConfig, state: dict[str, torch.Tensor]) -> "GPT":
-        """A GPT that takes the tensors of ``state`` as its weights (``lm_head.weight`` may be left
-        out: it is ``transformer.wte.weight``). Built on the meta device and assigned: no random
-        initialization of weights about to be replaced, and no copy (memory-mapped tensors stay so).
-
-        Raises:
-            RuntimeError: ``state`` does not match ``config`` (missing, unexpected or mis-shaped tensors).
-        """
+        """A GPT whose weights are the tensors of ``state`` (``lm_head.weight`` may be left out: it is
+        ``transformer.wte.weight``), built on the meta device and assigned: no random init of weights
+        about to be replaced, no copy. Raises RuntimeError if ``state`` does not match ``config``."""
         with torch.device("meta"):
             model = cls(config)
         state = {"lm_head.weight": state.get("transformer.wte.weight"), **state}
@@ -230,10 +220,9 @@ class GPT(nn.Module):
 
     def init_weights(self, generator: torch.Generator | None = None) -> None:
         """GPT-2's initialization, drawn in ``nn.Module.apply``'s order from the CPU ``generator``
-        (None: the global one) after the draws the layers' default initializations make. A weight that is not a plain CPU tensor (on a GPU, or one rank's
-        shard of an FSDP2 ``DTensor``) is drawn whole on the CPU and then copied in, so every
-        placement gets the values a CPU build from the same generator state has. Ties the LM head
-        to the embedding first if ``to_empty`` untied them."""
+        (None: the global one) after the draws the layers' default initializations make. A weight
+        that is not a plain CPU tensor (GPU, FSDP2 shard) is drawn whole on the CPU and copied in,
+        so every placement gets the values a CPU build from the same generator state has."""
         if self.lm_head.weight is not self.transformer.wte.weight:
             self.tie_weights()  # to_empty gave each module a Parameter of its own
         self._draw_default_inits(generator)
@@ -268,6 +257,10 @@ class GPT(nn.Module):
         elif isinstance(module, nn.LayerNorm):
             module.reset_parameters()  # gain 1, bias 0: no random numbers
 
+    def embed(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Token plus position embeddings (B, T, C) of ``idx`` (B, T) at positions ``pos`` (T,)."""
+        return self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C) + (T, C)
+
     def num_parameters(self) -> int:
         """Number of parameters, the tied embedding counted once."""
         return sum(p.numel() for p in self.parameters())
@@ -275,15 +268,8 @@ class GPT(nn.Module):
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits for every position, and the mean cross-entropy against ``targets`` if given.
-
-        Args:
-            idx: token ids, shape (B, T) with T <= block_size.
-            targets: next-token ids, shape (B, T), or None.
-
-        Returns:
-            ``(logits, loss)``: logits (B, T, vocab_size); loss a scalar, or None without targets.
-        """
+        """``(logits, loss)``: logits (B, T, vocab_size) for token ids ``idx`` (B, T), T <= block_size,
+        and the mean cross-entropy against next-token ids ``targets`` (B, T) if given (else None)."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(
@@ -291,9 +277,7 @@ class GPT(nn.Module):
                 f"{self.config.block_size}. Use block_size <= {self.config.block_size} in the data, "
                 "or build the model with a larger block_size."
             )
-        pos = torch.arange(T, dtype=torch.long, device=idx.device)  # (T,)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C) + (T, C)
-        x = self.transformer.drop(x)
+        x = self.transformer.drop(self.embed(idx, torch.arange(T, device=idx.device)))  # (B, T, C)
         recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for block in self.transformer.h:
             # Checkpointed: only the block's input (B, T, C) is kept; the backward runs it again.
@@ -317,8 +301,7 @@ class GPT(nn.Module):
         the forward pass with the LM head (a third of GPT-2 124M's FLOPs) only where it is read, as
         scoring answers (HellaSwag) needs."""
         B, T = idx.shape
-        pos = torch.arange(T, dtype=torch.long, device=idx.device)  # (T,)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C) + (T, C)
+        x = self.embed(idx, torch.arange(T, device=idx.device))  # (B, T, C)
         for block in self.transformer.h:
             x = block(x)  # (B, T, C)
         x = x.reshape(B * T, -1).index_select(0, positions)  # (N, C)
@@ -327,12 +310,10 @@ class GPT(nn.Module):
     def forward_cached(
         self, idx: torch.Tensor, caches: list[KVCache], pos: torch.Tensor, length: int | None = None
     ) -> torch.Tensor:
-        """Next-token logits (B, vocab_size) after ``idx`` (B, T), whose tokens sit at positions
-        ``pos`` (T,), reading and extending one ``KVCache`` per block. The LM head runs on the last
-        position only. A prefill (T > 1) starts at position 0; a decode step (T == 1) attends to
-        ``length`` cached positions (None: all, masked; see ``CausalSelfAttention.forward_cached``).
-        """
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C) + (T, C)
+        """Next-token logits (B, vocab_size) after ``idx`` (B, T) at positions ``pos`` (T,), reading and
+        extending one ``KVCache`` per block; the LM head runs on the last position only. A prefill (T > 1)
+        starts at 0; a decode step (T == 1) attends to ``length`` cached positions (see the attention's)."""
+        x = self.embed(idx, pos)  # (B, T, C)
         for block, cache in zip(self.transformer.h, caches):
             x = block.forward_cached(x, cache, pos, length)  # (B, T, C)
         return self.lm_head(self.transformer.ln_f(x[:, -1]))  # (B, vocab_size)

@@ -93,7 +93,7 @@ def test_too_few_tokens_for_every_rank(small_text, tmp_path):
     data = TokenStreamDataModule(str(small_text), batch_size=1, block_size=64, val_fraction=0.0, cache_dir=str(tmp_path))
     data.setup("fit")  # one process: fine
     data = TokenStreamDataModule(str(small_text), batch_size=1, block_size=64, val_fraction=0.0, cache_dir=str(tmp_path))
-    data.trainer = type("T", (), {"world_size": 2, "global_rank": 0})()
+    data.trainer = type("T", (), {"world_size": 2, "global_rank": 0, "accumulate_grad_batches": 1})()
     with pytest.raises(UserError, match="on each of 2 process"):
         data.setup("fit")
 

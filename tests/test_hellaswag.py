@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt_lightning import hellaswag
+from gpt_lightning.interop import hellaswag
 from gpt_lightning.cli import main
 from gpt_lightning.data import gpt2_encoding
 from gpt_lightning.errors import UserError

@@ -23,7 +23,7 @@ from gpt_lightning.data.documents import WorkItem
 from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.errors import UserError
 
-TOKEN_DTYPE = np.uint16  # GPT-2's 50257 ids fit in 16 bits
+TOKEN_DTYPE = np.uint16  # GPT-2's 50257 ids fit in 16 bits: half the size of int32 (the cache and shards store it)
 
 
 def default_workers() -> int:

@@ -26,12 +26,11 @@ import numpy as np
 from gpt_lightning.atomic import atomic_output, atomic_write_bytes
 from gpt_lightning.data.corpus import Corpus, sha256_file
 from gpt_lightning.data.documents import CHUNK_CHARS, WorkItem, text_pieces
-from gpt_lightning.data.encode import default_workers, encode_items
+from gpt_lightning.data.encode import TOKEN_DTYPE, default_workers, encode_items
 from gpt_lightning.errors import UserError
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
-TOKEN_DTYPE = np.uint16  # GPT-2's 50257 ids fit in 16 bits: half the size of int32
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from gpt_lightning.errors import UserError
 from gpt_lightning.interop.pretrained import agree_with_pretrained
 from gpt_lightning.model import GPT, GPTConfig
 
-_DEFAULT = GPTConfig()
+DEFAULT_CONFIG = GPTConfig()  # the architecture defaults live in GPTConfig alone
 
 
 def build_gpt(hparams: Mapping[str, Any]) -> tuple[GPTConfig, GPT, dict[str, Any]]:
@@ -34,7 +34,7 @@ def build_gpt(hparams: Mapping[str, Any]) -> tuple[GPTConfig, GPT, dict[str, Any
         to_record = {**architecture, "init_from": None, "pretrained_from": init_from}
         options.update(architecture)
     elif options["block_size"] is None:
-        options["block_size"] = _DEFAULT.block_size
+        options["block_size"] = DEFAULT_CONFIG.block_size
         to_record = {"block_size": options["block_size"]}  # checkpoints record the size built
     try:
         config = GPTConfig(**options)

@@ -15,18 +15,15 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
-from gpt_lightning.model import GPTConfig
 from gpt_lightning.scaling.flops import training_flops
 from gpt_lightning.scaling.sharding import is_empty, materialize, shard_once, sync_at_last_micro_batch
 from gpt_lightning.training import resume
-from gpt_lightning.training.architecture import build_gpt
+from gpt_lightning.training.architecture import DEFAULT_CONFIG, build_gpt
 from gpt_lightning.training.checks import check_fits_data, check_optimizer_settings, check_strategy_supports, run_length
 from gpt_lightning.training.compilation import compile_in_place, compile_notice, evaluation_stance, is_compiled
 from gpt_lightning.training.nonfinite import NonFiniteGuard
 from gpt_lightning.training.optimizers import build_optimizer, group_settings, lr_multiplier
 from gpt_lightning.training.step_loss import StepLoss
-
-_DEFAULT = GPTConfig()  # the architecture defaults live in GPTConfig alone
 
 
 class GPTLightningModule(LightningModule):
@@ -85,13 +82,13 @@ class GPTLightningModule(LightningModule):
 
     def __init__(
         self,
-        vocab_size: int = _DEFAULT.vocab_size,
+        vocab_size: int = DEFAULT_CONFIG.vocab_size,
         block_size: int | None = None,
-        n_layer: int = _DEFAULT.n_layer,
-        n_head: int = _DEFAULT.n_head,
-        n_embd: int = _DEFAULT.n_embd,
-        dropout: float = _DEFAULT.dropout,
-        bias: bool = _DEFAULT.bias,
+        n_layer: int = DEFAULT_CONFIG.n_layer,
+        n_head: int = DEFAULT_CONFIG.n_head,
+        n_embd: int = DEFAULT_CONFIG.n_embd,
+        dropout: float = DEFAULT_CONFIG.dropout,
+        bias: bool = DEFAULT_CONFIG.bias,
         optimizer: Literal["adamw", "muon"] = "adamw",
         learning_rate: float = 1e-3,
         weight_decay: float = 0.01,
