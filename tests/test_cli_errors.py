@@ -220,7 +220,8 @@ def test_a_validation_interval_longer_than_an_epoch(tmp_path, capsys):
 
 
 def test_a_validation_interval_in_optimizer_steps_longer_than_an_epoch(tmp_path, capsys):
-    """With tokens_per_step (4 micro-batches a step here) the interval is counted, and named, in steps."""
+    """With tokens_per_step (4 micro-batches a step here) the interval is counted, and named, in steps;
+    the epoch is its whole steps (297 batches, 296 of them trained)."""
     code, err = run_main(fit_args(tmp_path, "--data.tokens_per_step", "4096", "--trainer.val_check_interval", "100",
                                   "--trainer.check_val_every_n_epoch", "1"), capsys)
     assert_one_clear_line(code, err, "trainer.val_check_interval (100 optimizer steps = 400 batches) is more than the "
