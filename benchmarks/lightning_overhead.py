@@ -1,32 +1,138 @@
-"""Lightning must cost nothing: our Trainer loop vs a plain PyTorch loop, side by side.
+"""Lightning must cost nothing: our Trainer loop vs a plain PyTorch loop, side by side, and where a
+step's time goes in each.
 
-Both train the same tiny GPT on the same batches at the same precision, from the same initial
-weights and the same optimizer: once through ``GPTLightningModule`` + ``Trainer`` + the data
-module + ``ThroughputMonitor`` (progress bar and TensorBoard logger on, as users run it), once
-through a loop like the reference's. Runs alternate (plain, ours, ours, plain, ...) so drift in a
-noisy machine hits both; each run's post-warm-up step times are pooled, and the medians compared.
+Three loops train the same tiny GPT on the same batches at the same precision, from the same initial
+weights and the same optimizer (``GPTLightningModule.configure_optimizers``: fused AdamW):
 
-    python benchmarks/lightning_overhead.py                 # eager and compiled, CPU defaults
-    python benchmarks/lightning_overhead.py --compile true --steps 100 --rounds 3
+- ``plain``: the reference's loop (``TokenWindows`` read directly, the whole model compiled,
+  ``zero_grad(set_to_none=True)``), as build-nanogpt writes it.
+- ``plain_ours``: the same loop doing the work our module does: the data module's loader, the
+  module's compile scope, ``NonFiniteGuard`` (the loss check, the gradient norm, the skip handed to
+  fused AdamW as ``found_inf``) and the micro-batch loss sum. ``plain_ours / plain`` is what our
+  safety features and defaults cost; ``lightning / plain_ours`` is what Lightning costs.
+- ``lightning``: ``GPTLightningModule`` + ``Trainer`` + ``TokenStreamDataModule`` +
+  ``ThroughputMonitor`` + TensorBoard, the progress bar a plain ``Trainer`` gives, logging every 10
+  steps (as every config does).
+
+Runs rotate (plain, plain_ours, lightning, then lightning, plain_ours, plain, ...) so drift in a
+noisy machine hits all; each run's post-warm-up step times are pooled and the medians compared.
+Every run also records where its steps' time goes (host timers around each part: data, forward,
+backward, AdamW, zero_grad, each of our per-step pieces, the logger, the progress bar, Lightning's
+own loop as the rest), Python's garbage collection and the CPU other threads took, with the load
+average. On CUDA the timers are host time (what the host must keep ahead of the device); step times
+come from CUDA events.
+
+    python benchmarks/lightning_overhead.py          # eager and compiled; JSON + markdown table into
+                                                     # benchmarks/results/<cpu-Ncore | GPU name>/
+    python benchmarks/lightning_overhead.py --compile true --steps 60 --rounds 6
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import statistics
 import tempfile
+import threading
 import time
+from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 import torch
 import torch._dynamo
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.profilers import Profiler
 
 from gpt_lightning import GPTLightningModule, ThroughputMonitor, TokenStreamDataModule
 from gpt_lightning.commands.bench import repo_relative
 from gpt_lightning.data.windows import TokenWindows
+from gpt_lightning.training.compilation import compile_in_place
+from gpt_lightning.training.nonfinite import NonFiniteGuard
+from gpt_lightning.training.step_loss import StepLoss
+
+LOOPS = ("plain", "plain_ours", "lightning")
+# The parts a step is split into, in table order. "rest" is the step's time no timer covered: in
+# the plain loops the Python loop itself, in ours Lightning's loop (hooks, result collection, ...).
+PARTS = ("data", "forward", "backward", "optimizer", "zero_grad", "nonfinite_guard", "step_loss",
+         "throughput_monitor", "progress_bar", "logger", "other_hooks", "rest")
+OURS = ("nonfinite_guard", "step_loss", "throughput_monitor", "progress_bar", "logger", "other_hooks")
+
+
+class Breakdown:
+    """Exclusive host time per part and step: a part timed inside another is taken out of it."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, float]] = []
+        self._now: dict[str, float] = defaultdict(float)
+        self._stack: list[tuple[str, float]] = []
+        self._step_start = time.perf_counter()
+        self._gc_start: float | None = None
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        elif self._gc_start is not None:
+            self._now["gc"] += time.perf_counter() - self._gc_start  # also inside the part it interrupted
+            self._gc_start = None
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._on_gc)
+
+    def start(self, part: str) -> None:
+        self._stack.append((part, time.perf_counter()))
+
+    def stop(self) -> None:
+        part, began = self._stack.pop()
+        seconds = time.perf_counter() - began
+        self._now[part] += seconds
+        if self._stack:
+            self._now[self._stack[-1][0]] -= seconds
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        self.start(name)
+        try:
+            yield
+        finally:
+            self.stop()
+
+    def end_step(self) -> None:
+        now = time.perf_counter()
+        step = dict(self._now)
+        step["step"] = now - self._step_start
+        step["rest"] = step["step"] - sum(v for k, v in step.items() if k in PARTS and k != "rest")
+        step["other_threads_cpu"] = other_threads_cpu_seconds()
+        self.steps.append(step)
+        self._now = defaultdict(float)
+        self._step_start = now
+
+
+def other_threads_cpu_seconds() -> float:
+    """CPU seconds used so far by this process's Python threads other than the main one (a progress
+    bar's refresh thread, a logger's writer): from /proc, 0 where it is not there."""
+    total = 0.0
+    for thread in threading.enumerate():
+        if thread is threading.main_thread() or thread.native_id is None:
+            continue
+        try:
+            fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def timed(breakdown: Breakdown, part: str, function):
+    def wrapper(*args, **kwargs):
+        with breakdown.part(part):
+            return function(*args, **kwargs)
+    return wrapper
 
 
 def make_module(args: argparse.Namespace, compiled: bool) -> GPTLightningModule:
@@ -37,46 +143,254 @@ def make_module(args: argparse.Namespace, compiled: bool) -> GPTLightningModule:
     )
 
 
-def plain_loop(args, data: TokenStreamDataModule, compiled: bool, device: torch.device) -> list[float]:
-    """The reference's loop; returns the seconds of each step, measured end to end."""
-    module = make_module(args, compiled).to(device)
+class StepClock:
+    """Step durations: perf_counter on CPU; CUDA events on GPU, read once at the end (no per-step sync)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[Any] = [self._mark()]
+
+    def _mark(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def tick(self) -> None:
+        self.marks.append(self._mark())
+
+    def seconds(self) -> list[float]:
+        if self.cuda:
+            self.marks[-1].synchronize()
+            return [a.elapsed_time(b) / 1000 for a, b in zip(self.marks, self.marks[1:])]
+        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+
+
+def plain_loop(args, data: TokenStreamDataModule, compiled: bool, device: torch.device, ours: bool) -> dict:
+    """The reference's loop (``ours``: doing our module's work too). Returns step seconds and breakdown."""
+    module = make_module(args, False).to(device)
     model = module.model
     if compiled:
-        model.compile(dynamic=False)
+        if ours:
+            compile_in_place(model, module.hparams.compile_scope, dynamic=False)  # as GPTLightningModule does
+        else:
+            model.compile(dynamic=False)  # the reference: torch.compile(model)
     optimizer = module.configure_optimizers()
-    windows = TokenWindows(data.tokens[: data.train_token_count], args.batch_size, args.block_size)
+    if ours:
+        batches_of = data.train_dataloader  # the data module's loader, as the Trainer uses it
+    else:
+        windows = TokenWindows(data.tokens[: data.train_token_count], args.batch_size, args.block_size)
+        batches_of = lambda: windows  # noqa: E731
+    guard, step_loss = NonFiniteGuard(), StepLoss()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed")
-    times, batches = [], iter(())
-    last = time.perf_counter()
-    for _ in range(args.steps):
-        batch = next(batches, None)
-        if batch is None:
-            batches = iter(windows)
-            batch = next(batches)
-        x, y = (t.to(device, non_blocking=True) for t in batch)
-        with autocast:
-            _, loss = model(x, y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        now = time.perf_counter()
-        times.append(now - last)
-        last = now
-    return times[args.warmup :]
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    breakdown, batches = Breakdown(), iter(())
+    clock = StepClock(device)
+    for step in range(args.steps):
+        with breakdown.part("data"):
+            batch = next(batches, None)
+            if batch is None:
+                batches = iter(batches_of())
+                batch = next(batches)
+            x, y = (t.to(device, non_blocking=True) for t in batch)
+        with breakdown.part("forward"):
+            with autocast:
+                _, loss = model(x, y)
+        if ours:
+            with breakdown.part("nonfinite_guard"):
+                guard.observe_loss(loss)
+            with breakdown.part("step_loss"):
+                step_loss.add(loss)
+        with breakdown.part("backward"):
+            loss.backward()
+        if ours:
+            with breakdown.part("step_loss"):
+                _mean = step_loss._sum / step_loss._micro_batches  # what StepLoss.log computes
+                step_loss._sum, step_loss._micro_batches = None, 0
+            with breakdown.part("nonfinite_guard"):
+                skip = guard.skip_update(step, [p.grad for p in parameters if p.grad is not None])
+                optimizer.found_inf = skip.float()  # fused AdamW leaves weights and moments untouched
+        with breakdown.part("optimizer"):
+            optimizer.step()
+        with breakdown.part("zero_grad"):
+            optimizer.zero_grad(set_to_none=True)
+        clock.tick()
+        breakdown.end_step()
+    if ours:
+        guard.raise_if_found(args.steps)
+    breakdown.close()
+    return {"seconds": clock.seconds()[args.warmup :], "breakdown": breakdown.steps[args.warmup :],
+            "setup": describe_setup(optimizer, compiled and (module.hparams.compile_scope if ours else "model"),
+                                    "TokenStreamDataModule.train_dataloader" if ours else "TokenWindows, read directly",
+                                    args.precision, progress_bar=None, logger=None)}
 
 
-def lightning_loop(args, data: TokenStreamDataModule, compiled: bool, log_dir: str) -> list[float]:
+class PartsProfiler(Profiler):
+    """Lightning's profiler hook, used to time the actions it names (data fetch, transfer, the
+    strategy's training_step and backward, every callback hook) into a ``Breakdown``."""
+
+    def __init__(self, breakdown: Breakdown, bar_name: str) -> None:
+        super().__init__()
+        self.breakdown, self.bar_name = breakdown, bar_name
+        self.active = False  # only inside the training loop
+        self._open: list[bool] = []
+
+    def part_of(self, action: str) -> str | None:
+        if action.endswith(("train_dataloader_next", "batch_to_device")):
+            return "data"
+        if action.startswith("[Strategy]") and action.endswith(".training_step"):
+            return "forward"
+        if action.startswith("[Strategy]") and action.endswith(".backward"):
+            return "backward"
+        if action.endswith(".optimizer_zero_grad"):
+            return "zero_grad"
+        if action.startswith("[Callback]ThroughputMonitor"):
+            return "throughput_monitor"
+        if action.startswith(f"[Callback]{self.bar_name}"):
+            return "progress_bar"
+        if action.startswith("[LightningModule]") and action.endswith((".on_train_batch_end", ".configure_gradient_clipping")):
+            return "nonfinite_guard"  # check_at_logging_interval; clip_gradients (which reuses the guard's norm)
+        if action.startswith("[LightningModule]") and action.endswith(".on_train_batch_start"):
+            return "other_hooks"  # resume.align_logging_step
+        return None  # on_before_optimizer_step is split by the wrappers below; the rest is Lightning's
+
+    def start(self, action_name: str) -> None:
+        part = self.part_of(action_name) if self.active else None
+        self._open.append(part is not None)
+        if part is not None:
+            self.breakdown.start(part)
+
+    def stop(self, action_name: str) -> None:
+        if self._open.pop():
+            self.breakdown.stop()
+
+    def summary(self) -> str:
+        return ""
+
+
+class Instrument(Callback):
+    """Marks step boundaries and wraps what Lightning's profiler does not name: AdamW's own step
+    (without the closure it runs), our hooks' pieces and the logger."""
+
+    def __init__(self, breakdown: Breakdown, profiler: PartsProfiler) -> None:
+        self.breakdown, self.profiler = breakdown, profiler
+
+    def on_train_start(self, trainer: Trainer, pl_module: GPTLightningModule) -> None:
+        b = self.breakdown
+        (optimizer,) = trainer.optimizers
+        step = optimizer.step
+
+        def timed_step(closure=None, **kwargs):
+            with b.part("optimizer"):
+                # the closure's own glue (Lightning's) is "rest"; what it runs is timed inside it
+                return step(closure=None if closure is None else timed(b, "rest", closure), **kwargs)
+        optimizer.step = timed_step
+        guard, loss = pl_module._nonfinite, pl_module._step_loss
+        guard.observe_loss = timed(b, "nonfinite_guard", guard.observe_loss)
+        guard.before_optimizer_step = timed(b, "nonfinite_guard", guard.before_optimizer_step)
+        loss.add = timed(b, "step_loss", loss.add)
+        loss.log = timed(b, "step_loss", loss.log)
+        for logger in trainer.loggers:
+            logger.log_metrics = timed(b, "logger", logger.log_metrics)
+            logger.save = timed(b, "logger", logger.save)
+        self.profiler.active = True
+        b.end_step()  # steps start now (the setup before it is no step's)
+        b.steps.clear()
+
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        self.breakdown.end_step()
+
+    def on_train_end(self, trainer: Trainer, pl_module: GPTLightningModule) -> None:
+        self.profiler.active = False
+
+
+def lightning_loop(args, data: TokenStreamDataModule, compiled: bool, log_dir: str) -> dict:
     module = make_module(args, compiled)
     monitor = ThroughputMonitor(warmup_steps=args.warmup, filename=None)
+    breakdown = Breakdown()
     trainer = Trainer(
         accelerator=args.accelerator, devices=1, precision=args.precision, max_steps=args.steps,
         logger=TensorBoardLogger(log_dir, name="overhead"), callbacks=[monitor], enable_checkpointing=False,
-        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=args.log_every,
     )
+    bar = trainer.progress_bar_callback  # what a plain Trainer gives
+    profiler = PartsProfiler(breakdown, type(bar).__qualname__ if bar is not None else "-")
+    trainer.profiler = profiler  # Lightning reads trainer.profiler at every hook; a public attribute
+    trainer.callbacks.append(Instrument(breakdown, profiler))
     trainer.fit(module, data)
-    return [s.seconds for s in monitor.steps if s.index >= args.warmup]
+    breakdown.close()
+    # ThroughputMonitor marks a step at its on_train_batch_end, Instrument at its own: the same steps.
+    steps = breakdown.steps[args.warmup : args.steps]
+    return {"seconds": [s.seconds for s in monitor.steps if s.index >= args.warmup], "breakdown": steps,
+            "setup": describe_setup(trainer.optimizers[0], compiled and module.hparams.compile_scope,
+                                    "TokenStreamDataModule.train_dataloader", str(trainer.precision),
+                                    progress_bar=type(bar).__name__ if bar is not None else None,
+                                    logger=f"TensorBoardLogger, every {trainer.log_every_n_steps} steps")}
+
+
+def describe_setup(optimizer: torch.optim.Optimizer, compile_scope, data_path: str, precision: str,
+                   progress_bar: str | None, logger: str | None) -> dict:
+    """What each loop ran with, for the fairness check: everything here but the data path, compile,
+    progress bar and logger must be the same in all loops."""
+    defaults = {k: v for k, v in optimizer.defaults.items() if isinstance(v, (bool, int, float, tuple, type(None)))}
+    return {
+        "optimizer": type(optimizer).__name__, "optimizer_flags": defaults,
+        "weight_decay_groups": [g["weight_decay"] for g in optimizer.param_groups],
+        "compile": compile_scope or None, "data_path": data_path, "precision": precision,
+        "zero_grad_set_to_none": True,  # the plain loops' call; Lightning's optimizer_zero_grad calls zero_grad()
+        "torch_threads": torch.get_num_threads(), "progress_bar": progress_bar, "logger": logger,
+    }
+
+
+def load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def summarize_breakdown(runs: list[dict]) -> dict[str, dict[str, float]]:
+    """Per part: median and mean ms per step over the pooled steps of all runs of one loop."""
+    steps = [s for run in runs for s in run["breakdown"]]
+    out = {}
+    for part in (*PARTS, "gc", "step"):
+        values = [1000 * s.get(part, 0.0) for s in steps]
+        out[part] = {"median_ms": statistics.median(values), "mean_ms": statistics.fmean(values)}
+    threads = []
+    for run in runs:
+        b = run["breakdown"]
+        if len(b) > 1:
+            threads.append(1000 * (b[-1]["other_threads_cpu"] - b[0]["other_threads_cpu"]) / (len(b) - 1))
+    out["other_threads_cpu"] = {"mean_ms": statistics.fmean(threads) if threads else 0.0}
+    out["ours_total"] = {"mean_ms": sum(out[p]["mean_ms"] for p in OURS)}
+    return out
+
+
+def markdown(results: dict, load: tuple) -> str:
+    lines = [f"Load average {load[0]:.2f} at the start, {load[1]:.2f} at the end.", "",
+             "| mode | plain tok/s | plain + our work tok/s | ours (Lightning) tok/s | ours / plain (target >= 0.98) "
+             "| our work / plain | Lightning / plain + our work |", "|---|---|---|---|---|---|---|"]
+    for mode, r in results.items():
+        t = r["tokens_per_sec_median"]
+        lines.append(f"| {mode} | {t['plain']:,.0f} | {t['plain_ours']:,.0f} | {t['lightning']:,.0f} | "
+                     f"{r['ratio']:.3f} | {r['our_work_ratio']:.3f} | {r['lightning_ratio']:.3f} |")
+    lines += ["", "Mean host ms per step (the parts exclusive of each other; `rest`: the loop itself, in ours "
+              "Lightning's):", ""]
+    header = "| part | " + " | ".join(f"{mode} {loop}" for mode in results for loop in LOOPS) + " |"
+    lines += [header, "|---|" + "---|" * (len(results) * len(LOOPS))]
+    for part in (*PARTS, "step", "gc", "other_threads_cpu", "ours_total"):
+        cells = [results[mode]["breakdown"][loop][part]["mean_ms"] for mode in results for loop in LOOPS]
+        lines.append(f"| {part} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def default_out() -> str:
+    if torch.cuda.is_available():
+        where = torch.cuda.get_device_name().replace(" ", "_").replace("/", "_")
+    else:
+        where = f"cpu-{os.cpu_count()}core"
+    return f"benchmarks/results/{where}/lightning_overhead.json"
 
 
 def main() -> None:
@@ -85,19 +399,22 @@ def main() -> None:
     parser.add_argument("--accelerator", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--precision", default=None, help="default: bf16-mixed on CUDA, 32-true on CPU")
     parser.add_argument("--compile", choices=["false", "true", "both"], default="both")
-    parser.add_argument("--steps", type=int, default=40, help="steps per run")
-    parser.add_argument("--warmup", type=int, default=10, help="steps left out of each run")
-    parser.add_argument("--rounds", type=int, default=4, help="runs of each loop, alternated ABBA")
+    parser.add_argument("--steps", type=int, default=25, help="steps per run")
+    parser.add_argument("--warmup", type=int, default=5, help="steps left out of each run")
+    parser.add_argument("--rounds", type=int, default=4, help="runs of each loop, in rotated order")
+    parser.add_argument("--log_every", type=int, default=10, help="the Trainer's log_every_n_steps (as every config)")
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--block_size", type=int, default=128)
     parser.add_argument("--n_layer", type=int, default=4)
     parser.add_argument("--n_head", type=int, default=4)
     parser.add_argument("--n_embd", type=int, default=128)
-    parser.add_argument("--out", default="logs/benchmarks/lightning_overhead.json")
+    parser.add_argument("--out", default=None, help="JSON path (a .md table beside it); default: " + default_out())
     args = parser.parse_args()
+    args.out = args.out or default_out()
     args.precision = args.precision or ("bf16-mixed" if args.accelerator == "cuda" else "32-true")
     device = torch.device(args.accelerator)
     tokens_per_step = args.batch_size * args.block_size
+    load_start = load_average()
 
     data = TokenStreamDataModule(args.data_path, batch_size=args.batch_size, block_size=args.block_size, val_fraction=0.0)
     data.prepare_data()
@@ -106,37 +423,64 @@ def main() -> None:
     modes = {"false": [False], "true": [True], "both": [False, True]}[args.compile]
     with tempfile.TemporaryDirectory() as log_dir:
         for compiled in modes:
-            runs = {"plain": [], "lightning": []}  # each run's post-warm-up step seconds
+            runs: dict[str, list[dict]] = {loop: [] for loop in LOOPS}
+            loads = []
             for round_index in range(args.rounds):
-                order = ["plain", "lightning"] if round_index % 2 == 0 else ["lightning", "plain"]
-                for which in order:
+                shift = round_index % len(LOOPS)
+                order = list(LOOPS[shift:] + LOOPS[:shift])
+                for loop in order if round_index % 2 == 0 else order[::-1]:
                     torch._dynamo.reset()
-                    if which == "plain":
-                        runs["plain"].append(plain_loop(args, data, compiled, device))
+                    if loop == "lightning":
+                        run = lightning_loop(args, data, compiled, log_dir)
                     else:
-                        runs["lightning"].append(lightning_loop(args, data, compiled, log_dir))
-            pooled = {k: [t for run in v for t in run] for k, v in runs.items()}
-            medians = {k: tokens_per_step / statistics.median(v) for k, v in pooled.items()}
+                        run = plain_loop(args, data, compiled, device, ours=loop == "plain_ours")
+                    run["round"], run["load_average"] = round_index, load_average()
+                    runs[loop].append(run)
+                    loads.append(run["load_average"])
+            pooled = {loop: [t for run in v for t in run["seconds"]] for loop, v in runs.items()}
+            rate = {loop: tokens_per_step / statistics.median(v) for loop, v in pooled.items()}
+            # each round's ratio: drift between rounds cancels in it
+            paired = [tokens_per_step / statistics.median(runs["lightning"][i]["seconds"])
+                      / (tokens_per_step / statistics.median(runs["plain"][i]["seconds"])) for i in range(args.rounds)]
             name = "compiled" if compiled else "eager"
             results[name] = {
-                "plain_tokens_per_sec_median": medians["plain"],
-                "lightning_tokens_per_sec_median": medians["lightning"],
-                "ratio": medians["lightning"] / medians["plain"],
+                "tokens_per_sec_median": rate,
+                "ratio": rate["lightning"] / rate["plain"],
+                "ratio_per_round_median": statistics.median(paired),
+                "our_work_ratio": rate["plain_ours"] / rate["plain"],
+                "lightning_ratio": rate["lightning"] / rate["plain_ours"],
                 "steps_measured_each": len(pooled["plain"]),
                 # The spread between runs of one loop shows how much of the ratio is machine noise.
                 "per_run_tokens_per_sec": {
-                    k: [tokens_per_step / statistics.median(run) for run in v] for k, v in runs.items()
+                    loop: [tokens_per_step / statistics.median(run["seconds"]) for run in v] for loop, v in runs.items()
                 },
+                "breakdown": {loop: summarize_breakdown(v) for loop, v in runs.items()},
+                "setup": {loop: v[0]["setup"] for loop, v in runs.items()},
+                "load_average_per_run": loads,
             }
-    print(f"\n{'mode':<9} {'plain tok/s':>12} {'lightning tok/s':>16} {'ratio':>7}   (target >= 0.98)")
+            setups = results[name]["setup"]
+            same = ("optimizer", "optimizer_flags", "weight_decay_groups", "precision", "zero_grad_set_to_none", "torch_threads")
+            unfair = [key for key in same if len({json.dumps(s[key], sort_keys=True) for s in setups.values()}) > 1]
+            results[name]["unequal_settings"] = unfair
+            if unfair:
+                print(f"WARNING ({name}): the loops differ in {unfair}")
+    load = (load_start or 0.0, load_average() or 0.0)
+    print(f"\n{'mode':<9} {'plain tok/s':>12} {'plain+ours':>11} {'lightning':>10} {'ratio':>7}   (target >= 0.98)")
     for name, r in results.items():
-        print(f"{name:<9} {r['plain_tokens_per_sec_median']:>12,.0f} {r['lightning_tokens_per_sec_median']:>16,.0f} {r['ratio']:>7.3f}")
-        for which, rates in r["per_run_tokens_per_sec"].items():
-            print(f"    {which} runs: " + ", ".join(f"{rate:,.0f}" for rate in rates))
+        t = r["tokens_per_sec_median"]
+        print(f"{name:<9} {t['plain']:>12,.0f} {t['plain_ours']:>11,.0f} {t['lightning']:>10,.0f} {r['ratio']:>7.3f}"
+              f"   per-round median ratio {r['ratio_per_round_median']:.3f}")
+        for loop, rates in r["per_run_tokens_per_sec"].items():
+            print(f"    {loop} runs: " + ", ".join(f"{rate:,.0f}" for rate in rates))
+    table = markdown(results, load)
+    print("\n" + table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": repo_relative(vars(args)), "results": results}, indent=2) + "\n")
-    print(f"saved {out}")
+    report = {"args": repo_relative(vars(args)), "load_average": {"start": load[0], "end": load[1]},
+              "cpu_count": os.cpu_count(), "results": results}
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    out.with_suffix(".md").write_text(table)
+    print(f"saved {out} and {out.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,13 @@ def test_overhead_benchmark_reports_a_ratio(cache_dir, tmp_path):
     eager = json.loads(out.read_text())["results"]["eager"]
     assert eager["steps_measured_each"] == 12
     assert eager["ratio"] > 0 and "ratio" in result.stdout
+    # where a step's time goes, per loop: the parts add up to the step, ours only where ours run
+    parts = eager["breakdown"]
+    assert set(parts) == {"plain", "plain_ours", "lightning"}
+    assert parts["plain"]["nonfinite_guard"]["mean_ms"] == 0 < parts["plain_ours"]["nonfinite_guard"]["mean_ms"]
+    assert parts["lightning"]["forward"]["mean_ms"] > 0 and parts["lightning"]["step_loss"]["mean_ms"] > 0
+    assert eager["unequal_settings"] == []  # same optimizer flags, precision, threads in every loop
+    assert "| part |" in out.with_suffix(".md").read_text()
 
 
 def test_data_loading_benchmark_reports_a_multiple(cache_dir, tmp_path):
