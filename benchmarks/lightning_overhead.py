@@ -8,7 +8,7 @@ weights and the same optimizer (``GPTLightningModule.configure_optimizers``: fus
   ``zero_grad(set_to_none=True)``), as build-nanogpt writes it.
 - ``plain_ours``: the same loop doing the work our module does: the data module's loader, the
   module's compile scope, ``NonFiniteGuard`` (the loss check, the gradient norm, the skip handed to
-  fused AdamW as ``found_inf``) and the micro-batch loss sum. ``plain_ours / plain`` is what our
+  fused AdamW as ``found_inf``) and the micro-batch loss sum (its mean taken once per step). ``plain_ours / plain`` is what our
   safety features and defaults cost; ``lightning / plain_ours`` is what Lightning costs.
 - ``lightning``: ``GPTLightningModule`` + ``Trainer`` + ``TokenStreamDataModule`` +
   ``ThroughputMonitor`` + TensorBoard, the progress bar a plain ``Trainer`` gives, logging every 10
@@ -58,9 +58,9 @@ from gpt_lightning.training.step_loss import StepLoss
 LOOPS = ("plain", "plain_ours", "lightning")
 # The parts a step is split into, in table order. "rest" is the step's time no timer covered: in
 # the plain loops the Python loop itself, in ours Lightning's loop (hooks, result collection, ...).
-PARTS = ("data", "forward", "backward", "optimizer", "zero_grad", "nonfinite_guard", "step_loss",
+PARTS = ("data", "forward", "backward", "optimizer", "zero_grad", "nonfinite_guard", "step_logging",
          "throughput_monitor", "progress_bar", "logger", "other_hooks", "rest")
-OURS = ("nonfinite_guard", "step_loss", "throughput_monitor", "progress_bar", "logger", "other_hooks")
+OURS = ("nonfinite_guard", "step_logging", "throughput_monitor", "progress_bar", "logger", "other_hooks")
 
 
 class Breakdown:
@@ -107,16 +107,17 @@ class Breakdown:
         step = dict(self._now)
         step["step"] = now - self._step_start
         step["rest"] = step["step"] - sum(v for k, v in step.items() if k in PARTS and k != "rest")
-        step["other_threads_cpu"] = other_threads_cpu_seconds()
+        step["other_threads_cpu"] = other_threads_cpu_seconds()  # {thread: CPU seconds so far}
         self.steps.append(step)
         self._now = defaultdict(float)
         self._step_start = now
 
 
-def other_threads_cpu_seconds() -> float:
-    """CPU seconds used so far by this process's Python threads other than the main one (a progress
-    bar's refresh thread, a logger's writer): from /proc, 0 where it is not there."""
-    total = 0.0
+def other_threads_cpu_seconds() -> dict[str, float]:
+    """CPU seconds used so far by each of this process's Python threads other than the main one (a
+    progress bar's refresh thread, a logger's writer), by class name: from /proc, none where it is
+    not there."""
+    seconds: dict[str, float] = defaultdict(float)
     for thread in threading.enumerate():
         if thread is threading.main_thread() or thread.native_id is None:
             continue
@@ -124,8 +125,8 @@ def other_threads_cpu_seconds() -> float:
             fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+        seconds[type(thread).__name__] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return dict(seconds)
 
 
 def timed(breakdown: Breakdown, part: str, function):
@@ -200,14 +201,13 @@ def plain_loop(args, data: TokenStreamDataModule, compiled: bool, device: torch.
         if ours:
             with breakdown.part("nonfinite_guard"):
                 guard.observe_loss(loss)
-            with breakdown.part("step_loss"):
+            with breakdown.part("step_logging"):
                 step_loss.add(loss)
         with breakdown.part("backward"):
             loss.backward()
         if ours:
-            with breakdown.part("step_loss"):
-                _mean = step_loss._sum / step_loss._micro_batches  # what StepLoss.log computes
-                step_loss._sum, step_loss._micro_batches = None, 0
+            with breakdown.part("step_logging"):
+                step_loss.pop_mean()  # the module's on_before_optimizer_step (logged only with a logger)
             with breakdown.part("nonfinite_guard"):
                 skip = guard.skip_update(step, [p.grad for p in parameters if p.grad is not None])
                 optimizer.found_inf = skip.float()  # fused AdamW leaves weights and moments untouched
@@ -288,9 +288,11 @@ class Instrument(Callback):
         optimizer.step = timed_step
         guard, loss = pl_module._nonfinite, pl_module._step_loss
         guard.observe_loss = timed(b, "nonfinite_guard", guard.observe_loss)
+        loss.add = timed(b, "step_logging", loss.add)
+        # the module's hook: the step's mean loss, the guard (timed as its own part inside it), and
+        # the logging of train/loss and train/grad_norm on the steps the logger writes
+        pl_module.on_before_optimizer_step = timed(b, "step_logging", pl_module.on_before_optimizer_step)
         guard.before_optimizer_step = timed(b, "nonfinite_guard", guard.before_optimizer_step)
-        loss.add = timed(b, "step_loss", loss.add)
-        loss.log = timed(b, "step_loss", loss.log)
         for logger in trainer.loggers:
             logger.log_metrics = timed(b, "logger", logger.log_metrics)
             logger.save = timed(b, "logger", logger.save)
@@ -357,12 +359,15 @@ def summarize_breakdown(runs: list[dict]) -> dict[str, dict[str, float]]:
     for part in (*PARTS, "gc", "step"):
         values = [1000 * s.get(part, 0.0) for s in steps]
         out[part] = {"median_ms": statistics.median(values), "mean_ms": statistics.fmean(values)}
-    threads = []
+    threads: dict[str, list[float]] = defaultdict(list)
     for run in runs:
         b = run["breakdown"]
         if len(b) > 1:
-            threads.append(1000 * (b[-1]["other_threads_cpu"] - b[0]["other_threads_cpu"]) / (len(b) - 1))
-    out["other_threads_cpu"] = {"mean_ms": statistics.fmean(threads) if threads else 0.0}
+            first, last = b[0]["other_threads_cpu"], b[-1]["other_threads_cpu"]
+            for name in set(first) | set(last):
+                threads[name].append(1000 * (last.get(name, 0.0) - first.get(name, 0.0)) / (len(b) - 1))
+    per_thread = {name: statistics.fmean(v) for name, v in threads.items()}
+    out["other_threads_cpu"] = {"mean_ms": sum(per_thread.values()), "by_thread_ms": per_thread}
     out["ours_total"] = {"mean_ms": sum(out[p]["mean_ms"] for p in OURS)}
     return out
 
@@ -382,6 +387,12 @@ def markdown(results: dict, load: tuple) -> str:
     for part in (*PARTS, "step", "gc", "other_threads_cpu", "ours_total"):
         cells = [results[mode]["breakdown"][loop][part]["mean_ms"] for mode in results for loop in LOOPS]
         lines.append(f"| {part} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+    lines += ["", "`other_threads_cpu` by thread (CPU ms per step, mean over runs):", ""]
+    for mode in results:
+        for loop in LOOPS:
+            by_thread = results[mode]["breakdown"][loop]["other_threads_cpu"]["by_thread_ms"]
+            if by_thread:
+                lines.append(f"- {mode} {loop}: " + ", ".join(f"`{name}` {ms:.2f}" for name, ms in sorted(by_thread.items())))
     return "\n".join(lines) + "\n"
 
 

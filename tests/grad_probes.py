@@ -130,3 +130,24 @@ class CollectiveCounter(Callback):
         self._counts = dict.fromkeys(self._counts, 0)
         self.out_dir.mkdir(parents=True, exist_ok=True)  # written every step: a run that stops on a NaN still leaves it
         (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps({"steps": self.steps}))
+
+
+class LogCallsProbe(Callback):
+    """Every ``self.log`` call the module makes during training, as (optimizer step, name), and
+    ``callback_metrics``' ``train/loss`` at the end of fit."""
+
+    def __init__(self, out: str) -> None:
+        self.out = Path(out)
+        self.calls: list[tuple[int, str]] = []
+
+    def on_train_start(self, trainer, pl_module):
+        log = pl_module.log
+
+        def recorded(name, *args, **kwargs):
+            self.calls.append((trainer.global_step, name))
+            return log(name, *args, **kwargs)
+        pl_module.log = recorded
+
+    def on_train_end(self, trainer, pl_module):
+        final = trainer.callback_metrics.get("train/loss")
+        self.out.write_text(json.dumps({"calls": self.calls, "final_loss": None if final is None else float(final)}))

@@ -23,7 +23,7 @@ from gpt_lightning.training.checks import check_fits_data, check_optimizer_setti
 from gpt_lightning.training.compilation import compile_in_place, compile_notice, evaluation_stance, is_compiled
 from gpt_lightning.training.nonfinite import NonFiniteGuard
 from gpt_lightning.training.optimizers import build_optimizer, group_settings, lr_multiplier
-from gpt_lightning.training.step_loss import StepLoss
+from gpt_lightning.training.step_loss import StepLoss, written_now
 
 
 class GPTLightningModule(LightningModule):
@@ -129,6 +129,7 @@ class GPTLightningModule(LightningModule):
             self.val_loss = MeanMetric()  # token-weighted mean, reduced across ranks at compute()
         self._nonfinite, self._step_loss = NonFiniteGuard(), StepLoss()  # see on_before_optimizer_step
         self._total_steps: int | None = None  # the run's optimizer steps, for the "wsd" schedule
+        self._final_step: int | None = None  # the same, for logging its last step (None: no end)
 
     def setup(self, stage: str) -> None:
         if self.hparams.float32_matmul_precision is not None:
@@ -167,6 +168,8 @@ class GPTLightningModule(LightningModule):
         """The learning rates of the schedule given now at the (restored) step (``resume``)."""
         peaks = [settings["lr"] for settings in group_settings(self.hparams)]
         resume.place_schedule(self.trainer, peaks, self.lr_multiplier)
+        steps = self.trainer.estimated_stepping_batches
+        self._final_step = None if steps == float("inf") else int(steps)
 
     def training_flops(self, batch_size: int, seq_len: int) -> float:
         """FLOPs of one training step (forward + backward) on a (batch_size, seq_len) batch, for MFU."""
@@ -186,8 +189,13 @@ class GPTLightningModule(LightningModule):
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self._step_loss.log(self)
+        loss = self._step_loss.pop_mean()
         self._nonfinite.before_optimizer_step(self, optimizer)  # skips a non-finite update on the device
+        if written_now(self.trainer, self._final_step):  # other steps log nothing: no host cost (step_loss)
+            if loss is not None:
+                self.log("train/loss", loss, sync_dist=True)  # the mean over micro-batches and ranks
+            if self._nonfinite.grad_norm is not None:
+                self.log("train/grad_norm", self._nonfinite.grad_norm)  # before clipping; the same on every rank
 
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None

@@ -96,16 +96,13 @@ class NonFiniteGuard:
 
     # --- the LightningModule's hooks ---------------------------------------------------------------
     def before_optimizer_step(self, module: LightningModule, optimizer: torch.optim.Optimizer) -> None:
-        """``on_before_optimizer_step``: decide on the device whether this update is skipped, make
-        the optimizer skip it, and log ``train/grad_norm``."""
+        """``on_before_optimizer_step``: decide on the device whether this update is skipped, and
+        make the optimizer skip it. The norm (before any clipping) is left in ``grad_norm``: a device
+        tensor, identical on every rank (the gradients are summed over ranks before it is taken)."""
         scaler = getattr(module.trainer.precision_plugin, "scaler", None)  # 16-mixed: it handles overflows
         self._float16 = str(module.trainer.precision).startswith("16")
         grads = _gradients(module)
         skip = self.skip_update(module.global_step, None if scaler is not None else grads)
-        if self.grad_norm is not None:
-            # Before the gradient clipping of clip_gradients; a device tensor, read only when the
-            # logger writes it. Identical on every rank: the gradients are all-reduced.
-            module.log("train/grad_norm", self.grad_norm)
         if _unscaled_in_step(module.trainer, optimizer):
             # 16-mixed with fused AdamW: the GradScaler checks the gradients inside optimizer.step and
             # skips an update whose gradients are not finite (an fp16 overflow, routine: it lowers

@@ -1,18 +1,18 @@
-"""``train/loss`` once per optimizer step, without a host read on the steps the logger skips."""
+"""``train/loss`` and ``train/grad_norm`` once per optimizer step, and only on the steps the logger
+writes: the mean loss of an optimizer step's micro-batches, and when a step's values are logged."""
 
 from __future__ import annotations
 
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import Trainer
 
 
 class StepLoss:
-    """The mean loss of an optimizer step's micro-batches (all of equal size) and of the ranks, as
-    build-nanogpt's ``loss_accum``; not the last micro-batch's loss.
+    """The mean loss of an optimizer step's micro-batches (all of equal size), as build-nanogpt's
+    ``loss_accum``; not the last micro-batch's loss.
 
-    ``add`` each micro-batch's loss in ``training_step``; ``log`` once in ``on_before_optimizer_step``.
-    The sum stays on the device. Not ``prog_bar``: Lightning turns every prog_bar value into a Python
-    number after every batch, a host read each step; ``StepProgressBar`` reads it at logging intervals.
+    ``add`` each micro-batch's loss in ``training_step``; ``pop_mean`` once per optimizer step. The
+    sum stays on the device: no host read.
     """
 
     def __init__(self) -> None:
@@ -24,24 +24,32 @@ class StepLoss:
         self._sum = detached if self._sum is None else self._sum + detached
         self._micro_batches += 1
 
-    def log(self, module: LightningModule) -> None:
-        """Log this step's mean as ``train/loss`` (if the logger writes it now) and start the next."""
+    def pop_mean(self) -> torch.Tensor | None:
+        """This step's mean (None if no micro-batch was added), and start the next step."""
         if self._sum is None:
-            return
-        mean = self._sum / self._micro_batches  # on the device: no host read
+            return None
+        mean = self._sum / self._micro_batches  # on the device
         self._sum, self._micro_batches = None, 0
-        if written_now(module.trainer):
-            module.log("train/loss", mean, sync_dist=True)  # the mean over ranks
+        return mean
 
 
-def written_now(trainer: Trainer) -> bool:
-    """Whether the logger writes this step's values. With several processes the loss is logged only
-    then: ``sync_dist`` puts a host-blocking barrier before its all-reduce, which on every step would
-    stall the GPU queue. Other steps leave ``callback_metrics`` at the last written value. One
-    process logs every step (there is nothing to synchronize)."""
-    if trainer.world_size == 1 or trainer.fast_dev_run or trainer.should_stop:
+def written_now(trainer: Trainer, final_step: int | None) -> bool:
+    """Whether this optimizer step's values are logged: the steps Lightning's logger writes (every
+    ``log_every_n_steps``; none with 0), and the run's last step, so that ``callback_metrics`` ends
+    on the final values.
+
+    Other steps log nothing. A ``self.log`` costs about a millisecond of host time in Lightning's
+    result collection, on every step, for a value no logger would write; under several processes
+    ``sync_dist`` also puts a host-blocking barrier before its all-reduce, which on every step would
+    stall the GPU queue. Between logging steps ``callback_metrics`` holds the last logged value.
+
+    Args:
+        trainer: the running trainer, at ``on_before_optimizer_step`` (``global_step`` counts the
+            optimizer steps done before this one).
+        final_step: the run's optimizer steps (``trainer.estimated_stepping_batches``), or None
+            for a run without an end.
+    """
+    if trainer.fast_dev_run or trainer.should_stop:
         return True
-    every = trainer.log_every_n_steps
-    # the condition Lightning's logger connector applies after this batch (global_step is the
-    # number of optimizer steps done before this one)
-    return every > 0 and (trainer.global_step + 1) % every == 0
+    step, every = trainer.global_step + 1, trainer.log_every_n_steps  # the condition Lightning applies
+    return (every > 0 and step % every == 0) or step == final_step
