@@ -12,7 +12,9 @@
 #   4. the generation benchmark (benchmarks/generation.py: KV-cache generate, eager and compiled,
 #      against the uncached path and, where transformers is installed, its generate) and a HellaSwag
 #      pass (benchmarks/hellaswag.py, batched vs per example, bf16 autocast, on examples it writes
-#      itself; HELLASWAG_FILE=path/to/hellaswag_val.jsonl scores the real ones), into the same folder.
+#      itself; HELLASWAG_FILE=path/to/hellaswag_val.jsonl scores the real ones), into the same folder;
+#   5. AdamW against Muon, and 6. our Trainer loop against a plain loop (Lightning's cost), both at
+#      the reference shape.
 #
 # On a GPU machine without network, carry .device-wheels/ (made by benchmarks/fetch_device_wheels.sh)
 # along: what is missing (jsonargparse, pytest) is installed from it into
@@ -62,6 +64,16 @@ if [ -n "${GPU_RUN_SMOKE:-}" ]; then
                 --eval_every 1 --eval_batches 1 --adamw_lrs 1e-3 --muon_lrs 0.02)
 fi
 python3 benchmarks/optimizers.py "${optimizers[@]}" --out "$dest"
+
+# 6. Lightning's cost at the reference shape (GPT-2 124M, B=16, T=1024, bf16-mixed): our Trainer loop
+#    against a plain PyTorch loop, eager and compiled, rotated rounds, with the host time of each
+#    per-step piece (benchmarks/lightning_overhead.py, docs/benchmarks.md).
+overhead=(--n_layer 12 --n_head 12 --n_embd 768 --batch_size 16 --block_size 1024 --steps 30 --rounds 2)
+if [ -n "${GPU_RUN_SMOKE:-}" ]; then
+    overhead=(--n_layer 1 --n_head 2 --n_embd 32 --batch_size 2 --block_size 16 --steps 3 --warmup 1 --rounds 1
+              --compile false)
+fi
+python3 benchmarks/lightning_overhead.py "${overhead[@]}" --out "$dest/lightning_overhead.json"
 
 echo "results in $dest"
 exit "$tests_status"

@@ -61,6 +61,10 @@ LOOPS = ("plain", "plain_ours", "lightning")
 PARTS = ("data", "forward", "backward", "optimizer", "zero_grad", "nonfinite_guard", "step_logging",
          "throughput_monitor", "progress_bar", "logger", "other_hooks", "rest")
 OURS = ("nonfinite_guard", "step_logging", "throughput_monitor", "progress_bar", "logger", "other_hooks")
+# The host's own work, beside the compute (forward, backward, AdamW) the loops share: what Lightning
+# adds to a step is the difference of these between ours and plain_ours. It is measured to a fraction
+# of a millisecond, where the step times of whole runs differ by several percent on a shared machine.
+HOST = ("data", "zero_grad", *OURS, "rest")
 
 
 class Breakdown:
@@ -380,6 +384,15 @@ def markdown(results: dict, load: tuple) -> str:
         t = r["tokens_per_sec_median"]
         lines.append(f"| {mode} | {t['plain']:,.0f} | {t['plain_ours']:,.0f} | {t['lightning']:,.0f} | "
                      f"{r['ratio']:.3f} | {r['our_work_ratio']:.3f} | {r['lightning_ratio']:.3f} |")
+    lines += ["", "Host ms per step beside the shared compute (" + ", ".join(HOST) + "), and each round's ratio "
+              "(ours / plain: its spread is the machine's noise):", "",
+              "| mode | plain | plain + our work | ours (Lightning) | added by Lightning | added by our work "
+              "| added, of a plain step | per-round ratios |", "|---|---|---|---|---|---|---|---|"]
+    for mode, r in results.items():
+        h = r["host_ms_per_step"]
+        lines.append(f"| {mode} | {h['plain']:.2f} | {h['plain_ours']:.2f} | {h['lightning']:.2f} | "
+                     f"{r['host_ms_added_by_lightning']:.2f} | {r['host_ms_added_by_our_work']:.2f} | "
+                     f"{r['host_added_fraction_of_plain_step']:.2%} | " + ", ".join(f"{x:.3f}" for x in r["ratio_per_round"]) + " |")
     lines += ["", "Mean host ms per step (the parts exclusive of each other; `rest`: the loop itself, in ours "
               "Lightning's):", ""]
     header = "| part | " + " | ".join(f"{mode} {loop}" for mode in results for loop in LOOPS) + " |"
@@ -466,9 +479,17 @@ def main() -> None:
                     loop: [tokens_per_step / statistics.median(run["seconds"]) for run in v] for loop, v in runs.items()
                 },
                 "breakdown": {loop: summarize_breakdown(v) for loop, v in runs.items()},
+                # per-round ratios: their spread is the machine's noise on the ratio above
+                "ratio_per_round": paired,
                 "setup": {loop: v[0]["setup"] for loop, v in runs.items()},
                 "load_average_per_run": loads,
             }
+            host = {loop: sum(results[name]["breakdown"][loop][part]["mean_ms"] for part in HOST) for loop in LOOPS}
+            step_ms = results[name]["breakdown"]["plain"]["step"]["median_ms"]
+            results[name]["host_ms_per_step"] = host
+            results[name]["host_ms_added_by_lightning"] = host["lightning"] - host["plain_ours"]
+            results[name]["host_ms_added_by_our_work"] = host["plain_ours"] - host["plain"]
+            results[name]["host_added_fraction_of_plain_step"] = (host["lightning"] - host["plain"]) / step_ms
             setups = results[name]["setup"]
             same = ("optimizer", "optimizer_flags", "weight_decay_groups", "precision", "zero_grad_set_to_none", "torch_threads")
             unfair = [key for key in same if len({json.dumps(s[key], sort_keys=True) for s in setups.values()}) > 1]

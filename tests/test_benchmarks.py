@@ -31,6 +31,11 @@ def test_overhead_benchmark_reports_a_ratio(cache_dir, tmp_path):
     assert parts["plain"]["nonfinite_guard"]["mean_ms"] == 0 < parts["plain_ours"]["nonfinite_guard"]["mean_ms"]
     assert parts["lightning"]["forward"]["mean_ms"] > 0 and parts["lightning"]["step_logging"]["mean_ms"] > 0
     assert eager["unequal_settings"] == []  # same optimizer flags, precision, threads in every loop
+    # the host's own work per step, beside the shared compute: Lightning's loop adds some
+    host = eager["host_ms_per_step"]
+    assert host["lightning"] > host["plain_ours"] > host["plain"] > 0
+    assert eager["host_ms_added_by_lightning"] == host["lightning"] - host["plain_ours"]
+    assert len(eager["ratio_per_round"]) == 2
     assert "| part |" in out.with_suffix(".md").read_text()
 
 
@@ -96,7 +101,8 @@ def test_committed_results_name_no_directory_of_the_machine_that_made_them():
 
 def test_the_generation_table_in_the_docs_quotes_the_committed_results():
     text = (REPO / "docs" / "benchmarks.md").read_text()
-    for name in ("generation-1thread.json", "generation-2thread.json", "generation-bf16-1thread.json"):
+    for name in ("generation-1thread.json", "generation-2thread.json", "generation-bf16-1thread.json",
+                 "generation-2thread-onednn.json"):
         written = json.loads((REPO / "benchmarks" / "results" / "cpu-2core" / name).read_text())
         for batch, row in written["results"].items():
             ours, theirs = row["ours"], row["transformers"]

@@ -49,3 +49,6 @@ def test_the_gpu_run_script_end_to_end_in_smoke_mode(tmp_path):
     assert [r["optimizer"] for r in optimizers["runs"]] == ["adamw", "muon"]
     assert all(len(r["curve"]) == 3 for r in optimizers["runs"])  # before training and after each of 2 steps
     assert (dest / "optimizers.png").read_bytes()[:4] == b"\x89PNG"
+    # benchmarks/lightning_overhead.py: the three loops side by side, each step's host time in parts.
+    overhead = json.loads((dest / "lightning_overhead.json").read_text())["results"]["eager"]
+    assert set(overhead["breakdown"]) == {"plain", "plain_ours", "lightning"} and overhead["ratio"] > 0

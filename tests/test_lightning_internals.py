@@ -14,9 +14,8 @@ from gpt_lightning.lightning_internals import CHECKS, check
 
 from conftest import REPO
 
-# Private names used elsewhere on purpose: torch's documented compile helpers, and the scheduler's
-# learning rate that training/resume.py re-applies (its rescaling is being reworked there).
-ALLOWED = {"_dynamo", "_inductor", "_last_lr"}
+# Private names used elsewhere on purpose: torch's documented compile helpers.
+ALLOWED = {"_dynamo", "_inductor"}
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))

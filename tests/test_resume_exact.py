@@ -48,6 +48,12 @@ def weights(ckpt: Path) -> dict[str, torch.Tensor]:
     return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
 
 
+def schedules(ckpt: Path) -> list[dict]:
+    """Each scheduler's position and rates as saved (what get_last_lr() reports, too)."""
+    saved = torch.load(ckpt, map_location="cpu", weights_only=False)["lr_schedulers"]
+    return [{key: state[key] for key in ("last_epoch", "base_lrs", "_last_lr")} for state in saved]
+
+
 def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
     main(["fit", *TINY, "--data.data_path", str(corpus), "--data.cache_dir", str(root / "cache"),
           "--trainer.logger.init_args.save_dir", str(root), "--trainer.logger.init_args.name", name, *args])
@@ -77,6 +83,7 @@ def test_resumed_run_ends_with_the_weights_of_the_uninterrupted_one(tmp_path, co
     (at_stop,) = whole.glob(f"*step={stop}.ckpt")
     resumed = fit(tmp_path, "resumed", corpus, *flags, *every, "--ckpt_path", str(at_stop))
     expected, got = weights(whole / "last.ckpt"), weights(resumed / "last.ckpt")
+    assert schedules(resumed / "last.ckpt") == schedules(whole / "last.ckpt")
     assert expected.keys() == got.keys()
     differ = [k for k in expected if not torch.equal(expected[k], got[k])]
     assert not differ, f"{len(differ)} tensors differ, e.g. {differ[0]}: max |diff| " \

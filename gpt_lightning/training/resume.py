@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields
 from typing import Any
@@ -113,10 +114,14 @@ def place_schedule(trainer: Any, peaks: Sequence[float], multiplier: Callable[[i
             group["lr"] = peak * multiplier(step)
     for config in trainer.lr_scheduler_configs:
         scheduler = config.scheduler
-        groups = scheduler.optimizer.param_groups
-        scheduler.base_lrs = list(peaks[: len(groups)])
-        scheduler.last_epoch = step  # a scheduler steps once per optimizer step after its first
-        scheduler._last_lr = [group["lr"] for group in groups]  # what get_last_lr() reports until its next step
+        scheduler.base_lrs = list(peaks[: len(scheduler.optimizer.param_groups)])
+        # One public step from the step before: the scheduler sets each group's rate to its peak x
+        # multiplier(step), and get_last_lr() reports it. A scheduler new to this run (the checkpoint
+        # had none) has not seen optimizer.step() yet, which torch warns about; here that is expected.
+        scheduler.last_epoch = step - 1  # a scheduler steps once per optimizer step after its first
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*lr_scheduler\.step\(\)` before `optimizer\.step\(\)`.*")
+            scheduler.step()
 
 
 def align_logging_step(trainer: Any) -> None:
