@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -177,6 +178,8 @@ def write_report(args, config, device, transformers, results, roofline) -> None:
         "repeats": args.repeats, "device": str(device), "dtype": args.dtype, "threads": torch.get_num_threads(),
         "torch": torch.__version__, "transformers": transformers.__version__ if transformers else None, "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(), "roofline": roofline,
+        # the 1-minute load average as the report is written: another job on the machine slows every contender
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "results": {batch: {k: v for k, v in row.items() if k != "reference"} for batch, row in results.items()},
     }
     atomic_write_bytes(Path(args.out), (json.dumps(report, indent=2) + "\n").encode())

@@ -11,8 +11,8 @@ weights and the same optimizer (``GPTLightningModule.configure_optimizers``: fus
   fused AdamW as ``found_inf``) and the micro-batch loss sum (its mean taken once per step). ``plain_ours / plain`` is what our
   safety features and defaults cost; ``lightning / plain_ours`` is what Lightning costs.
 - ``lightning``: ``GPTLightningModule`` + ``Trainer`` + ``TokenStreamDataModule`` +
-  ``ThroughputMonitor`` + TensorBoard, the progress bar a plain ``Trainer`` gives, logging every 10
-  steps (as every config does).
+  ``ThroughputMonitor`` + TensorBoard, the progress bar a plain ``Trainer`` gives (``--progress_bar
+  step``: the CLI's ``StepProgressBar``), logging every 10 steps (as every config does).
 
 Runs rotate (plain, plain_ours, lightning, then lightning, plain_ours, plain, ...) so drift in a
 noisy machine hits all; each run's post-warm-up step times are pooled and the medians compared.
@@ -50,6 +50,7 @@ from lightning.pytorch.profilers import Profiler
 
 from gpt_lightning import GPTLightningModule, ThroughputMonitor, TokenStreamDataModule
 from gpt_lightning.commands.bench import repo_relative
+from gpt_lightning.observing.console import StepProgressBar
 from gpt_lightning.data.windows import TokenWindows
 from gpt_lightning.training.compilation import compile_in_place
 from gpt_lightning.training.nonfinite import NonFiniteGuard
@@ -315,9 +316,10 @@ def lightning_loop(args, data: TokenStreamDataModule, compiled: bool, log_dir: s
     module = make_module(args, compiled)
     monitor = ThroughputMonitor(warmup_steps=args.warmup, filename=None)
     breakdown = Breakdown()
+    bars = [StepProgressBar()] if args.progress_bar == "step" else []  # else the one a plain Trainer gives
     trainer = Trainer(
         accelerator=args.accelerator, devices=1, precision=args.precision, max_steps=args.steps,
-        logger=TensorBoardLogger(log_dir, name="overhead"), callbacks=[monitor], enable_checkpointing=False,
+        logger=TensorBoardLogger(log_dir, name="overhead"), callbacks=[monitor, *bars], enable_checkpointing=False,
         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=args.log_every,
     )
     bar = trainer.progress_bar_callback  # what a plain Trainer gives
@@ -325,6 +327,7 @@ def lightning_loop(args, data: TokenStreamDataModule, compiled: bool, log_dir: s
     trainer.profiler = profiler  # Lightning reads trainer.profiler at every hook; a public attribute
     trainer.callbacks.append(Instrument(breakdown, profiler))
     trainer.fit(module, data)
+    data.trainer = None  # the next loop's loader must not read this finished trainer (its position, pinning)
     breakdown.close()
     # ThroughputMonitor marks a step at its on_train_batch_end, Instrument at its own: the same steps.
     steps = breakdown.steps[args.warmup : args.steps]
@@ -427,6 +430,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of each run")
     parser.add_argument("--rounds", type=int, default=4, help="runs of each loop, in rotated order")
     parser.add_argument("--log_every", type=int, default=10, help="the Trainer's log_every_n_steps (as every config)")
+    parser.add_argument("--progress_bar", choices=["default", "step"], default="default",
+                        help="default: the bar a plain Trainer gives (RichProgressBar where rich is installed, else "
+                             "TQDMProgressBar); step: StepProgressBar, the one gpt-lightning's CLI attaches")
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--block_size", type=int, default=128)
     parser.add_argument("--n_layer", type=int, default=4)

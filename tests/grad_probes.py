@@ -151,3 +151,15 @@ class LogCallsProbe(Callback):
     def on_train_end(self, trainer, pl_module):
         final = trainer.callback_metrics.get("train/loss")
         self.out.write_text(json.dumps({"calls": self.calls, "final_loss": None if final is None else float(final)}))
+
+
+class StopAtStep(Callback):
+    """Stops the run in ``on_train_batch_end`` once ``step`` optimizer steps are done, as Lightning's
+    ``Timer`` (``--trainer.max_time``) does when time is up."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True

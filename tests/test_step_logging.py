@@ -71,3 +71,20 @@ def test_steps_the_logger_skips_log_nothing(small_text, tmp_path):
     written = events.Scalars("train/loss")
     assert len(written) == 2  # the logger's steps; the last step's value is in callback_metrics
     assert report["final_loss"] is not None and report["final_loss"] != pytest.approx(written[-1].value)
+
+
+def test_a_step_where_a_callback_stops_the_run_logs_its_own_values(small_text, tmp_path):
+    """Lightning writes the step at which a callback (Timer for max_time, a user's) stops the run in
+    its on_train_batch_end, after the module's step hook asked whether to log: the module logs that
+    step's values then, so the logger does not write the last logging step's loss again."""
+    probe = {"class_path": "grad_probes.LogCallsProbe", "init_args": {"out": str(tmp_path / "calls.json")}}
+    stop = {"class_path": "grad_probes.StopAtStep", "init_args": {"step": 4}}
+    _, events = fit_tiny_config(small_text, tmp_path, "--trainer.max_steps", "10", "--trainer.log_every_n_steps", "3",
+                                "--trainer.limit_val_batches", "0", f"--trainer.callbacks+={json.dumps(probe)}",
+                                f"--trainer.callbacks+={json.dumps(stop)}")
+    report = json.loads((tmp_path / "calls.json").read_text())
+    assert [logged for _, logged in report["calls"]].count("train/loss") == 2  # steps 3 and 4
+    written = events.Scalars("train/loss")
+    assert [event.step for event in written] == [2, 3]  # Lightning's 0-based step numbers
+    assert written[1].value != pytest.approx(written[0].value)  # step 4's own loss, not step 3's again
+    assert report["final_loss"] == pytest.approx(written[1].value)

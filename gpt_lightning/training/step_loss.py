@@ -35,8 +35,9 @@ class StepLoss:
 
 def written_now(trainer: Trainer, final_step: int | None) -> bool:
     """Whether this optimizer step's values are logged: the steps Lightning's logger writes (every
-    ``log_every_n_steps``; none with 0), and the run's last step, so that ``callback_metrics`` ends
-    on the final values.
+    ``log_every_n_steps``, none with 0; and the step at which the run is stopped), and the run's
+    planned last step, so that ``callback_metrics`` ends on its values. (A callback may still stop
+    the run after this is asked, in its ``on_train_batch_end``: see ``stopped_unlogged``.)
 
     Other steps log nothing. A ``self.log`` costs about a millisecond of host time in Lightning's
     result collection, on every step, for a value no logger would write; under several processes
@@ -49,7 +50,15 @@ def written_now(trainer: Trainer, final_step: int | None) -> bool:
         final_step: the run's optimizer steps (``trainer.estimated_stepping_batches``), or None
             for a run without an end.
     """
-    if trainer.fast_dev_run or trainer.should_stop:
-        return True
     step, every = trainer.global_step + 1, trainer.log_every_n_steps  # the condition Lightning applies
-    return (every > 0 and step % every == 0) or step == final_step
+    if trainer.fast_dev_run or step == final_step:
+        return True
+    return every > 0 and (step % every == 0 or trainer.should_stop)
+
+
+def stopped_unlogged(trainer: Trainer) -> bool:
+    """At ``on_train_batch_end`` of an optimizer step that logged nothing: whether Lightning's logger
+    writes this step all the same, because a callback (``Timer`` for ``max_time``, a user's) stopped
+    the run in its own ``on_train_batch_end``. The module's hook runs after the callbacks' and
+    before Lightning writes, so the step's values are logged there."""
+    return trainer.should_stop and trainer.log_every_n_steps > 0
