@@ -31,6 +31,9 @@ torch and argparse:
   own step, where Lightning leaves the gradients scaled (``training/nonfinite.py``).
 - ``argparse.ArgumentParser._actions``: every option a parser knows, for "did you mean"
   (``lightning_cli.py``).
+- ``Tensor._version``: the counter every in-place change of a tensor bumps (what autograd checks
+  saved tensors with). A CPU decode step compiled with inductor's freezing holds the weights as
+  constants; ``generation.py`` compiles it again once a weight has changed since.
 """
 
 from __future__ import annotations
@@ -75,6 +78,11 @@ def unscales_in_step(optimizer: torch.optim.Optimizer) -> bool:
     return getattr(optimizer, "_step_supports_amp_scaling", False)
 
 
+def tensor_versions(tensors: Any) -> tuple[int, ...]:
+    """Each tensor's in-place change counter: equal tuples, no tensor written since."""
+    return tuple(t._version for t in tensors)
+
+
 def option_strings(parser: argparse.ArgumentParser) -> list[str]:
     """Every option string ``parser`` knows."""
     return [option for action in parser._actions for option in action.option_strings]
@@ -108,6 +116,13 @@ def add_configure_optimizers(cli: LightningCLI, subcommand: str | None) -> None:
     cli._add_configure_optimizers_method_to_model(subcommand)
 
 
+def _bumps_version() -> bool:
+    tensor = torch.zeros(1)
+    before = getattr(tensor, "_version", None)
+    tensor.add_(1)
+    return isinstance(before, int) and tensor._version > before
+
+
 def _present(obj: object, name: str) -> bool:
     return hasattr(obj, name)
 
@@ -127,6 +142,7 @@ CHECKS: dict[str, Callable[[], bool]] = {
     "Optimizer._step_supports_amp_scaling": lambda: getattr(torch.optim.AdamW([torch.zeros(1, requires_grad=True)], fused=True),
                                                             "_step_supports_amp_scaling", None) is True,
     "ArgumentParser._actions": lambda: isinstance(getattr(argparse.ArgumentParser(), "_actions", None), list),
+    "Tensor._version": lambda: _bumps_version(),
 }
 
 

@@ -153,6 +153,28 @@ def test_the_compiled_decode_step_gives_the_eager_tokens():
     assert torch.equal(generate(model, idx, 12, temperature=0, compile=True), eager)
 
 
+def test_on_a_cpu_the_decode_step_is_frozen_and_compiled_again_after_training():
+    """Inductor's freezing packs the weights for MKL's matmul (torch.compile's options={"freezing":
+    True} did not freeze: the step multiplied the plain weights). Frozen weights are copies: once
+    training changes the weights, the next generation compiles a new step instead of sampling
+    from the old ones."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=256, n_layer=1, n_head=2, n_embd=16)).eval()
+    idx = prompt(length=3, vocab=256)
+    counters.clear()
+    first = generate(model, idx, 4, temperature=0, compile=True)
+    if torch.backends.mkldnn.is_available() and torch._C.has_mkl:
+        assert counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] > 0
+    with torch.no_grad():  # an optimizer step, in place
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    eager = generate(model, idx, 4, temperature=0)
+    assert not torch.equal(eager, first)  # the step changed what greedy decoding picks
+    assert torch.equal(generate(model, idx, 4, temperature=0, compile=True), eager)
+
+
 def test_seeded_samples_are_those_of_torch_multinomial_as_before(model):
     """The sampler skips torch.multinomial's host-reading check but draws the same numbers: a
     seed gives the samples it gave before the cache."""
