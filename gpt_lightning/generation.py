@@ -11,7 +11,11 @@ training ``forward`` is left as it is, and no layer of the model is changed whil
 
 from __future__ import annotations
 
+import functools
 import math
+import types
+import weakref
+from typing import Callable
 
 import torch
 import torch._inductor.config
@@ -99,7 +103,8 @@ def _generate_cached(model: GPT, idx: torch.Tensor, max_new_tokens: int, sample:
     step = compiled_decode_step(model) if compile else model.forward_cached
     start = max(0, T - block_size)  # the window: out[:, start:end] is in the cache
     logits = model.forward_cached(out[:, start:T], caches, positions[: T - start])  # prefill
-    if compile:  # the caches exist now and stay where they are: CUDA graphs may keep their addresses
+    if compile and idx.is_cuda:  # the caches exist now and stay where they are: CUDA graphs may keep their addresses
+        # (not on a CPU: with freezing, a static input would be frozen into the graph like a weight)
         for cache in caches:
             torch._dynamo.mark_static_address(cache.k)
             torch._dynamo.mark_static_address(cache.v)
@@ -120,36 +125,48 @@ def _generate_cached(model: GPT, idx: torch.Tensor, max_new_tokens: int, sample:
     return out
 
 
-def compiled_decode_step(model: GPT):
+def compiled_decode_step(model: GPT) -> Callable[..., torch.Tensor]:
     """``model.forward_cached`` for one token, compiled once per model (static shapes: the same
     graph at every position). On CUDA, ``reduce-overhead`` replays it as a CUDA graph. On a CPU,
     inductor's freezing treats the weights as constants and packs them for MKL's matmul once (the
-    decode-time weight layout a skinny matmul needs, which the eager path cannot do): 1.22x
-    ``transformers`` at batch 1 on a 2-core CPU where eager is even (docs/benchmarks.md)."""
-    held = getattr(model, "decode_step", None)
-    if held is None:
-        cuda = model.lm_head.weight.is_cuda
-        compiled = torch.compile(_decode, mode="reduce-overhead" if cuda else None, fullgraph=True, dynamic=False)
-        if cuda:
-            held = lambda idx, caches, pos: compiled(model, idx, caches, pos, 0)  # noqa: E731
-        else:
-            def held(idx, caches, pos):
-                # torch.compile(options={"freezing": True}) does not freeze on torch 2.13 (its output
-                # code multiplied the plain weights): inductor reads the flag from its config while
-                # compiling, at the first call. Frozen weights are copies, so the weights' versions
-                # go in as a guarded constant: once training has changed a weight, the step compiles again.
-                with torch._inductor.config.patch(freezing=True):
-                    return compiled(model, idx, caches, pos, sum(tensor_versions(model.parameters())))
-        model.decode_step = held  # a plain attribute: not a submodule, not in state_dict
-    return held
+    decode-time weight layout a skinny matmul needs, which the eager path cannot do): 1.24x eager
+    and 1.28x ``transformers`` at batch 1 on a 2-core CPU (docs/benchmarks.md). Packed weights are
+    copies: once a weight has changed (training goes on), the next call compiles a new step."""
+    cuda = model.lm_head.weight.is_cuda
+    weights = None if cuda else _weights_key(model)
+    held = _DECODE_STEPS.get(model)
+    if held is None or held[1] != weights:
+        # A copy of _decode with a code object of its own: dynamo keeps compiled graphs per code
+        # object, so each model (and each version of its weights) has its own within torch's
+        # recompile limit, and the packed weights of an old version are freed with it.
+        decode = types.FunctionType(_decode.__code__.replace(), _decode.__globals__, _decode.__name__)
+        held = (torch.compile(decode, mode="reduce-overhead" if cuda else None, fullgraph=True, dynamic=False), weights)
+        _DECODE_STEPS[model] = held  # not an attribute of the model: it deep-copies and pickles as before
+    step = held[0]
+    if cuda:
+        return functools.partial(step, model)
+
+    def frozen(idx: torch.Tensor, caches: list[KVCache], pos: torch.Tensor) -> torch.Tensor:
+        # torch.compile(options={"freezing": True}) does not freeze on torch 2.13 (its output code
+        # multiplied the plain weights): inductor reads the flag from its config while compiling,
+        # which happens at the first call.
+        with torch._inductor.config.patch(freezing=True):
+            return step(model, idx, caches, pos)
+    return frozen
 
 
-def _decode(model: GPT, idx: torch.Tensor, caches: list[KVCache], pos: torch.Tensor, weights_version: int) -> torch.Tensor:
-    """The compiled decode step: ``weights_version`` changes nothing computed, but compiling
-    specializes on it (static shapes), so a new version is a new graph with the new weights."""
-    if weights_version < 0:
-        raise ValueError("weights_version counts in-place changes of the weights: it is never negative.")
-    return model.forward_cached(idx, caches, pos)
+# Each model's compiled decode step and the key of the weights it froze (None on CUDA).
+_DECODE_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _weights_key(model: GPT) -> tuple:
+    """Changes when any weight is written in place (its version) or replaced (its storage)."""
+    parameters = list(model.parameters())
+    return tensor_versions(parameters), tuple(p.data_ptr() for p in parameters)
+
+
+def _decode(model: GPT, idx: torch.Tensor, caches: list[KVCache], pos: torch.Tensor) -> torch.Tensor:
+    return model.forward_cached(idx, caches, pos)  # (B, vocab_size)
 
 
 class Sampler:

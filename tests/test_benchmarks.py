@@ -31,10 +31,12 @@ def test_overhead_benchmark_reports_a_ratio(cache_dir, tmp_path):
     assert parts["plain"]["nonfinite_guard"]["mean_ms"] == 0 < parts["plain_ours"]["nonfinite_guard"]["mean_ms"]
     assert parts["lightning"]["forward"]["mean_ms"] > 0 and parts["lightning"]["step_logging"]["mean_ms"] > 0
     assert eager["unequal_settings"] == []  # same optimizer flags, precision, threads in every loop
-    # the host's own work per step, beside the shared compute: Lightning's loop adds some
+    # the host's own work per step, beside the shared compute, per loop and as differences (no
+    # timing is asserted: at this size and under a parallel suite their order is noise)
     host = eager["host_ms_per_step"]
-    assert host["lightning"] > host["plain_ours"] > host["plain"] > 0
+    assert set(host) == {"plain", "plain_ours", "lightning"} and all(ms > 0 for ms in host.values())
     assert eager["host_ms_added_by_lightning"] == host["lightning"] - host["plain_ours"]
+    assert eager["host_ms_added_by_our_work"] == host["plain_ours"] - host["plain"]
     assert len(eager["ratio_per_round"]) == 2
     assert "| part |" in out.with_suffix(".md").read_text()
 

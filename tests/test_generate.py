@@ -173,6 +173,14 @@ def test_on_a_cpu_the_decode_step_is_frozen_and_compiled_again_after_training():
     eager = generate(model, idx, 4, temperature=0)
     assert not torch.equal(eager, first)  # the step changed what greedy decoding picks
     assert torch.equal(generate(model, idx, 4, temperature=0, compile=True), eager)
+    # another prompt of the same shape: the step reads this call's key/value caches, not the last one's
+    other = (prompt(length=3, vocab=256) + 1) % 256
+    assert torch.equal(generate(model, other, 4, temperature=0, compile=True), generate(model, other, 4, temperature=0))
+    # the step is held beside the model, not on it: a copy (an EMA, say) samples from its own weights
+    copy = __import__("copy").deepcopy(model)
+    with torch.no_grad():
+        copy.lm_head.weight.mul_(-1)
+    assert torch.equal(generate(copy, idx, 4, temperature=0, compile=True), generate(copy, idx, 4, temperature=0))
 
 
 def test_seeded_samples_are_those_of_torch_multinomial_as_before(model):
