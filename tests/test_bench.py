@@ -58,7 +58,11 @@ def test_bench_compares_runs_side_by_side_and_fails_on_divergence(tmp_path, monk
         assert runs[name]["loss"] == pytest.approx([e.value for e in events.Scalars("train/loss")], rel=1e-6)
     assert (runs["eager"]["compiled"], runs["blocks"]["compiled"], runs["blocks"]["compile_scope"]) == (False, True, "blocks")
     for name in ("blocks",):
-        assert summary[name]["speedup_vs_eager"] > 0 and summary[name]["compile_time_s"] > 0
+        # what bench reports, not how fast this machine was: in a suite worker whose earlier tests
+        # compiled this shape, the "compile" is a cache hit, and a loaded machine's steps vary more
+        row = summary[name]
+        assert row["speedup_vs_eager"] > 0 and row["first_step_s"] > 0
+        assert row["compile_time_s"] == pytest.approx(row["first_step_s"] - row["step_ms_median"] / 1000)
         assert summary[name]["max_loss_diff_vs_eager"] < 0.5  # same seed, same batches: the curves stay close
     assert summary["eager"]["speedup_vs_eager"] is None
     assert (run_dir / "bench.png").read_bytes()[:4] == b"\x89PNG"
