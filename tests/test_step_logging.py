@@ -88,3 +88,25 @@ def test_a_step_where_a_callback_stops_the_run_logs_its_own_values(small_text, t
     assert [event.step for event in written] == [2, 3]  # Lightning's 0-based step numbers
     assert written[1].value != pytest.approx(written[0].value)  # step 4's own loss, not step 3's again
     assert report["final_loss"] == pytest.approx(written[1].value)
+
+
+def test_a_run_kept_going_after_a_stop_logs_each_steps_own_values(small_text, tmp_path):
+    """A stop before --trainer.min_steps is met leaves should_stop set while training goes on, and
+    Lightning writes every step from then. The stop step's values were logged from
+    on_train_batch_end, a second entry of the same names, read after the step hook's entry (logged at
+    step 3, before the stop): each later step must refresh it, or the logger writes the stop step's
+    values at every step to the end."""
+    probe = {"class_path": "grad_probes.LogCallsProbe", "init_args": {"out": str(tmp_path / "calls.json")}}
+    stop = {"class_path": "grad_probes.StopAtStep", "init_args": {"step": 4}}
+    # min_epochs 0: Lightning sets min_epochs=1 beside min_steps, and an epoch here is longer than the run
+    _, events = fit_tiny_config(small_text, tmp_path, "--trainer.max_steps", "10", "--trainer.min_steps", "7",
+                                "--trainer.min_epochs", "0", "--trainer.log_every_n_steps", "3", "--trainer.limit_val_batches", "0",
+                                f"--trainer.callbacks+={json.dumps(probe)}", f"--trainer.callbacks+={json.dumps(stop)}")
+    report = json.loads((tmp_path / "calls.json").read_text())
+    for name in ("train/loss", "train/grad_norm"):
+        written = events.Scalars(name)
+        # the logging step 3, the stop (4), then every step to min_steps (Lightning's 0-based numbers)
+        assert [event.step for event in written] == [2, 3, 4, 5, 6], name
+        values = [event.value for event in written]
+        assert all(a != pytest.approx(b) for a, b in zip(values, values[1:])), (name, values)  # each step's own
+    assert report["final_loss"] == pytest.approx(events.Scalars("train/loss")[-1].value)

@@ -23,7 +23,7 @@ from gpt_lightning.training.checks import check_fits_data, check_optimizer_setti
 from gpt_lightning.training.compilation import compile_in_place, compile_notice, evaluation_stance, is_compiled
 from gpt_lightning.training.nonfinite import NonFiniteGuard
 from gpt_lightning.training.optimizers import build_optimizer, group_settings, lr_multiplier
-from gpt_lightning.training.step_loss import StepLoss, stopped_unlogged, written_now
+from gpt_lightning.training.step_loss import StepLoss, stopping, written_now
 
 
 class GPTLightningModule(LightningModule):
@@ -130,7 +130,7 @@ class GPTLightningModule(LightningModule):
         self._nonfinite, self._step_loss = NonFiniteGuard(), StepLoss()  # see on_before_optimizer_step
         self._total_steps: int | None = None  # the run's optimizer steps, for the "wsd" schedule
         self._final_step: int | None = None  # the same, for logging its last step (None: no end)
-        self._unlogged: tuple[torch.Tensor | None, torch.Tensor | None] | None = None  # this step's, if not logged
+        self._step_values: tuple[torch.Tensor | None, torch.Tensor | None] | None = None  # this step's loss, grad norm
 
     def setup(self, stage: str) -> None:
         if self.hparams.float32_matmul_precision is not None:
@@ -192,11 +192,9 @@ class GPTLightningModule(LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         loss = self._step_loss.pop_mean()
         self._nonfinite.before_optimizer_step(self, optimizer)  # skips a non-finite update on the device
-        values = (loss, self._nonfinite.grad_norm)
+        self._step_values = (loss, self._nonfinite.grad_norm)  # also for on_train_batch_end, at a stop
         if written_now(self.trainer, self._final_step):  # other steps log nothing: no host cost (step_loss)
-            self._log_step(*values)
-        else:
-            self._unlogged = values  # unless a callback stops the run at this step (on_train_batch_end)
+            self._log_step(*self._step_values)
 
     def _log_step(self, loss: torch.Tensor | None, grad_norm: torch.Tensor | None) -> None:
         if loss is not None:
@@ -216,9 +214,9 @@ class GPTLightningModule(LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._nonfinite.check_at_logging_interval(self.trainer)
-        if self._unlogged is not None and stopped_unlogged(self.trainer):
-            self._log_step(*self._unlogged)
-        self._unlogged = None
+        if self._step_values is not None and stopping(self.trainer):
+            self._log_step(*self._step_values)
+        self._step_values = None
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._nonfinite.raise_if_found(self.global_step)  # no checkpoint is written after a bad step

@@ -37,7 +37,7 @@ def written_now(trainer: Trainer, final_step: int | None) -> bool:
     """Whether this optimizer step's values are logged: the steps Lightning's logger writes (every
     ``log_every_n_steps``, none with 0; and the step at which the run is stopped), and the run's
     planned last step, so that ``callback_metrics`` ends on its values. (A callback may still stop
-    the run after this is asked, in its ``on_train_batch_end``: see ``stopped_unlogged``.)
+    the run after this is asked, in its ``on_train_batch_end``: see ``stopping``.)
 
     Other steps log nothing. A ``self.log`` costs about a millisecond of host time in Lightning's
     result collection, on every step, for a value no logger would write; under several processes
@@ -56,9 +56,17 @@ def written_now(trainer: Trainer, final_step: int | None) -> bool:
     return every > 0 and (step % every == 0 or trainer.should_stop)
 
 
-def stopped_unlogged(trainer: Trainer) -> bool:
-    """At ``on_train_batch_end`` of an optimizer step that logged nothing: whether Lightning's logger
-    writes this step all the same, because a callback (``Timer`` for ``max_time``, a user's) stopped
-    the run in its own ``on_train_batch_end``. The module's hook runs after the callbacks' and
-    before Lightning writes, so the step's values are logged there."""
+def stopping(trainer: Trainer) -> bool:
+    """At ``on_train_batch_end`` of an optimizer step: whether Lightning's logger writes this step
+    because the run is stopping, so the module logs the step's values there (again, if its step hook
+    logged them already).
+
+    A callback (``Timer`` for ``max_time``, a user's) may stop the run in its own
+    ``on_train_batch_end``, after the step hook asked ``written_now``; the module's hook runs after
+    the callbacks' and before Lightning writes. Values logged from that hook are a second entry of
+    the same names in Lightning's results, which stays for the epoch and is read after the step
+    hook's: when a stop comes before ``min_steps`` (or ``min_epochs``) is met, training goes on with
+    ``should_stop`` set and every step written, and each of those steps must refresh that entry, or
+    the logger writes the stop step's values to the end.
+    """
     return trainer.should_stop and trainer.log_every_n_steps > 0
