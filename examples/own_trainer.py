@@ -9,6 +9,7 @@ from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from gpt_lightning import GPTLightningModule, ThroughputMonitor, TokenStreamDataModule, ValidationSamples
+from gpt_lightning.observing.console import StepProgressBar
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--data_path", default=None, help="a UTF-8 text file; default: tiny Shakespeare")
@@ -27,7 +28,10 @@ trainer = Trainer(
     limit_val_batches=2,
     log_every_n_steps=5,
     logger=TensorBoardLogger(args.log_dir, name="own-trainer"),
-    callbacks=[monitor, ValidationSamples()],  # text samples after each validation, in TensorBoard
+    # StepProgressBar: optimizer steps, train/loss and tok/s, drawn in the step (the bar a plain
+    # Trainer picks when rich is installed, RichProgressBar, redraws from a thread beside the step);
+    # ValidationSamples: text samples after each validation, in TensorBoard
+    callbacks=[monitor, StepProgressBar(), ValidationSamples()],
 )
 trainer.fit(model, data)
 print(f"final train/loss {trainer.callback_metrics['train/loss']:.3f}")

@@ -1,6 +1,7 @@
 """The examples run as users would run them; the multi-node launch scripts parse."""
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -23,6 +24,7 @@ def test_own_trainer_example(cache_dir, tmp_path):
     result = run_example("own_trainer.py", "--max_steps", "8", "--log_dir", str(tmp_path / "logs"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "final train/loss" in result.stdout and "median tokens/s" in result.stdout
+    assert re.search(r"step: +100%.* 8/8", result.stdout + result.stderr)  # StepProgressBar counted the optimizer steps
     assert list((tmp_path / "logs" / "own-trainer").glob("version_0/throughput.json"))
 
 
