@@ -14,8 +14,12 @@ weights and the same optimizer (``GPTLightningModule.configure_optimizers``: fus
   ``ThroughputMonitor`` + TensorBoard, the progress bar a plain ``Trainer`` gives (``--progress_bar
   step``: the CLI's ``StepProgressBar``), logging every 10 steps (as every config does).
 
-Runs rotate (plain, plain_ours, lightning, then lightning, plain_ours, plain, ...) so drift in a
-noisy machine hits all; each run's post-warm-up step times are pooled and the medians compared.
+Runs rotate (each round starts from the next loop: plain, plain_ours, lightning; then the round
+plain_ours, lightning, plain run backwards; ...) so drift in a noisy machine hits all; each run's
+post-warm-up step times are pooled and the medians compared, and, so that the steps at logging
+intervals count too, the total times. A short run of each loop (past its first logging step) goes
+first and is left out: a process's first run paid for its first allocations and first-touched pages
+(in one run its loop came out a third slower), and the rotation always gave that run to ``plain``.
 Every run also records where its steps' time goes (host timers around each part: data, forward,
 backward, AdamW, zero_grad, each of our per-step pieces, the logger, the progress bar, Lightning's
 own loop as the rest), Python's garbage collection and the CPU other threads took, with the load
@@ -33,6 +37,7 @@ import argparse
 import gc
 import json
 import os
+import resource
 import statistics
 import tempfile
 import threading
@@ -66,6 +71,10 @@ OURS = ("nonfinite_guard", "step_logging", "throughput_monitor", "progress_bar",
 # adds to a step is the difference of these between ours and plain_ours. It is measured to a fraction
 # of a millisecond, where the step times of whole runs differ by several percent on a shared machine.
 HOST = ("data", "zero_grad", *OURS, "rest")
+# What Lightning adds, by who does it: its own loop (fetching, hooks, the closure, progress tracking,
+# zero_grad's place), the callbacks and logger a Trainer run has, and our module's hooks run by it.
+ADDED_BY = {"trainer_loop": ("data", "zero_grad", "rest"), "callbacks_and_logger": ("throughput_monitor", "progress_bar", "logger"),
+            "module_hooks": ("nonfinite_guard", "step_logging", "other_hooks")}
 
 
 class Breakdown:
@@ -76,6 +85,7 @@ class Breakdown:
         self._now: dict[str, float] = defaultdict(float)
         self._stack: list[tuple[str, float]] = []
         self._step_start = time.perf_counter()
+        self._faults_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         self._gc_start: float | None = None
         gc.callbacks.append(self._on_gc)
 
@@ -113,6 +123,10 @@ class Breakdown:
         step["step"] = now - self._step_start
         step["rest"] = step["step"] - sum(v for k, v in step.items() if k in PARTS and k != "rest")
         step["other_threads_cpu"] = other_threads_cpu_seconds()  # {thread: CPU seconds so far}
+        # pages the step touched for the first time (the kernel zeroes each): equal work in every loop
+        # means the same allocations, so a difference in compute time is not the allocator's
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        step["page_faults"], self._faults_start = faults - self._faults_start, faults
         self.steps.append(step)
         self._now = defaultdict(float)
         self._step_start = now
@@ -338,6 +352,16 @@ def lightning_loop(args, data: TokenStreamDataModule, compiled: bool, log_dir: s
                                     logger=f"TensorBoardLogger, every {trainer.log_every_n_steps} steps")}
 
 
+def run_loop(loop: str, args, data: TokenStreamDataModule, compiled: bool, device: torch.device, log_dir: str,
+             steps: int) -> dict:
+    """One run of ``loop`` for ``steps`` steps, compiling afresh."""
+    torch._dynamo.reset()
+    args = argparse.Namespace(**{**vars(args), "steps": steps})
+    if loop == "lightning":
+        return lightning_loop(args, data, compiled, log_dir)
+    return plain_loop(args, data, compiled, device, ours=loop == "plain_ours")
+
+
 def describe_setup(optimizer: torch.optim.Optimizer, compile_scope, data_path: str, precision: str,
                    progress_bar: str | None, logger: str | None) -> dict:
     """What each loop ran with, for the fairness check: everything here but the data path, compile,
@@ -359,6 +383,11 @@ def load_average() -> float | None:
         return None
 
 
+def compute_ms(run: dict) -> float:
+    """A run's median ms per step of the compute all loops share: forward, backward and AdamW."""
+    return 1000 * statistics.median(sum(s.get(part, 0.0) for part in ("forward", "backward", "optimizer")) for s in run["breakdown"])
+
+
 def summarize_breakdown(runs: list[dict]) -> dict[str, dict[str, float]]:
     """Per part: median and mean ms per step over the pooled steps of all runs of one loop."""
     steps = [s for run in runs for s in run["breakdown"]]
@@ -375,6 +404,7 @@ def summarize_breakdown(runs: list[dict]) -> dict[str, dict[str, float]]:
                 threads[name].append(1000 * (last.get(name, 0.0) - first.get(name, 0.0)) / (len(b) - 1))
     per_thread = {name: statistics.fmean(v) for name, v in threads.items()}
     out["other_threads_cpu"] = {"mean_ms": sum(per_thread.values()), "by_thread_ms": per_thread}
+    out["page_faults"] = {"median": statistics.median(s["page_faults"] for s in steps)}
     out["ours_total"] = {"mean_ms": sum(out[p]["mean_ms"] for p in OURS)}
     return out
 
@@ -382,20 +412,26 @@ def summarize_breakdown(runs: list[dict]) -> dict[str, dict[str, float]]:
 def markdown(results: dict, load: tuple) -> str:
     lines = [f"Load average {load[0]:.2f} at the start, {load[1]:.2f} at the end.", "",
              "| mode | plain tok/s | plain + our work tok/s | ours (Lightning) tok/s | ours / plain (target >= 0.98) "
-             "| our work / plain | Lightning / plain + our work |", "|---|---|---|---|---|---|---|"]
+             "| per-round median | total time | our work / plain | Lightning / plain + our work | estimate from host time (CPU) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for mode, r in results.items():
         t = r["tokens_per_sec_median"]
         lines.append(f"| {mode} | {t['plain']:,.0f} | {t['plain_ours']:,.0f} | {t['lightning']:,.0f} | "
-                     f"{r['ratio']:.3f} | {r['our_work_ratio']:.3f} | {r['lightning_ratio']:.3f} |")
+                     f"{r['ratio']:.3f} | {r['ratio_per_round_median']:.3f} | {r['ratio_total_time']:.3f} | "
+                     f"{r['our_work_ratio']:.3f} | {r['lightning_ratio']:.3f} | {r['ratio_from_host_time']:.3f} |")
     lines += ["", "Host ms per step beside the shared compute (" + ", ".join(HOST) + "), and each round's ratio "
               "(ours / plain: its spread is the machine's noise):", "",
-              "| mode | plain | plain + our work | ours (Lightning) | added by Lightning | added by our work "
-              "| added, of a plain step | per-round ratios |", "|---|---|---|---|---|---|---|---|"]
+              "| mode | plain | plain + our work | ours (Lightning) | added by Lightning (its loop, callbacks and "
+              "logger, our hooks) | added by our work | added, of a plain step | per-round ratios "
+              "| per-round compute, Lightning / plain + our work |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for mode, r in results.items():
-        h = r["host_ms_per_step"]
+        h, by = r["host_ms_per_step"], r["host_ms_added_by_lightning_parts"]
         lines.append(f"| {mode} | {h['plain']:.2f} | {h['plain_ours']:.2f} | {h['lightning']:.2f} | "
-                     f"{r['host_ms_added_by_lightning']:.2f} | {r['host_ms_added_by_our_work']:.2f} | "
-                     f"{r['host_added_fraction_of_plain_step']:.2%} | " + ", ".join(f"{x:.3f}" for x in r["ratio_per_round"]) + " |")
+                     f"{r['host_ms_added_by_lightning']:.2f} ({by['trainer_loop']:.2f}, {by['callbacks_and_logger']:.2f}, "
+                     f"{by['module_hooks']:.2f}) | {r['host_ms_added_by_our_work']:.2f} | "
+                     f"{r['host_added_fraction_of_plain_step']:.2%} | " + ", ".join(f"{x:.3f}" for x in r["ratio_per_round"])
+                     + " | " + ", ".join(f"{x:.3f}" for x in r["compute_ratio_per_round"]) + " |")
     lines += ["", "Mean host ms per step (the parts exclusive of each other; `rest`: the loop itself, in ours "
               "Lightning's):", ""]
     header = "| part | " + " | ".join(f"{mode} {loop}" for mode in results for loop in LOOPS) + " |"
@@ -403,6 +439,8 @@ def markdown(results: dict, load: tuple) -> str:
     for part in (*PARTS, "step", "gc", "other_threads_cpu", "ours_total"):
         cells = [results[mode]["breakdown"][loop][part]["mean_ms"] for mode in results for loop in LOOPS]
         lines.append(f"| {part} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+    faults = [results[mode]["breakdown"][loop]["page_faults"]["median"] for mode in results for loop in LOOPS]
+    lines.append("| page faults (median) | " + " | ".join(f"{f:,.0f}" for f in faults) + " |")
     lines += ["", "`other_threads_cpu` by thread (CPU ms per step, mean over runs):", ""]
     for mode in results:
         for loop in LOOPS:
@@ -455,20 +493,21 @@ def main() -> None:
         for compiled in modes:
             runs: dict[str, list[dict]] = {loop: [] for loop in LOOPS}
             loads = []
+            left_out_steps = max(args.warmup + 2, args.log_every + 1)  # past a logging step
+            for loop in LOOPS:  # left out: see the module's docstring
+                run_loop(loop, args, data, compiled, device, log_dir, steps=left_out_steps)
             for round_index in range(args.rounds):
                 shift = round_index % len(LOOPS)
                 order = list(LOOPS[shift:] + LOOPS[:shift])
                 for loop in order if round_index % 2 == 0 else order[::-1]:
-                    torch._dynamo.reset()
-                    if loop == "lightning":
-                        run = lightning_loop(args, data, compiled, log_dir)
-                    else:
-                        run = plain_loop(args, data, compiled, device, ours=loop == "plain_ours")
+                    run = run_loop(loop, args, data, compiled, device, log_dir, steps=args.steps)
                     run["round"], run["load_average"] = round_index, load_average()
                     runs[loop].append(run)
                     loads.append(run["load_average"])
             pooled = {loop: [t for run in v for t in run["seconds"]] for loop, v in runs.items()}
             rate = {loop: tokens_per_step / statistics.median(v) for loop, v in pooled.items()}
+            # every step counted: a median never sees the steps at logging intervals
+            rate_total = {loop: tokens_per_step * len(v) / sum(v) for loop, v in pooled.items()}
             # each round's ratio: drift between rounds cancels in it
             paired = [tokens_per_step / statistics.median(runs["lightning"][i]["seconds"])
                       / (tokens_per_step / statistics.median(runs["plain"][i]["seconds"])) for i in range(args.rounds)]
@@ -477,6 +516,9 @@ def main() -> None:
                 "tokens_per_sec_median": rate,
                 "ratio": rate["lightning"] / rate["plain"],
                 "ratio_per_round_median": statistics.median(paired),
+                "tokens_per_sec_total_time": rate_total,
+                "ratio_total_time": rate_total["lightning"] / rate_total["plain"],
+                "left_out_runs": {"steps": left_out_steps, "loops": list(LOOPS)},
                 "our_work_ratio": rate["plain_ours"] / rate["plain"],
                 "lightning_ratio": rate["lightning"] / rate["plain_ours"],
                 "steps_measured_each": len(pooled["plain"]),
@@ -487,15 +529,34 @@ def main() -> None:
                 "breakdown": {loop: summarize_breakdown(v) for loop, v in runs.items()},
                 # per-round ratios: their spread is the machine's noise on the ratio above
                 "ratio_per_round": paired,
+                # each round's compute (forward + backward + AdamW, median ms): Lightning's over the
+                # plain loop doing our work, the same computation, so a ratio away from 1 is the machine
+                "compute_ratio_per_round": [compute_ms(runs["lightning"][i]) / compute_ms(runs["plain_ours"][i])
+                                            for i in range(args.rounds)],
                 "setup": {loop: v[0]["setup"] for loop, v in runs.items()},
                 "load_average_per_run": loads,
             }
             host = {loop: sum(results[name]["breakdown"][loop][part]["mean_ms"] for part in HOST) for loop in LOOPS}
-            step_ms = results[name]["breakdown"]["plain"]["step"]["median_ms"]
+            breakdown = results[name]["breakdown"]
+            step_ms = breakdown["plain"]["step"]["median_ms"]
             results[name]["host_ms_per_step"] = host
             results[name]["host_ms_added_by_lightning"] = host["lightning"] - host["plain_ours"]
+            results[name]["host_ms_added_by_lightning_parts"] = {
+                who: sum(breakdown["lightning"][part]["mean_ms"] - breakdown["plain_ours"][part]["mean_ms"] for part in parts)
+                for who, parts in ADDED_BY.items()
+            }
             results[name]["host_ms_added_by_our_work"] = host["plain_ours"] - host["plain"]
             results[name]["host_added_fraction_of_plain_step"] = (host["lightning"] - host["plain"]) / step_ms
+            # CPU only: the ratio were the shared compute (forward, backward, AdamW) equal in all loops,
+            # as the work is (the same model, batches, flags and threads), from the means of every step
+            # (logging steps too): the host time Lightning and our pieces add, and the CPU other threads
+            # took (a bar's refresh thread competes for the 2 cores). It is an estimate, not the target's
+            # measure: the measured ratios above are; on a shared machine the compute of identical runs
+            # drifts by more than the target's 2% (compute_ratio_per_round), and this figure shows what
+            # is left when that drift is taken out. On a GPU, host time is not step time: see the ratios.
+            added = {loop: host[loop] + breakdown[loop]["other_threads_cpu"]["mean_ms"] for loop in LOOPS}
+            plain_mean = breakdown["plain"]["step"]["mean_ms"]
+            results[name]["ratio_from_host_time"] = plain_mean / (plain_mean + added["lightning"] - added["plain"])
             setups = results[name]["setup"]
             same = ("optimizer", "optimizer_flags", "weight_decay_groups", "precision", "zero_grad_set_to_none", "torch_threads")
             unfair = [key for key in same if len({json.dumps(s[key], sort_keys=True) for s in setups.values()}) > 1]
@@ -507,7 +568,8 @@ def main() -> None:
     for name, r in results.items():
         t = r["tokens_per_sec_median"]
         print(f"{name:<9} {t['plain']:>12,.0f} {t['plain_ours']:>11,.0f} {t['lightning']:>10,.0f} {r['ratio']:>7.3f}"
-              f"   per-round median ratio {r['ratio_per_round_median']:.3f}")
+              f"   per-round median {r['ratio_per_round_median']:.3f}, total time {r['ratio_total_time']:.3f},"
+              f" estimate from host time {r['ratio_from_host_time']:.3f}")
         for loop, rates in r["per_run_tokens_per_sec"].items():
             print(f"    {loop} runs: " + ", ".join(f"{rate:,.0f}" for rate in rates))
     table = markdown(results, load)

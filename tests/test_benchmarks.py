@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 
@@ -17,13 +19,13 @@ def run_script(name, *args, cwd):
 def test_overhead_benchmark_reports_a_ratio(cache_dir, tmp_path):
     out = tmp_path / "overhead.json"
     result = run_script(
-        "lightning_overhead.py", "--compile", "false", "--steps", "8", "--warmup", "2", "--rounds", "2",
+        "lightning_overhead.py", "--compile", "false", "--steps", "8", "--warmup", "2", "--rounds", "2", "--log_every", "5",
         "--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--block_size", "32", "--batch_size", "2",
         "--out", str(out), cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     eager = json.loads(out.read_text())["results"]["eager"]
-    assert eager["steps_measured_each"] == 12
+    assert eager["steps_measured_each"] == 12  # 2 rounds x 6 post-warm-up steps: the left-out first runs are not pooled
     assert eager["ratio"] > 0 and "ratio" in result.stdout
     # where a step's time goes, per loop: the parts add up to the step, ours only where ours run
     parts = eager["breakdown"]
@@ -37,8 +39,20 @@ def test_overhead_benchmark_reports_a_ratio(cache_dir, tmp_path):
     assert set(host) == {"plain", "plain_ours", "lightning"} and all(ms > 0 for ms in host.values())
     assert eager["host_ms_added_by_lightning"] == host["lightning"] - host["plain_ours"]
     assert eager["host_ms_added_by_our_work"] == host["plain_ours"] - host["plain"]
-    assert len(eager["ratio_per_round"]) == 2
-    assert "| part |" in out.with_suffix(".md").read_text()
+    # what Lightning adds, by who adds it, is all of it
+    by = eager["host_ms_added_by_lightning_parts"]
+    assert set(by) == {"trainer_loop", "callbacks_and_logger", "module_hooks"}
+    assert sum(by.values()) == pytest.approx(eager["host_ms_added_by_lightning"])
+    assert by["callbacks_and_logger"] > 0  # ThroughputMonitor, the bar and the logger run only in ours
+    assert all(parts[loop]["rest"]["mean_ms"] >= 0 for loop in parts)  # exclusive parts never exceed the step
+    # every step counted (the logging steps too) beside the medians; the runs left out went past a logging step
+    assert eager["ratio_total_time"] > 0 and eager["left_out_runs"] == {"steps": 6, "loops": ["plain", "plain_ours", "lightning"]}
+    assert 0 < eager["ratio_from_host_time"] <= 1.5
+    assert len(eager["ratio_per_round"]) == 2 == len(eager["compute_ratio_per_round"])
+    assert all(r > 0 for r in eager["compute_ratio_per_round"])
+    table = out.with_suffix(".md").read_text()
+    assert "| part |" in table and "| page faults (median) |" in table  # the loops' allocations, side by side
+    assert all(isinstance(parts[loop]["page_faults"]["median"], (int, float)) for loop in parts)
 
 
 def test_data_loading_benchmark_reports_a_multiple(cache_dir, tmp_path):
@@ -110,4 +124,21 @@ def test_the_generation_table_in_the_docs_quotes_the_committed_results():
             ours, theirs = row["ours"], row["transformers"]
             quoted = (f"| {written['dtype']} | {written['threads']} | {batch} | {ours['tokens_per_sec']:.1f} ({ours['steps_per_sec_of_ceiling']:.0%}) | "
                       f"{theirs['tokens_per_sec']:.1f} ({theirs['steps_per_sec_of_ceiling']:.0%}) | {row['ours_vs_transformers']:.2f}x |")
+            assert quoted in text, quoted
+
+
+def test_the_lightning_cost_tables_in_the_docs_quote_the_committed_results():
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    for name, bar, run in (("lightning_overhead.json", "plain `Trainer`'s", "5, plain `Trainer`'s bar (committed)"),
+                           ("lightning_overhead_step_bar.json", "`StepProgressBar`", "6, `StepProgressBar` (committed)")):
+        results = json.loads((REPO / "benchmarks" / "results" / "cpu-2core" / name).read_text())["results"]
+        eager, compiled = results["eager"], results["compiled"]
+        quoted = (f"| {run} | {eager['ratio']:.3f} | {eager['ratio_per_round_median']:.3f} | "
+                  f"{compiled['ratio']:.3f} | {compiled['ratio_per_round_median']:.3f} |")
+        assert quoted in text, quoted
+        for mode, r in results.items():
+            host, by = r["host_ms_per_step"], r["host_ms_added_by_lightning_parts"]
+            quoted = (f"| {mode}, {bar} | {host['plain']:.2f} | {host['plain_ours']:.2f} | {host['lightning']:.2f} | "
+                      f"{r['host_ms_added_by_lightning']:.2f}: {by['trainer_loop']:.2f}, {by['callbacks_and_logger']:.2f}, "
+                      f"{by['module_hooks']:.2f} | {r['host_added_fraction_of_plain_step']:.2%} |")
             assert quoted in text, quoted
