@@ -269,7 +269,8 @@ class PartsProfiler(Profiler):
         if action.startswith(f"[Callback]{self.bar_name}"):
             return "progress_bar"
         if action.startswith("[LightningModule]") and action.endswith((".on_train_batch_end", ".configure_gradient_clipping")):
-            return "nonfinite_guard"  # check_at_logging_interval; clip_gradients (which reuses the guard's norm)
+            # check_at_logging_interval (and, at a stop, the step's logging); clip_gradients (the guard's norm)
+            return "nonfinite_guard"
         if action.startswith("[LightningModule]") and action.endswith(".on_train_batch_start"):
             return "other_hooks"  # resume.align_logging_step
         return None  # on_before_optimizer_step is split by the wrappers below; the rest is Lightning's

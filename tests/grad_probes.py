@@ -73,8 +73,8 @@ class StepLossProbe(Callback):
         if trainer.global_step == self._step:
             return  # mid-accumulation
         self._step = trainer.global_step
-        logged = float(trainer.callback_metrics["train/loss"])
-        self.steps.append({"micro_batch_losses": self._losses, "logged": logged})
+        logged = trainer.callback_metrics.get("train/loss")  # None before the first logging step
+        self.steps.append({"micro_batch_losses": self._losses, "logged": None if logged is None else float(logged)})
         self._losses = []
 
     def on_train_end(self, trainer, pl_module):

@@ -47,6 +47,8 @@ def test_overhead_benchmark_reports_a_ratio(cache_dir, tmp_path):
     assert all(parts[loop]["rest"]["mean_ms"] >= 0 for loop in parts)  # exclusive parts never exceed the step
     # every step counted (the logging steps too) beside the medians; the runs left out went past a logging step
     assert eager["ratio_total_time"] > 0 and eager["left_out_runs"] == {"steps": 6, "loops": ["plain", "plain_ours", "lightning"]}
+    output = result.stdout + result.stderr  # the left-out Lightning run did run: one fit of 6 steps, then the 2 measured
+    assert output.count("`max_steps=6` reached") == 1 and output.count("`max_steps=8` reached") == 2
     assert 0 < eager["ratio_from_host_time"] <= 1.5
     assert len(eager["ratio_per_round"]) == 2 == len(eager["compute_ratio_per_round"])
     assert all(r > 0 for r in eager["compute_ratio_per_round"])
@@ -142,3 +144,11 @@ def test_the_lightning_cost_tables_in_the_docs_quote_the_committed_results():
                       f"{r['host_ms_added_by_lightning']:.2f}: {by['trainer_loop']:.2f}, {by['callbacks_and_logger']:.2f}, "
                       f"{by['module_hooks']:.2f} | {r['host_added_fraction_of_plain_step']:.2%} |")
             assert quoted in text, quoted
+    # the figures quoted in the text: the ratios of total times, and the range of the host-time estimate
+    committed = [json.loads((REPO / "benchmarks" / "results" / "cpu-2core" / name).read_text())["results"]
+                 for name in ("lightning_overhead.json", "lightning_overhead_step_bar.json")]
+    total = {mode: " and ".join(f"{r[mode]['ratio_total_time']:.3f}" for r in committed) for mode in ("eager", "compiled")}
+    sentence = f"ratio of total times was {total['eager']} (eager), {total['compiled']}\n(compiled)"
+    assert sentence in text, sentence
+    estimates = [r[mode]["ratio_from_host_time"] for r in committed for mode in r]
+    assert f"{min(estimates):.3f} to {max(estimates):.3f} in the four committed modes" in text

@@ -97,12 +97,19 @@ def test_a_run_kept_going_after_a_stop_logs_each_steps_own_values(small_text, tm
     step 3, before the stop): each later step must refresh it, or the logger writes the stop step's
     values at every step to the end."""
     probe = {"class_path": "grad_probes.LogCallsProbe", "init_args": {"out": str(tmp_path / "calls.json")}}
+    losses = {"class_path": "grad_probes.StepLossProbe", "init_args": {"out": str(tmp_path / "loss.json")}}
     stop = {"class_path": "grad_probes.StopAtStep", "init_args": {"step": 4}}
     # min_epochs 0: Lightning sets min_epochs=1 beside min_steps, and an epoch here is longer than the run
     _, events = fit_tiny_config(small_text, tmp_path, "--trainer.max_steps", "10", "--trainer.min_steps", "7",
                                 "--trainer.min_epochs", "0", "--trainer.log_every_n_steps", "3", "--trainer.limit_val_batches", "0",
-                                f"--trainer.callbacks+={json.dumps(probe)}", f"--trainer.callbacks+={json.dumps(stop)}")
+                                f"--trainer.callbacks+={json.dumps(probe)}", f"--trainer.callbacks+={json.dumps(losses)}",
+                                f"--trainer.callbacks+={json.dumps(stop)}")
     report = json.loads((tmp_path / "calls.json").read_text())
+    # each written loss is its own step's, computed again by the probe from that step's batch
+    steps = json.loads((tmp_path / "loss.json").read_text())["steps"]
+    own = [sum(steps[event.step]["micro_batch_losses"]) / len(steps[event.step]["micro_batch_losses"])
+           for event in events.Scalars("train/loss")]
+    assert [event.value for event in events.Scalars("train/loss")] == pytest.approx(own, rel=1e-5)
     for name in ("train/loss", "train/grad_norm"):
         written = events.Scalars(name)
         # the logging step 3, the stop (4), then every step to min_steps (Lightning's 0-based numbers)
