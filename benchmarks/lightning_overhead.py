@@ -537,8 +537,8 @@ def main() -> None:
                 "setup": {loop: v[0]["setup"] for loop, v in runs.items()},
                 "load_average_per_run": loads,
             }
-            host = {loop: sum(results[name]["breakdown"][loop][part]["mean_ms"] for part in HOST) for loop in LOOPS}
             breakdown = results[name]["breakdown"]
+            host = {loop: sum(breakdown[loop][part]["mean_ms"] for part in HOST) for loop in LOOPS}
             step_ms = breakdown["plain"]["step"]["median_ms"]
             results[name]["host_ms_per_step"] = host
             results[name]["host_ms_added_by_lightning"] = host["lightning"] - host["plain_ours"]
