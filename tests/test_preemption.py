@@ -34,15 +34,15 @@ def probe(out_dir: Path) -> str:
 
 
 def signal_during(process: subprocess.Popen, log: Path, step: int, micro: int, signum: int,
-                  pid_of=lambda line: None) -> None:
-    """Send ``signum`` while micro-batch ``micro`` of optimizer step ``step`` runs (the probe pauses
-    there), to the process whose pid that log line names, or ``process``."""
+                  pid_of=lambda pid: None, per_step: int = MICRO) -> None:
+    """Send ``signum`` while micro-batch ``micro`` (of ``per_step``) of optimizer step ``step`` runs
+    (the probe pauses there), to ``pid_of(the pid the log names)``, or to ``process``."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
         lines = log.read_text().split("\n") if log.exists() else []
         for line in filter(None, lines):
             at_step, batch_idx, pid = map(int, line.split())
-            if at_step == step and batch_idx % MICRO == micro:
+            if at_step == step and batch_idx % per_step == micro:
                 os.kill(pid_of(pid) or process.pid, signum)
                 return
         time.sleep(0.02)
@@ -91,3 +91,64 @@ def test_a_signal_mid_accumulation_saves_the_step_and_the_same_command_resumes_e
 def child_of(pid: int) -> int:
     (child,) = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     return int(child)
+
+
+def test_a_sigterm_to_one_ddp_rank_stops_both_at_one_step_with_no_per_micro_batch_sync(tmp_path):
+    """2 processes (gloo), 2 micro-batches a step, SIGTERM to rank 1 only (Lightning's launcher's child).
+    Both stop at the same optimizer step, one consistent last.ckpt is written, rank 0 exits 143; and no
+    step broadcasts or reads anything back: one CPU all-reduce of the stop flag per optimizer step.
+    Lightning alone broadcast a flag and read it on the host at every micro-batch, and exited 0."""
+    counter = {"class_path": "host_reads.CollectiveCounter", "init_args": {"out_dir": str(tmp_path / "counts")}}
+    job = [*TINY, "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.precision", "32-true",
+           "--data.tokens_per_step", "128", "--trainer.max_steps", "20", "--trainer.log_every_n_steps", "1000",
+           "--checkpoint.every_n_train_steps", "1000", "--trainer.logger.init_args.save_dir", str(tmp_path),
+           "--trainer.logger.init_args.name", "job", "--ckpt_path", "last", probe(tmp_path / "steps"),
+           f"--trainer.callbacks+={json.dumps(counter)}"]
+    started = subprocess.Popen([sys.executable, "-m", "gpt_lightning", *job], env=ENV, cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    signal_during(started, tmp_path / "steps" / "rank1.log", step=3, micro=1, signum=signal.SIGTERM,
+                  pid_of=lambda pid: pid, per_step=2)
+    _, err = started.communicate(timeout=300)
+    assert started.returncode == 143, err[-3000:]
+    records = [json.loads((tmp_path / "counts" / f"rank{r}.json").read_text()) for r in range(2)]
+    # Flags posted at the end of step 3 (global_step 4) are read at the end of the next: both stop there.
+    assert [r["steps"] for r in records] == [5, 5]
+    assert load(last_ckpt(tmp_path, "job", 0))["global_step"] == 5
+    assert "stopped by SIGTERM at step 5" in err
+    for record in records:
+        counts = {int(k): v for k, v in record["counts"].items()}
+        assert sorted(counts) == [0, 1, 2, 3, 4]
+        assert all(counts[k] == {"all_reduce": 1} for k in range(4)), counts
+        # The stop step adds the checkpoint save's own barriers and broadcasts (the path, the save).
+        assert counts[4]["all_reduce"] == 1, counts
+        reads = {int(k): n for k, n in record["reads"].items() if n}
+        # The first step measures FLOPs, the stop step checks the weights are finite before saving;
+        # no other step reads a value back.
+        assert set(reads) <= {0, 4}, reads
+
+
+SLURM = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "gpt", "SLURM_JOB_ID": "77", "SLURM_PROCID": "0",
+         "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost"}
+
+
+def test_under_slurm_lightning_s_auto_requeue_is_off_and_a_stale_hpc_checkpoint_is_refused(
+        tmp_path, monkeypatch, capsys, in_process_group):
+    """Lightning's auto-requeue saves hpc_ckpt_N.ckpt in the working directory on SIGUSR1, and resumes
+    any later run started there from it, unasked. Under the CLI it is off (SIGTERM saves last.ckpt), and
+    a stale one is refused in one line rather than taking the run over."""
+    from gpt_lightning.lightning_cli import GPTLightningCLI
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    for key, value in SLURM.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    args = [*TINY[1:], "--trainer.logger.init_args.save_dir", str(tmp_path)]
+    # What Lightning's signal connector reads to decide on SIGUSR1 requeueing (any strategy).
+    environment = GPTLightningCLI(args=args, run=False).trainer._accelerator_connector.cluster_environment
+    assert isinstance(environment, SLURMEnvironment) and environment.auto_requeue is False
+    (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"an old run's")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *args])
+    assert exit_info.value.code == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("gpt-lightning: error:")]
+    assert f"{tmp_path / 'hpc_ckpt_1.ckpt'} (Lightning's SLURM auto-requeue checkpoint)" in line
