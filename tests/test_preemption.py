@@ -49,6 +49,23 @@ def signal_during(process: subprocess.Popen, log: Path, step: int, micro: int, s
     pytest.fail(f"step {step} micro-batch {micro} never ran; exit {process.poll()}")
 
 
+def launch(args: list[str], cwd: Path | None = None) -> subprocess.Popen:
+    """The CLI in a session of its own, so that ``finish`` can end it and its DDP children."""
+    return subprocess.Popen([sys.executable, "-m", "gpt_lightning", *args], env=ENV, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def finish(process: subprocess.Popen, within: float = 120) -> str:
+    """stderr, once ``process`` exits; a run that does not within ``within`` s (Lightning's own
+    handling hangs when one DDP rank alone is signalled) is killed with its children and fails."""
+    try:
+        return process.communicate(timeout=within)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        pytest.fail(f"still running {within} s after the signal")
+
+
 def last_ckpt(root: Path, name: str, version: int) -> Path:
     return root / name / f"version_{version}" / "checkpoints" / "last.ckpt"
 
@@ -70,11 +87,10 @@ def test_a_signal_mid_accumulation_saves_the_step_and_the_same_command_resumes_e
     """Lightning alone exits 0 with no checkpoint on SIGTERM (1 on Ctrl-C, no checkpoint either)."""
     job = [*TINY, "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.logger.init_args.name", "job",
            "--ckpt_path", "last"]
-    started = subprocess.Popen([sys.executable, "-m", "gpt_lightning", *job, probe(tmp_path / "steps")], env=ENV,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = launch([*job, probe(tmp_path / "steps")])
     signal_during(started, tmp_path / "steps" / "rank0.log", step=2, micro=1, signum=signum)
     sent = time.monotonic()
-    _, err = started.communicate(timeout=300)
+    err = finish(started)
     assert started.returncode == code, err[-3000:]
     assert time.monotonic() - sent < 30  # well inside a scheduler's grace period
     ckpt = last_ckpt(tmp_path, "job", 0)
@@ -88,11 +104,6 @@ def test_a_signal_mid_accumulation_saves_the_step_and_the_same_command_resumes_e
     assert not differ, differ
 
 
-def child_of(pid: int) -> int:
-    (child,) = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return int(child)
-
-
 def test_a_sigterm_to_one_ddp_rank_stops_both_at_one_step_with_no_per_micro_batch_sync(tmp_path):
     """2 processes (gloo), 2 micro-batches a step, SIGTERM to rank 1 only (Lightning's launcher's child).
     Both stop at the same optimizer step, one consistent last.ckpt is written, rank 0 exits 143; and no
@@ -104,11 +115,10 @@ def test_a_sigterm_to_one_ddp_rank_stops_both_at_one_step_with_no_per_micro_batc
            "--checkpoint.every_n_train_steps", "1000", "--trainer.logger.init_args.save_dir", str(tmp_path),
            "--trainer.logger.init_args.name", "job", "--ckpt_path", "last", probe(tmp_path / "steps"),
            f"--trainer.callbacks+={json.dumps(counter)}"]
-    started = subprocess.Popen([sys.executable, "-m", "gpt_lightning", *job], env=ENV, cwd=tmp_path,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = launch(job, cwd=tmp_path)
     signal_during(started, tmp_path / "steps" / "rank1.log", step=3, micro=1, signum=signal.SIGTERM,
                   pid_of=lambda pid: pid, per_step=2)
-    _, err = started.communicate(timeout=300)
+    err = finish(started)
     assert started.returncode == 143, err[-3000:]
     records = [json.loads((tmp_path / "counts" / f"rank{r}.json").read_text()) for r in range(2)]
     # Flags posted at the end of step 3 (global_step 4) are read at the end of the next: both stop there.
@@ -166,14 +176,13 @@ def test_under_fsdp2_a_sigterm_saves_the_sharded_checkpoint_and_the_same_command
     whole = subprocess.run([*command, *fsdp2, "--trainer.logger.init_args.name", "whole"], env=ENV,
                            capture_output=True, text=True, timeout=300)
     assert whole.returncode == 0, whole.stderr[-3000:]
-    job = [*command, *fsdp2, "--trainer.logger.init_args.name", "job", "--ckpt_path", "last"]
-    started = subprocess.Popen([*job, probe(tmp_path / "steps")], env=ENV, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    job = [*fsdp2, "--trainer.logger.init_args.name", "job", "--ckpt_path", "last"]
+    started = launch([*job, probe(tmp_path / "steps")])
     signal_during(started, tmp_path / "steps" / "rank0.log", step=2, micro=1, signum=signal.SIGTERM)
-    _, err = started.communicate(timeout=300)
+    err = finish(started)
     assert started.returncode == 143, err[-3000:]
     assert read_checkpoint(last_ckpt(tmp_path, "job", 0), weights=False)["global_step"] == 3
-    resumed = subprocess.run(job, env=ENV, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run([*command, *job], env=ENV, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     expected, got = (read_checkpoint(last_ckpt(tmp_path, name, version)) for name, version in (("whole", 0), ("job", 1)))
     assert got["global_step"] == expected["global_step"] == 6
