@@ -164,26 +164,23 @@ def test_under_slurm_lightning_s_auto_requeue_is_off_and_a_stale_hpc_checkpoint_
     assert f"{tmp_path / 'hpc_ckpt_1.ckpt'} (Lightning's SLURM auto-requeue checkpoint)" in line
 
 
-def test_under_fsdp2_a_sigterm_saves_the_sharded_checkpoint_and_the_same_command_resumes_exactly(tmp_path):
+def test_under_fsdp2_a_sigterm_saves_the_sharded_checkpoint_and_the_same_command_resumes_exactly(tmp_path,
+                                                                                               in_process_group):
     """configs/fsdp2.yaml (ModelParallelStrategy, one CPU process): the checkpoint is a folder of
     shards written by every rank; stopped mid-accumulation and relaunched, the run ends at the weights
-    of the run never stopped. Separate processes throughout: no process group is left in pytest."""
+    of the run never stopped."""
     from gpt_lightning.interop.checkpoint import read_checkpoint
 
     fsdp2 = [*TINY, "--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.accelerator", "cpu",
              "--trainer.devices", "1", "--model.compile", "false", "--trainer.logger.init_args.save_dir", str(tmp_path)]
-    command = [sys.executable, "-m", "gpt_lightning"]
-    whole = subprocess.run([*command, *fsdp2, "--trainer.logger.init_args.name", "whole"], env=ENV,
-                           capture_output=True, text=True, timeout=300)
-    assert whole.returncode == 0, whole.stderr[-3000:]
+    main([*fsdp2, "--trainer.logger.init_args.name", "whole"])
     job = [*fsdp2, "--trainer.logger.init_args.name", "job", "--ckpt_path", "last"]
     started = launch([*job, probe(tmp_path / "steps")])
     signal_during(started, tmp_path / "steps" / "rank0.log", step=2, micro=1, signum=signal.SIGTERM)
     err = finish(started)
     assert started.returncode == 143, err[-3000:]
     assert read_checkpoint(last_ckpt(tmp_path, "job", 0), weights=False)["global_step"] == 3
-    resumed = subprocess.run([*command, *job], env=ENV, capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    main(job)  # the requeue: the same command
     expected, got = (read_checkpoint(last_ckpt(tmp_path, name, version)) for name, version in (("whole", 0), ("job", 1)))
     assert got["global_step"] == expected["global_step"] == 6
     differ = [k for k in expected["state_dict"] if not torch.equal(expected["state_dict"][k], got["state_dict"][k])]
