@@ -8,7 +8,7 @@ import argparse
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from gpt_lightning import GPTLightningModule, ThroughputMonitor, TokenStreamDataModule, ValidationSamples
+from gpt_lightning import GPTLightningModule, Preempted, Preemption, ThroughputMonitor, TokenStreamDataModule, ValidationSamples
 from gpt_lightning.observing.console import StepProgressBar
 
 parser = argparse.ArgumentParser()
@@ -30,9 +30,14 @@ trainer = Trainer(
     logger=TensorBoardLogger(args.log_dir, name="own-trainer"),
     # StepProgressBar: optimizer steps, train/loss and tok/s, drawn in the step (the bar a plain
     # Trainer picks when rich is installed, RichProgressBar, redraws from a thread beside the step);
-    # ValidationSamples: text samples after each validation, in TensorBoard
-    callbacks=[monitor, StepProgressBar(), ValidationSamples()],
+    # ValidationSamples: text samples after each validation, in TensorBoard; Preemption: on SIGTERM
+    # or Ctrl-C, last.ckpt at the end of the optimizer step in flight, then Preempted is raised
+    callbacks=[monitor, StepProgressBar(), ValidationSamples(), Preemption()],
 )
-trainer.fit(model, data)
+try:
+    trainer.fit(model, data)
+except Preempted as stop:  # a SystemExit: uncaught, the script exits 143 (SIGTERM) or 130 (Ctrl-C)
+    print(f"stopped at step {stop.step}; resume with trainer.fit(model, data, ckpt_path={stop.ckpt_path!r})")
+    raise
 print(f"final train/loss {trainer.callback_metrics['train/loss']:.3f}")
 print(f"median tokens/s {monitor.summary['tokens_per_sec_median']:.0f}")

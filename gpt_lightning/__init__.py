@@ -14,6 +14,8 @@ _WHERE = {
     "GPTConfig": "gpt_lightning.model",
     "GPTLightningModule": "gpt_lightning.training.module",
     "HellaSwagEval": "gpt_lightning.interop.hellaswag",
+    "Preempted": "gpt_lightning.training.preemption",
+    "Preemption": "gpt_lightning.training.preemption",
     "ShardWindows": "gpt_lightning.data.shards",
     "ThroughputMonitor": "gpt_lightning.observing.throughput",
     "TokenStreamDataModule": "gpt_lightning.data.datamodule",

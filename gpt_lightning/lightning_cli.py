@@ -17,6 +17,7 @@ import yaml
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
@@ -30,6 +31,7 @@ from gpt_lightning.observing.console import StepProgressBar, TrainingFlopsSummar
 from gpt_lightning.observing.samples import ValidationSamples
 from gpt_lightning.observing.throughput import ThroughputMonitor
 from gpt_lightning.training.module import GPTLightningModule
+from gpt_lightning.training.preemption import Preemption
 
 # Lightning messages a CLI user cannot act on, by how they start.
 _UNACTIONABLE = (
@@ -122,14 +124,32 @@ def check_config_files(args: list[str]) -> None:
             )
 
 
-def _refuse_a_finished_run(ckpt_path: str, checkpoint: dict[str, Any], max_steps: int) -> None:
-    """A resume whose checkpoint already reached ``max_steps`` would train nothing and exit 0."""
+def _refuse_a_finished_run(ckpt_path: str, checkpoint: dict[str, Any], max_steps: int, newest: bool) -> None:
+    """A resume whose checkpoint already reached ``max_steps`` would train nothing and exit 0. Given
+    by path, that is a mistake; found by ``--ckpt_path last`` (a job's requeue after the run ended),
+    it is the run being done: said in one line, exit 0."""
     step = checkpoint.get("global_step")
     if isinstance(step, int) and max_steps is not None and 0 <= max_steps <= step:
+        if newest:
+            rank_zero_info(f"--ckpt_path last: {ckpt_path} is at step {step}, trainer.max_steps is {max_steps}: "
+                           "this run is finished, nothing to do.")
+            raise SystemExit(0)
         raise UserError(
             f"Checkpoint {ckpt_path} is at step {step}, and trainer.max_steps is {max_steps}: nothing is left to "
             f"train. To train on, raise it, e.g. --trainer.max_steps {2 * step if step else 1}."
         )
+
+
+def _without_slurm_requeue(plugins: Any) -> list[Any]:
+    """The user's plugins, with ``SLURMEnvironment(auto_requeue=False)`` where they name no cluster
+    environment. Lightning's auto-requeue (SIGUSR1: ``hpc_ckpt_N.ckpt`` in the working directory and
+    ``scontrol requeue``) saves outside the run's folder, where ``--ckpt_path last`` does not look
+    and where Lightning later resumes any run started there from it; under the CLI, ``Preemption``
+    saves ``last.ckpt`` on SIGTERM instead, and the job script requeues (examples/slurm_multinode.sbatch)."""
+    plugins = list(plugins) if isinstance(plugins, (list, tuple)) else ([] if plugins is None else [plugins])
+    if not any(isinstance(p, ClusterEnvironment) for p in plugins):
+        plugins.append(SLURMEnvironment(auto_requeue=False))
+    return plugins
 
 
 class GPTLightningCLI(CheckpointArguments, LightningCLI):
@@ -197,7 +217,11 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
             return lightning_parse_ckpt_path(self)
         ckpt_path = self.config[subcommand].get("ckpt_path")
         resolved = []
-        if ckpt_path == "last" and subcommand == "fit" and (newest := self._newest_last_checkpoint()) is not None:
+        if ckpt_path == "last" and subcommand == "fit" and (runs := self._runs_folder()) is not None:
+            newest = self._newest_last_checkpoint(runs)
+            if newest is None:  # the first launch of a job that relaunches with the same command
+                self.config.fit.ckpt_path = None
+                return
             ckpt_path = str(newest)
             resolved = ["--ckpt_path", ckpt_path]
         if not ckpt_path or ckpt_path in LIGHTNING_CKPT_ALIASES:
@@ -213,13 +237,12 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
             self._cli_args[:at] + from_checkpoint + self._cli_args[at:] + fresh_start_only + resolved
         )
         if subcommand == "fit":
-            _refuse_a_finished_run(ckpt_path, checkpoint, self.config.fit.trainer.max_steps)
+            _refuse_a_finished_run(ckpt_path, checkpoint, self.config.fit.trainer.max_steps, newest=bool(resolved))
 
-    def _newest_last_checkpoint(self) -> Path | None:
-        """``--ckpt_path last`` for ``fit``: the ``last.ckpt`` of this logger's newest run that has
-        one. (Lightning looks in the new run's own, empty folder, and silently starts from scratch.)
-        None, leaving ``last`` to Lightning, where the checkpoints are not in numbered run folders:
-        no logger or several, a logger without a save_dir or with a fixed version, or
+    def _runs_folder(self) -> Path | None:
+        """Where ``--ckpt_path last`` looks for ``fit``: this logger's folder of numbered runs. None,
+        leaving ``last`` to Lightning, where the checkpoints are not in numbered run folders: no
+        logger or several, a logger without a save_dir or with a fixed version, or
         ``--checkpoint.dirpath`` given."""
         fit = self.config.fit
         logger = fit.trainer.get("logger")
@@ -227,13 +250,17 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
         save_dir, name = init_args.get("save_dir"), init_args.get("name") or ""
         if save_dir is None or init_args.get("version") is not None or fit.get("checkpoint", {}).get("dirpath"):
             return None
-        runs = Path(save_dir).expanduser() / name
+        return Path(save_dir).expanduser() / name
+
+    @staticmethod
+    def _newest_last_checkpoint(runs: Path) -> Path | None:
+        """The ``last.ckpt`` of the newest run under ``runs`` that has one (Lightning's own ``last``
+        looks in the new run's empty folder, and silently starts from scratch); None, said in one
+        line, when no run has one yet: the job's first launch starts fresh."""
         found = [p for p in runs.glob("version_*/checkpoints/last.ckpt") if p.parent.parent.name[8:].isdigit()]
         if not found:
-            raise UserError(
-                f"--ckpt_path last: no run under {runs} has a checkpoints/last.ckpt yet. Train without "
-                "--ckpt_path first, or give a checkpoint's path."
-            )
+            rank_zero_info(f"--ckpt_path last: no run under {runs} has a checkpoints/last.ckpt yet; starting fresh.")
+            return None
         newest = max(found, key=lambda p: int(p.parent.parent.name[8:]))
         rank_zero_info(f"--ckpt_path last: resuming from {newest}")
         return newest
@@ -280,6 +307,10 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
             callbacks.append(StepProgressBar())
         if trainer_config.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
             callbacks.append(TrainingFlopsSummary())
+        if not any(isinstance(c, Preemption) for c in callbacks):
+            callbacks.append(Preemption())  # SIGTERM / Ctrl-C: last.ckpt at the step reached, exit 143 / 130
+        if SLURMEnvironment.detect():
+            kwargs["plugins"] = _without_slurm_requeue(trainer_config.get("plugins"))
         try:
             return super().instantiate_trainer(callbacks=callbacks, **kwargs)
         except (ValueError, TypeError, ModuleNotFoundError, RuntimeError) as err:
@@ -296,6 +327,13 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
                 "ModelParallelStrategy resumes it. Add --config configs/fsdp2.yaml (or --trainer.strategy.class_path "
                 "ModelParallelStrategy). Its weights alone load anywhere: gpt-lightning export --ckpt_path "
                 f"{ckpt_path} --out weights.safetensors."
+            )
+        stale = sorted(Path(trainer.default_root_dir).glob("hpc_ckpt_*.ckpt"))
+        if not ckpt_path and stale and SLURMEnvironment.detect():
+            raise UserError(
+                f"{stale[-1]} (Lightning's SLURM auto-requeue checkpoint) is in {trainer.default_root_dir}, and Lightning "
+                f"would resume this run from it unasked. Resume from it with --ckpt_path {stale[-1]}, or move it away; "
+                "gpt-lightning saves last.ckpt on SIGTERM instead (docs/resume.md, On a cluster)."
             )
         for option, value in (("max_steps", trainer.max_steps), ("max_epochs", trainer.max_epochs)):
             if value == 0:

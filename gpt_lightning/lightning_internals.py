@@ -20,6 +20,10 @@ Lightning:
   routes it to ``GPTLightningCLI.parse_ckpt_path`` (``lightning_cli.py``).
 - ``LightningCLI._add_configure_optimizers_method_to_model``: what ``instantiate_classes`` does
   after building the classes, which our meta-device ``instantiate_classes`` must do as well.
+- ``trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor``: under DDP Lightning broadcasts a SIGTERM
+  flag and reads it on the host before every micro-batch (a collective and a sync each). No setting
+  turns it off; ``training/preemption.py`` replaces it on the loop instance with a no-op, as it
+  agrees on stopping itself, once per optimizer step.
 - ``lightning_utilities.core.rank_zero.log``: the logger rank-zero messages go through, which the CLI
   filters (``quiet_lightning_console``); a module-level name, not exported.
 
@@ -59,6 +63,11 @@ def set_batches_that_stepped(trainer: Trainer, value: int) -> None:
 def batches_started(trainer: Trainer) -> int:
     """Batches of the current epoch the fit loop has already started (a mid-epoch resume's offset)."""
     return trainer.fit_loop.epoch_loop.batch_progress.current.ready
+
+
+def skip_sigterm_broadcast(trainer: Trainer) -> None:
+    """Lightning's per-micro-batch SIGTERM broadcast and host read, off for this trainer's fit."""
+    trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
 
 
 def format_summary_table(*args: Any) -> str:
@@ -132,6 +141,8 @@ CHECKS: dict[str, Callable[[], bool]] = {
     "fit_loop.epoch_loop._batches_that_stepped": lambda: _present(Trainer(logger=False).fit_loop.epoch_loop, "_batches_that_stepped"),
     "fit_loop.epoch_loop.batch_progress.current.ready": lambda: _present(
         getattr(getattr(Trainer(logger=False).fit_loop.epoch_loop, "batch_progress", None), "current", None), "ready"),
+    "fit_loop.epoch_loop._broadcast_sigterm_tensor": lambda: callable(
+        getattr(Trainer(logger=False).fit_loop.epoch_loop, "_broadcast_sigterm_tensor", None)),
     "model_summary._format_summary_table": lambda: _present(
         __import__("lightning.pytorch.utilities.model_summary.model_summary", fromlist=["_"]), "_format_summary_table"),
     "LightningCLI._parse_ckpt_path": lambda: _present(LightningCLI, "_parse_ckpt_path"),

@@ -106,3 +106,54 @@ class BarrierCounter(Callback):
         torch.distributed.barrier = self.original
         if trainer.is_global_zero:
             self.out.write_text(json.dumps({"steps": trainer.global_step, "barriers": self.barriers}))
+
+
+class CollectiveCounter(Callback):
+    """Per optimizer step, on every rank: the Python-level collectives (``broadcast``, ``all_reduce``,
+    ``barrier``; DDP's gradient all-reduce runs inside its C++ reducer and is not among them) and the
+    host reads of tensor values. Written to ``out_dir/rank{r}.json`` when the fit ends or stops."""
+
+    NAMES = ("broadcast", "all_reduce", "barrier")
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+        self.step: int | None = None
+        self.counts: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.reads: dict[int, list] = defaultdict(list)
+
+    def on_train_start(self, trainer, pl_module):
+        self.originals = {name: getattr(torch.distributed, name) for name in self.NAMES}
+        for name, original in self.originals.items():
+            setattr(torch.distributed, name, self._counted(name, original))
+        self.mode = _Counter(self)
+        self.mode.__enter__()
+
+    def _counted(self, name, original):
+        def counted(*args, **kwargs):
+            if self.step is not None:
+                self.counts[self.step][name] += 1
+            return original(*args, **kwargs)
+
+        return counted
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.step = trainer.global_step
+
+    def on_validation_start(self, trainer, pl_module):
+        self.step = None
+
+    def _write(self, trainer):
+        self.step = None
+        self.mode.__exit__(None, None, None)
+        for name, original in self.originals.items():
+            setattr(torch.distributed, name, original)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        record = {"steps": trainer.global_step, "counts": {str(k): dict(v) for k, v in self.counts.items()},
+                  "reads": {str(k): len(v) for k, v in self.reads.items()}}
+        (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+    def on_train_end(self, trainer, pl_module):
+        self._write(trainer)
+
+    def on_exception(self, trainer, pl_module, exception):
+        self._write(trainer)

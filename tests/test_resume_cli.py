@@ -116,7 +116,7 @@ def test_a_checkpoint_that_reached_max_steps_is_refused_in_one_line(first_run, c
     assert set((root / "tb" / "run").iterdir()) == before  # refused before any run folder is made
 
 
-def test_ckpt_path_last_resumes_the_newest_run_of_this_logger(first_run, caplog, capsys):
+def test_ckpt_path_last_resumes_the_newest_run_of_this_logger(first_run, caplog):
     """Lightning's own "last" looks in the new run's empty folder and silently starts from step 0."""
     root, config, _ = first_run
     caplog.set_level("INFO")
@@ -128,10 +128,29 @@ def test_ckpt_path_last_resumes_the_newest_run_of_this_logger(first_run, caplog,
     events = EventAccumulator(str(run_dir))
     events.Reload()
     assert [e.step for e in events.Scalars("train/loss")] == [hparams_step(newest)]  # one step on from there
+
+
+
+def test_ckpt_path_last_is_one_command_for_the_first_launch_and_every_requeue(first_run, caplog):
+    """A job script runs the same line at its first launch and at every requeue: with no checkpoint
+    yet it starts fresh (it refused, exit 2), and once the run reached max_steps it says so and exits
+    0 (it refused too, exit 2), without making a run folder."""
+    root, config, _ = first_run
+    caplog.set_level("INFO")
+    job = ["fit", "--config", str(config), "--ckpt_path", "last", "--model.compile", "false",
+           "--trainer.logger.init_args.name", "job"]
+    main(job)
+    assert f"--ckpt_path last: no run under {root / 'tb' / 'job'} has a checkpoints/last.ckpt yet; starting fresh." \
+        in caplog.text
+    ckpt = root / "tb" / "job" / "version_0" / "checkpoints" / "last.ckpt"
+    assert hparams_step(ckpt.parent.parent) == 2  # trained from scratch to max_steps
+    caplog.clear()
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.logger.init_args.name", "never-ran"])
-    assert exit_info.value.code == 2
-    assert "--ckpt_path last: no run under" in capsys.readouterr().err
+        main(job)
+    assert exit_info.value.code == 0
+    assert f"--ckpt_path last: {ckpt} is at step 2, trainer.max_steps is 2: this run is finished, nothing to do." \
+        in caplog.text
+    assert sorted(p.name for p in (root / "tb" / "job").iterdir()) == ["version_0"]
 
 
 def hparams_step(run_dir):

@@ -1,0 +1,187 @@
+"""A scheduler's SIGTERM (or Ctrl-C) during ``gpt-lightning fit``: the run saves ``last.ckpt`` at the
+end of the optimizer step in flight, exits 143 (130), and the same command relaunched ends at the very
+weights of a run never stopped. Real processes and real signals, sent while a chosen micro-batch of
+an accumulated step runs; under DDP to one rank only."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt_lightning.cli import main
+
+from conftest import REPO
+
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+# configs/tiny-cpu.yaml (bf16-mixed) shrunk in size and steps; 3 micro-batches of 2 x 16 a step.
+TINY = ["fit", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--model.compile", "false",
+        "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.val_sample_tokens", "0",
+        "--data.batch_size", "2", "--data.block_size", "16", "--data.tokens_per_step", "96",
+        "--trainer.max_steps", "6", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
+        "--throughput.warmup_steps", "0"]
+MICRO = 3
+
+
+def probe(out_dir: Path) -> str:
+    return "--trainer.callbacks+=" + json.dumps(
+        {"class_path": "preemption_probe.MicroBatchLog", "init_args": {"out_dir": str(out_dir)}})
+
+
+def signal_during(process: subprocess.Popen, log: Path, step: int, micro: int, signum: int,
+                  pid_of=lambda pid: None, per_step: int = MICRO) -> None:
+    """Send ``signum`` while micro-batch ``micro`` (of ``per_step``) of optimizer step ``step`` runs
+    (the probe pauses there), to ``pid_of(the pid the log names)``, or to ``process``."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        lines = log.read_text().split("\n") if log.exists() else []
+        for line in filter(None, lines):
+            at_step, batch_idx, pid = map(int, line.split())
+            if at_step == step and batch_idx % per_step == micro:
+                os.kill(pid_of(pid) or process.pid, signum)
+                return
+        time.sleep(0.02)
+    pytest.fail(f"step {step} micro-batch {micro} never ran; exit {process.poll()}")
+
+
+def launch(args: list[str], cwd: Path | None = None) -> subprocess.Popen:
+    """The CLI in a session of its own, so that ``finish`` can end it and its DDP children."""
+    return subprocess.Popen([sys.executable, "-m", "gpt_lightning", *args], env=ENV, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def finish(process: subprocess.Popen, within: float = 120) -> str:
+    """stderr, once ``process`` exits; a run that does not within ``within`` s (Lightning's own
+    handling hangs when one DDP rank alone is signalled) is killed with its children and fails."""
+    try:
+        return process.communicate(timeout=within)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        pytest.fail(f"still running {within} s after the signal")
+
+
+def last_ckpt(root: Path, name: str, version: int) -> Path:
+    return root / name / f"version_{version}" / "checkpoints" / "last.ckpt"
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("whole")
+    main([*TINY, "--trainer.logger.init_args.save_dir", str(root), "--trainer.logger.init_args.name", "whole"])
+    return last_ckpt(root, "whole", 0)
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_mid_accumulation_saves_the_step_and_the_same_command_resumes_exactly(tmp_path, uninterrupted,
+                                                                                          signum, code):
+    """Lightning alone exits 0 with no checkpoint on SIGTERM (1 on Ctrl-C, no checkpoint either)."""
+    job = [*TINY, "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.logger.init_args.name", "job",
+           "--ckpt_path", "last"]
+    started = launch([*job, probe(tmp_path / "steps")])
+    signal_during(started, tmp_path / "steps" / "rank0.log", step=2, micro=1, signum=signum)
+    sent = time.monotonic()
+    err = finish(started)
+    assert started.returncode == code, err[-3000:]
+    assert time.monotonic() - sent < 30  # well inside a scheduler's grace period
+    ckpt = last_ckpt(tmp_path, "job", 0)
+    assert f"stopped by {signal.Signals(signum).name} at step 3; saved {ckpt}" in err
+    assert load(ckpt)["global_step"] == 3  # the step in flight finished (its third micro-batch ran) and was saved
+    main(job)  # the job's requeue: the very same command
+    resumed = load(last_ckpt(tmp_path, "job", 1))
+    expected = load(uninterrupted)
+    assert resumed["global_step"] == expected["global_step"] == 6
+    differ = [k for k in expected["state_dict"] if not torch.equal(expected["state_dict"][k], resumed["state_dict"][k])]
+    assert not differ, differ
+
+
+def test_a_sigterm_to_one_ddp_rank_stops_both_at_one_step_with_no_per_micro_batch_sync(tmp_path):
+    """2 processes (gloo), 2 micro-batches a step, SIGTERM to rank 1 only (Lightning's launcher's child).
+    Both stop at the same optimizer step, one consistent last.ckpt is written, rank 0 exits 143; and no
+    step broadcasts or reads anything back: one CPU all-reduce of the stop flag per optimizer step.
+    Lightning alone broadcast a flag and read it on the host at every micro-batch, and exited 0."""
+    counter = {"class_path": "host_reads.CollectiveCounter", "init_args": {"out_dir": str(tmp_path / "counts")}}
+    job = [*TINY, "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.precision", "32-true",
+           "--data.tokens_per_step", "128", "--trainer.max_steps", "20", "--trainer.log_every_n_steps", "1000",
+           "--checkpoint.every_n_train_steps", "1000", "--trainer.logger.init_args.save_dir", str(tmp_path),
+           "--trainer.logger.init_args.name", "job", "--ckpt_path", "last", probe(tmp_path / "steps"),
+           f"--trainer.callbacks+={json.dumps(counter)}"]
+    started = launch(job, cwd=tmp_path)
+    signal_during(started, tmp_path / "steps" / "rank1.log", step=3, micro=1, signum=signal.SIGTERM,
+                  pid_of=lambda pid: pid, per_step=2)
+    err = finish(started)
+    assert started.returncode == 143, err[-3000:]
+    records = [json.loads((tmp_path / "counts" / f"rank{r}.json").read_text()) for r in range(2)]
+    # Flags posted at the end of step 3 (global_step 4) are read at the end of the next: both stop there.
+    assert [r["steps"] for r in records] == [5, 5]
+    assert load(last_ckpt(tmp_path, "job", 0))["global_step"] == 5
+    assert "stopped by SIGTERM at step 5" in err
+    for record in records:
+        counts = {int(k): v for k, v in record["counts"].items()}
+        assert sorted(counts) == [0, 1, 2, 3, 4]
+        assert all(counts[k] == {"all_reduce": 1} for k in range(4)), counts
+        # The stop step adds the checkpoint save's own barriers and broadcasts (the path, the save).
+        assert counts[4]["all_reduce"] == 1, counts
+        reads = {int(k): n for k, n in record["reads"].items() if n}
+        # The first step measures FLOPs, the stop step checks the weights are finite before saving;
+        # no other step reads a value back.
+        assert set(reads) <= {0, 4}, reads
+
+
+SLURM = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "gpt", "SLURM_JOB_ID": "77", "SLURM_PROCID": "0",
+         "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost"}
+
+
+def test_under_slurm_lightning_s_auto_requeue_is_off_and_a_stale_hpc_checkpoint_is_refused(
+        tmp_path, monkeypatch, capsys, in_process_group):
+    """Lightning's auto-requeue saves hpc_ckpt_N.ckpt in the working directory on SIGUSR1, and resumes
+    any later run started there from it, unasked. Under the CLI it is off (SIGTERM saves last.ckpt), and
+    a stale one is refused in one line rather than taking the run over."""
+    from gpt_lightning.lightning_cli import GPTLightningCLI
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    for key, value in SLURM.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    args = [*TINY[1:], "--trainer.logger.init_args.save_dir", str(tmp_path)]
+    # What Lightning's signal connector reads to decide on SIGUSR1 requeueing (any strategy).
+    environment = GPTLightningCLI(args=args, run=False).trainer._accelerator_connector.cluster_environment
+    assert isinstance(environment, SLURMEnvironment) and environment.auto_requeue is False
+    (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"an old run's")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *args])
+    assert exit_info.value.code == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("gpt-lightning: error:")]
+    assert f"{tmp_path / 'hpc_ckpt_1.ckpt'} (Lightning's SLURM auto-requeue checkpoint)" in line
+
+
+def test_under_fsdp2_a_sigterm_saves_the_sharded_checkpoint_and_the_same_command_resumes_exactly(tmp_path,
+                                                                                               in_process_group):
+    """configs/fsdp2.yaml (ModelParallelStrategy, one CPU process): the checkpoint is a folder of
+    shards written by every rank; stopped mid-accumulation and relaunched, the run ends at the weights
+    of the run never stopped."""
+    from gpt_lightning.interop.checkpoint import read_checkpoint
+
+    fsdp2 = [*TINY, "--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.accelerator", "cpu",
+             "--trainer.devices", "1", "--model.compile", "false", "--trainer.logger.init_args.save_dir", str(tmp_path)]
+    main([*fsdp2, "--trainer.logger.init_args.name", "whole"])
+    job = [*fsdp2, "--trainer.logger.init_args.name", "job", "--ckpt_path", "last"]
+    started = launch([*job, probe(tmp_path / "steps")])
+    signal_during(started, tmp_path / "steps" / "rank0.log", step=2, micro=1, signum=signal.SIGTERM)
+    err = finish(started)
+    assert started.returncode == 143, err[-3000:]
+    assert read_checkpoint(last_ckpt(tmp_path, "job", 0), weights=False)["global_step"] == 3
+    main(job)  # the requeue: the same command
+    expected, got = (read_checkpoint(last_ckpt(tmp_path, name, version)) for name, version in (("whole", 0), ("job", 1)))
+    assert got["global_step"] == expected["global_step"] == 6
+    differ = [k for k in expected["state_dict"] if not torch.equal(expected["state_dict"][k], got["state_dict"][k])]
+    assert not differ, differ
