@@ -103,13 +103,12 @@ class MuonWithAdamW(torch.optim.Optimizer):
         gated on the device by ``skip`` (a 0-dim bool tensor), one matrix at a time: no copy of the
         weights, no host read. A skipped step feeds the momentum buffer back as the gradient
         (``lerp(buf, buf) == buf``: a non-finite gradient never reaches it), multiplies the
-        orthogonalized update by 0 and the weight decay's factor by 1. On a taken step the gates
-        multiply by exactly 1, so the update is torch's, bit for bit (tests/test_optimizers.py)."""
+        orthogonalized update by 0 and keeps the weights from before the weight decay. On a taken
+        step the update is multiplied by exactly 1 and the decayed weights selected: torch's step,
+        bit for bit (tests/test_optimizers.py)."""
         keep = (~skip).to(torch.bfloat16)  # the update's dtype (Newton-Schulz runs in bfloat16)
         for group in self.muon.param_groups:
             lr, weight_decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
-            # 1 - lr * wd as torch rounds it (a Python float, made float32 by the kernel); 1 when skipped
-            decay = torch.where(skip, 1.0, 1 - lr * weight_decay) if weight_decay else None
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -122,8 +121,8 @@ class MuonWithAdamW(torch.optim.Optimizer):
                 update = grad.lerp(buf, momentum) if group["nesterov"] else buf
                 update = _zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
                 update.mul_(keep)  # finite: grad is buf where skipped
-                if decay is not None:
-                    p.mul_(decay)
+                if weight_decay:  # torch's own product (any dtype), kept where skipped; one matrix at a time
+                    p.copy_(torch.where(skip, p, p * (1 - lr * weight_decay)))
                 p.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
 
 
