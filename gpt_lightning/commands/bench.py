@@ -234,7 +234,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--also", nargs="*", default=[], metavar="CONFIG", help="more configs, each run once as written")
     parser.add_argument("--cold", action="store_true", help="each run starts from an empty inductor cache (a first-time user's compile)")
     parser.add_argument("--every", type=int, default=10, help="print a table row every N steps (default: %(default)s)")
-    parser.add_argument("--tolerance", type=float, default=0.25,
+    # Twice the largest spread of two bf16 runs of configs/tiny-cpu.yaml measured (docs/benchmarks.md).
+    parser.add_argument("--tolerance", type=float, default=0.5,
                         help="largest allowed difference of eager's and a compiled run's mean loss over any --window "
                         "steps; beyond it the bench exits 1 (default: %(default)s)")
     parser.add_argument("--window", type=int, default=10,

@@ -122,7 +122,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
                 update = _zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
                 update.mul_(keep)  # finite: grad is buf where skipped
                 if weight_decay:  # torch's own product (any dtype), kept where skipped; one matrix at a time
-                    p.copy_(torch.where(skip, p, p * (1 - lr * weight_decay)))
+                    torch.where(skip, p, p * (1 - lr * weight_decay), out=p)
                 p.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
 
 
