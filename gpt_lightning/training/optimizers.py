@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz  # Muon's own math, gated in _muon_step_unless
 
 from gpt_lightning.errors import UserError
 
@@ -106,6 +105,9 @@ class MuonWithAdamW(torch.optim.Optimizer):
         orthogonalized update by 0 and keeps the weights from before the weight decay. On a taken
         step the update is multiplied by exactly 1 and the decayed weights selected: torch's step,
         bit for bit (tests/test_optimizers.py)."""
+        # torch's own Muon math (here, not at import: torch < 2.9 has no _muon, and require_muon says so)
+        from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
+
         keep = (~skip).to(torch.bfloat16)  # the update's dtype (Newton-Schulz runs in bfloat16)
         for group in self.muon.param_groups:
             lr, weight_decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
