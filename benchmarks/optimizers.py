@@ -13,7 +13,13 @@ For each run: its final validation loss, the tokens it needed to reach the best 
 validation loss (interpolated between evaluations), and its median time per step. Writes
 ``optimizers.json`` and ``optimizers.png`` (validation loss against tokens) to ``--out``.
 
+``--guarded_step`` measures instead what Muon's optimizer step costs when the ``NonFiniteGuard``
+sets ``found_inf`` (every step of a real run): the median step time and the peak memory the step
+allocates beyond the model, gradients and optimizer state (CUDA: the allocator's peak; CPU: the
+bytes of the tensors the step creates that are alive at once). Writes ``guarded_step.json``.
+
     OMP_NUM_THREADS=1 python benchmarks/optimizers.py --qkv_split --momentum_warmup   # benchmarks/results/cpu-2core/
+    python benchmarks/optimizers.py --guarded_step --n_layer 4 --n_embd 256 --block_size 64 --steps 10
     python benchmarks/optimizers.py --device cuda --n_layer 12 --n_head 12 --n_embd 768 --batch_size 16 --block_size 1024 ...
 
 The vocabulary is the GPT-2 tokens tiny Shakespeare uses, renumbered densely (``--compact_vocab``,
@@ -28,11 +34,13 @@ import json
 import math
 import statistics
 import time
+import weakref
 from importlib.resources import files
 from pathlib import Path
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpt_lightning.data import gpt2_encoding
 from gpt_lightning.model import GPT, GPTConfig
@@ -129,6 +137,71 @@ def split_qkv(optimizer: torch.optim.Optimizer, model: GPT) -> None:
     muon.step = step
 
 
+class LiveTensorPeak(TorchDispatchMode):
+    """The most bytes held at once by tensors created inside the mode (in-place results and views
+    are not new memory): a CPU stand-in for ``torch.cuda.max_memory_allocated`` that is exact and
+    does not depend on the allocator."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+
+    def _freed(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func._schema.is_mutable or func.is_view:
+            return out
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor):
+                nbytes = t.untyped_storage().nbytes()
+                self.live += nbytes
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._freed, nbytes)
+        return out
+
+
+def guarded_step(args: argparse.Namespace, vocab: int) -> dict:
+    """Muon's step as the guard runs it (``found_inf`` set, finite): median time and peak extra memory."""
+    torch.manual_seed(args.seed)
+    config = GPTConfig(vocab_size=vocab, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
+                       n_embd=args.n_embd, dropout=0.0, bias=True)
+    model = GPT(config).to(args.device)
+    optimizer = build_optimizer(
+        model, "muon", learning_rate=1e-3, weight_decay=0.01, betas=(0.9, 0.95), eps=1e-8, fused=True,
+        muon_learning_rate=0.02, muon_momentum=0.95, muon_weight_decay=0.01, muon_adjust_lr="original",
+    )
+    x = torch.randint(0, vocab, (args.batch_size, args.block_size), device=args.device)
+    model(x, x)[1].backward()
+    optimizer.found_inf = torch.zeros((), device=args.device)
+    optimizer.step()  # the state exists from here on, as in every step of a run but the first
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    seconds = []
+    for _ in range(args.steps):
+        sync()
+        start = time.perf_counter()
+        optimizer.step()
+        sync()
+        seconds.append(time.perf_counter() - start)
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        optimizer.step()
+        peak = torch.cuda.max_memory_allocated() - before
+    else:
+        with LiveTensorPeak() as tracker:
+            optimizer.step()
+        peak = tracker.peak
+    muon_bytes = sum(p.numel() * p.element_size() for p in optimizer.muon.param_groups[0]["params"])
+    return {"what": "MuonWithAdamW.step with found_inf set (the guarded step), benchmarks/optimizers.py --guarded_step",
+            "shape": {k: getattr(args, k) for k in ("device", "n_layer", "n_head", "n_embd", "batch_size", "block_size", "steps")},
+            "vocab_size": vocab, "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "median_step_ms": round(1000 * statistics.median(seconds), 2),
+            "peak_step_bytes": peak, "muon_weight_bytes": muon_bytes,
+            "peak_over_muon_weights": round(peak / muon_bytes, 3)}
+
+
 def tokens_to_reach(curve: list[tuple[int, float]], target: float) -> float | None:
     """The tokens at which ``curve`` first reaches ``target``, interpolated linearly between evaluations."""
     for (t0, l0), (t1, l1) in zip(curve, curve[1:]):
@@ -158,10 +231,18 @@ def main() -> None:
     parser.add_argument("--qkv_split", action="store_true", help="add a Muon run at the middle Muon lr with Q, K, V orthogonalized apart")
     parser.add_argument("--momentum_warmup", action="store_true", help="add a Muon run at the middle Muon lr with momentum 0.85 -> 0.95")
     parser.add_argument("--compact_vocab", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--guarded_step", action="store_true",
+                        help="measure Muon's guarded optimizer step only (time, peak memory): guarded_step.json")
     args = parser.parse_args()
     torch.set_float32_matmul_precision("high")
     compact = args.compact_vocab if args.compact_vocab is not None else args.device == "cpu"
     ids, vocab = tokens(compact)
+    if args.guarded_step:
+        report = guarded_step(args, vocab)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "guarded_step.json").write_text(json.dumps(report, indent=1) + "\n")
+        print(json.dumps(report))
+        return
     n_val = len(ids) // 10
     train, held_out = ids[:-n_val], ids[-n_val:]
     B, T = args.batch_size, args.block_size

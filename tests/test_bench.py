@@ -112,3 +112,25 @@ def test_cold_gives_each_run_its_own_empty_compile_cache(cold, monkeypatch, caps
         assert first["scratch"] != second["scratch"]
     else:
         assert [run["TORCHINDUCTOR_CACHE_DIR"] for run in seen] == ["/users/cache"] * 2
+
+
+def test_the_verdict_compares_mean_losses_so_bf16_step_noise_is_not_a_divergence():
+    """Two bf16 runs of one config (eager, compiled) part by single-step noise that grows along the
+    run: on configs/tiny-cpu.yaml single steps differed by 0.22 to 0.33 in three runs (a FAIL at the
+    old per-step tolerance 0.25 in two of them), 10-step means by 0.09 and 0.25 in the two measured
+    here (docs/benchmarks.md). Here: steps that differ by up to 0.35 either way around the same
+    curve pass; a curve 0.8 above from step 100 on fails."""
+    from gpt_lightning.commands.bench import compare
+
+    generator = torch.Generator().manual_seed(0)
+    curve = [6.0 + 4.0 * 0.97 ** step for step in range(200)]
+    noise = (torch.rand(200, generator=generator) - 0.5) * 0.7 * torch.linspace(0, 1, 200)  # grows along the run
+    eager = {"loss": curve, "summary": None, "compiled": False}
+    noisy = {"loss": [c + float(n) for c, n in zip(curve, noise)], "summary": None, "compiled": True}
+    row = compare(noisy, eager)
+    assert row["max_step_loss_diff_vs_eager"] > 0.25  # what the old verdict read as leaving eager's curve
+    assert row["max_loss_diff_vs_eager"] < 0.12
+    leaving = {"loss": [c + (0.8 if step >= 100 else 0.0) for step, c in enumerate(noisy["loss"])], "summary": None,
+               "compiled": True}
+    row = compare(leaving, eager)
+    assert row["max_loss_diff_vs_eager"] > 0.5 and 100 <= row["max_loss_diff_step"] < 200

@@ -3,11 +3,14 @@ the warmup-stable-decay schedule; the combinations refused in one line; and a Mu
 checkpoint exported to Hugging Face GPT-2 unchanged."""
 
 import copy
+import importlib.util
 import json
 
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lightning.pytorch import Trainer
 
 from gpt_lightning.cli import main
 from gpt_lightning.errors import UserError
@@ -86,6 +89,73 @@ def test_a_set_found_inf_leaves_weights_and_moments_untouched():
     assert all(torch.equal(a, b) for a, b in zip(before[0].values(), after[0].values()))
     for key, state in before[1].items():
         assert all(torch.equal(v, after[1][key][k]) for k, v in state.items()), key
+
+
+def _optimizer_bench():
+    spec = importlib.util.spec_from_file_location("optimizers_bench", REPO / "benchmarks" / "optimizers.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_guarded_muon_step_is_torch_s_step_bit_for_bit_without_copying_the_weights():
+    """With ``found_inf`` set and 0 (every step of a guarded run), three steps equal those of torch's
+    own Muon and AdamW with no guard, bit for bit (weight decay on, so its gated factor is checked),
+    and a step allocates at most a few matrices at once, not a copy of every Muon weight (the old
+    step cloned them all: a peak above their total size)."""
+    def run(guarded: bool) -> tuple[GPTLightningModule, MuonWithAdamW, int]:
+        torch.manual_seed(0)
+        module = GPTLightningModule(**{**TINY_MODEL, "n_layer": 4}, optimizer="muon", muon_weight_decay=0.1)
+        optimizer = built(module)
+        peak = 0
+        for seed in range(3):
+            torch.manual_seed(seed)
+            x = torch.randint(0, 50257, (2, 16))
+            module(x, x)[1].backward()
+            if guarded:
+                optimizer.found_inf = torch.zeros(())
+            with _optimizer_bench().LiveTensorPeak() as tracker:
+                optimizer.step()
+            peak = tracker.peak
+            optimizer.zero_grad()
+        return module, optimizer, peak
+
+    (plain, plain_opt, _), (guarded, guarded_opt, peak) = run(False), run(True)
+    for (name, a), b in zip(plain.state_dict().items(), guarded.state_dict().values()):
+        assert torch.equal(a, b), name
+    for key, state in plain_opt.state_dict()["state"].items():
+        assert all(torch.equal(v, guarded_opt.state_dict()["state"][key][k]) for k, v in state.items()), key
+    matrices = guarded_opt.muon.param_groups[0]["params"]
+    largest, total = max(p.nbytes for p in matrices), sum(p.nbytes for p in matrices)
+    assert peak < 5 * largest < total / 2, (peak, largest, total)
+
+
+def test_muon_trains_where_adamw_is_not_fused(small_text, tmp_path, monkeypatch):
+    """MPS and XPU get no fused AdamW, the part of the step that skips on the device; a non-fused
+    AdamW asserts ``found_inf is None``. Forced here on the CPU, through a plain Trainer: Muon trains
+    there, and a non-finite loss still stops the run in one line, at its own step (the host reads
+    the guard each step, as for any optimizer that cannot skip on the device)."""
+    from test_bad_input import NaNAtStep
+
+    from gpt_lightning.data.datamodule import TokenStreamDataModule
+    from gpt_lightning.training import module as module_file
+
+    build = module_file.build_optimizer
+    monkeypatch.setattr(module_file, "build_optimizer", lambda *args, **kwargs: build(*args, **{**kwargs, "fused": None}))
+
+    def fit(module):
+        data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path))
+        trainer = Trainer(accelerator="cpu", precision="bf16-mixed", max_steps=5, log_every_n_steps=5, logger=False,
+                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(module, data)
+
+    good = GPTLightningModule(**TINY_MODEL, optimizer="muon")
+    fit(good)
+    assert good.global_step == 5 and not good.trainer.optimizers[0].adamw.defaults["fused"]
+    bad = NaNAtStep(nan_step=3, **TINY_MODEL, optimizer="muon")
+    with pytest.raises(UserError, match=r"became non-finite \(nan or inf\) at step 3\."):
+        fit(bad)
+    assert bad.global_step == 3 and all(torch.isfinite(p).all() for p in bad.parameters())
 
 
 def test_the_wsd_schedule_warms_up_holds_then_decays_linearly():

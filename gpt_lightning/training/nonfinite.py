@@ -111,13 +111,13 @@ class NonFiniteGuard:
             # guard at the next logging interval.
             if grads:
                 grads[0].masked_fill_(skip, float("nan"))
-        elif scaler is None and (optimizer.defaults.get("fused") or isinstance(optimizer, MuonWithAdamW)):
-            # The fused kernel (and MuonWithAdamW, on the device too) leaves weights and moments untouched.
+        elif scaler is None and (optimizer.defaults.get("fused") or isinstance(optimizer, MuonWithAdamW) and optimizer.skips_on_device):
+            # The fused kernel (and MuonWithAdamW, whose AdamW part is fused) leaves weights and moments untouched.
             optimizer.found_inf = skip.float()
         elif bool(skip):
-            # Any other optimizer (not one gpt-lightning builds, but under 16-mixed, where the
-            # GradScaler reads its own flag every step anyway) cannot skip on the device: decide on
-            # the host, every step (one read).
+            # Any other optimizer (a non-fused AdamW or MuonWithAdamW: MPS, XPU; or under 16-mixed,
+            # where the GradScaler reads its own flag every step anyway) cannot skip on the device:
+            # decide on the host, every step (one read).
             self.raise_if_found(module.global_step)
 
     def clip_gradients(

@@ -10,7 +10,9 @@ accumulation and clipping, a ``LambdaLR``, the ``LearningRateMonitor`` (one tag 
 the checkpoint's ``optimizer_states`` (``state_dict`` / ``load_state_dict``) all see one optimizer.
 
 Like fused AdamW, it skips an update on the device: the ``NonFiniteGuard`` sets ``found_inf`` (a
-0-dim tensor, 1 = skip) and ``step`` leaves every weight and moment as it was, with no host read.
+0-dim tensor, 1 = skip) and ``step`` leaves every weight and moment as it was, with no host read
+and no copy of the weights. Where AdamW is not fused (MPS, XPU) the guard reads the flag on the
+host instead (``skips_on_device``).
 """
 
 from __future__ import annotations
@@ -70,6 +72,12 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self.muon.param_groups, self.adamw.param_groups = self.param_groups[:n], self.param_groups[n:]
         self.muon.state = self.adamw.state = self.state
 
+    @property
+    def skips_on_device(self) -> bool:
+        """Whether ``found_inf`` may be set: only a fused AdamW takes it (the others assert it is
+        None), so without one (MPS, XPU) the ``NonFiniteGuard`` decides on the host instead."""
+        return bool(self.adamw.defaults.get("fused"))
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)  # builds new group dicts and a new state: share them again
         self._share_with_parts()
@@ -90,18 +98,34 @@ class MuonWithAdamW(torch.optim.Optimizer):
         return loss
 
     def _muon_step_unless(self, skip: torch.Tensor) -> None:
-        """Muon's step, undone on the device where ``skip`` (a 0-dim bool tensor) is set: the
-        momentum buffers are kept by feeding them back as the gradient (``lerp(buf, buf) == buf``),
-        the weights by selecting their copy from before the step. Where ``skip`` is unset both
-        selections are exact no-ops, so the update is torch's, bit for bit."""
-        params = [p for group in self.muon.param_groups for p in group["params"] if p.grad is not None]
-        for p in params:
-            buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
-            p.grad.copy_(torch.where(skip, buf, p.grad))  # a non-finite gradient never reaches the buffer
-        before = [p.detach().clone() for p in params]
-        self.muon.step()
-        for p, old in zip(params, before):
-            p.copy_(torch.where(skip, old, p))
+        """Muon's step (torch's ``_single_tensor_muon``, the same operations in the same order),
+        gated on the device by ``skip`` (a 0-dim bool tensor), one matrix at a time: no copy of the
+        weights, no host read. A skipped step feeds the momentum buffer back as the gradient
+        (``lerp(buf, buf) == buf``: a non-finite gradient never reaches it), multiplies the
+        orthogonalized update by 0 and keeps the weights from before the weight decay. On a taken
+        step the update is multiplied by exactly 1 and the decayed weights selected: torch's step,
+        bit for bit (tests/test_optimizers.py)."""
+        # torch's own Muon math (here, not at import: torch < 2.9 has no _muon, and require_muon says so)
+        from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
+
+        keep = (~skip).to(torch.bfloat16)  # the update's dtype (Newton-Schulz runs in bfloat16)
+        for group in self.muon.param_groups:
+            lr, weight_decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:  # once, as torch's _init_group does
+                    state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+                buf = state["momentum_buffer"]
+                grad = torch.where(skip, buf, p.grad)  # one matrix's worth, freed before the next
+                buf.lerp_(grad, 1 - momentum)
+                update = grad.lerp(buf, momentum) if group["nesterov"] else buf
+                update = _zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
+                update.mul_(keep)  # finite: grad is buf where skipped
+                if weight_decay:  # torch's own product (any dtype), kept where skipped; one matrix at a time
+                    torch.where(skip, p, p * (1 - lr * weight_decay), out=p)
+                p.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
 
 
 def build_optimizer(
