@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn as nn
@@ -39,6 +40,25 @@ class GPTConfig:
     dropout: float = 0.0
     # Biases in Linear and LayerNorm layers, as GPT-2 has them. False is slightly faster.
     bias: bool = True
+    # --- Modern switches (docs/modern.md). Each default is GPT-2's; configs/modern-*.yaml turn them on. ---
+    # Rotary position embeddings on queries and keys instead of the learned table: relative positions, no wpe.
+    rotary: bool = False
+    # Rotary base (the longest wavelength, in positions): 10000 as in RoFormer and nanochat.
+    rotary_base: float = 10000.0
+    # RMSNorm instead of LayerNorm (no mean subtraction, cheaper); with rmsnorm the embedding is normed too.
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    # Learned gains (and biases, with bias) in the norms; False makes them parameter-free, as nanochat's.
+    norm_affine: bool = True
+    # RMS-normalize each head's queries and keys: bounded attention logits, so higher learning rates stay stable.
+    qk_norm: bool = False
+    # The MLP's nonlinearity: GPT-2's tanh-GELU, or ReLU squared (modded-nanogpt: fewer tokens to a loss).
+    activation: Literal["gelu", "relu2"] = "gelu"
+    # Share the LM head with the token embedding (GPT-2); untied, each gets its own weights and rate.
+    tie_embeddings: bool = True
+    # Start the residual output projections (attn.c_proj, mlp.c_proj) and an untied head at zero (modded-nanogpt).
+    zero_init_proj: bool = False
+    # Logits squashed to (-c, c) by c * tanh(logits / c) (modded-nanogpt: 30; Gemma 2); None: none.
+    logit_softcap: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -52,6 +72,23 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout}.")
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"GPTConfig.norm must be layernorm or rmsnorm, got {self.norm!r}.")
+        if self.activation not in ("gelu", "relu2"):
+            raise ValueError(f"GPTConfig.activation must be gelu or relu2, got {self.activation!r}.")
+        if self.rotary and (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"GPTConfig.rotary needs an even head size, got n_embd // n_head = {self.n_embd // self.n_head}.")
+        if self.logit_softcap is not None and self.logit_softcap <= 0:
+            raise ValueError(f"GPTConfig.logit_softcap must be positive or null, got {self.logit_softcap}.")
+
+
+MODERN_SWITCHES = ("rotary", "norm", "norm_affine", "qk_norm", "activation", "tie_embeddings", "zero_init_proj", "logit_softcap")
+
+
+def modern_switches_on(config: GPTConfig) -> list[str]:
+    """The modern switches ``config`` sets away from GPT-2's defaults: what Hugging Face GPT-2 cannot hold."""
+    default = GPTConfig()
+    return [name for name in MODERN_SWITCHES if getattr(config, name) != getattr(default, name)]
 
 
 @dataclass
@@ -86,26 +123,52 @@ def _normal_(weight: torch.Tensor, std: float, generator: torch.Generator | None
         weight.copy_(whole)
 
 
+def make_norm(config: GPTConfig) -> nn.Module:
+    """The config's normalization over the channels: LayerNorm (GPT-2) or RMSNorm, with gains or without."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, elementwise_affine=config.norm_affine)
+    return nn.LayerNorm(config.n_embd, elementwise_affine=config.norm_affine, bias=config.bias and config.norm_affine)
+
+
+def rotate(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary position embedding of ``x`` (B, nh, T, hs) at positions ``pos`` (T,): channel pairs
+    (i, i + hs/2) turned by the angle pos * base^(-2i/hs), so that q . k depends on their distance only."""
+    hs = x.size(-1)
+    inv_freq = base ** (-torch.arange(0, hs, 2, device=x.device, dtype=torch.float32) / hs)  # (hs/2,)
+    angles = pos.to(torch.float32)[:, None] * inv_freq[None, :]  # (T, hs/2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (T, hs/2) each
+    x1, x2 = x[..., : hs // 2], x[..., hs // 2 :]  # (B, nh, T, hs/2) each
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (B, nh, T, hs)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.n_head = config.n_head
         self.dropout = config.dropout
+        self.rotary_base = config.rotary_base if config.rotary else None
+        self.qk_norm = config.qk_norm
         # query, key and value projections for all heads in one matmul
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.c_proj.residual_projection = True  # marks it for the scaled GPT-2 init
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def heads(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """Queries, keys and values of ``x`` (B, T, C), each split into heads: 3 x (B, nh, T, hs)."""
+    def heads(self, x: torch.Tensor, pos: torch.Tensor) -> list[torch.Tensor]:
+        """Queries, keys and values of ``x`` (B, T, C) at positions ``pos`` (T,), each split into heads:
+        3 x (B, nh, T, hs); the queries and keys rotated (``rotary``) then normalized (``qk_norm``)."""
         B, T, C = x.shape  # batch, time, channels (n_embd)
         qkv = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
-        return [t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in qkv]  # 3 x (B, nh, T, hs)
+        q, k, v = [t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in qkv]  # 3 x (B, nh, T, hs)
+        if self.rotary_base is not None:
+            q, k = rotate(q, pos, self.rotary_base), rotate(k, pos, self.rotary_base)  # (B, nh, T, hs)
+        if self.qk_norm:
+            q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))  # (B, nh, T, hs)
+        return [q, k, v]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.heads(x)  # 3 x (B, nh, T, hs)
+        q, k, v = self.heads(x, torch.arange(T, device=x.device))  # 3 x (B, nh, T, hs)
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
         )  # (B, nh, T, hs)
@@ -121,7 +184,7 @@ class CausalSelfAttention(nn.Module):
         ``pos`` masked out.
         """
         B, T, C = x.shape
-        q, k, v = self.heads(x)  # 3 x (B, nh, T, hs)
+        q, k, v = self.heads(x, pos)  # 3 x (B, nh, T, hs): the cache holds rotated keys
         cache.store(k, v, pos)
         if T > 1:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
@@ -138,13 +201,16 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.relu2 = config.activation == "relu2"
         self.gelu = nn.GELU(approximate="tanh")  # GPT-2's GELU is the tanh approximation
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.c_proj.residual_projection = True
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        h = self.c_fc(x)  # (B, T, 4C)
+        h = F.relu(h).square() if self.relu2 else self.gelu(h)  # (B, T, 4C)
+        return self.dropout(self.c_proj(h))
 
 
 class Block(nn.Module):
@@ -152,9 +218,9 @@ class Block(nn.Module):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -178,13 +244,15 @@ class GPT(nn.Module):
         # Layers made on the meta device (no memory for values GPT-2's init replaces), then memory and
         # init_weights. Built under torch.device("meta"), the model stays empty until to_empty + init_weights.
         with torch.device("meta"):
+            layers = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
+            if not config.rotary:  # rotary positions live in the attention: no table
+                layers["wpe"] = nn.Embedding(config.block_size, config.n_embd)
             self.transformer = nn.ModuleDict(
                 dict(
-                    wte=nn.Embedding(config.vocab_size, config.n_embd),
-                    wpe=nn.Embedding(config.block_size, config.n_embd),
+                    **layers,
                     drop=nn.Dropout(config.dropout),
                     h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
-                    ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+                    ln_f=make_norm(config),
                 )
             )
             self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -200,8 +268,10 @@ class GPT(nn.Module):
 
     def tie_weights(self) -> None:
         """Weight tying (GPT-2): the output projection is the token embedding, one Parameter. Again after
-        ``load_state_dict(assign=True)`` or ``to_empty``, which give each module a Parameter of its own."""
-        self.transformer.wte.weight = self.lm_head.weight
+        ``load_state_dict(assign=True)`` or ``to_empty``, which give each module a Parameter of its own.
+        Nothing to do when ``tie_embeddings`` is off."""
+        if self.config.tie_embeddings:
+            self.transformer.wte.weight = self.lm_head.weight
 
     @classmethod
     def from_state_dict(cls, config: GPTConfig, state: dict[str, torch.Tensor]) -> "GPT":
@@ -210,7 +280,8 @@ class GPT(nn.Module):
         about to be replaced, no copy. Raises RuntimeError if ``state`` does not match ``config``."""
         with torch.device("meta"):
             model = cls(config)
-        state = {"lm_head.weight": state.get("transformer.wte.weight"), **state}
+        if config.tie_embeddings:
+            state = {"lm_head.weight": state.get("transformer.wte.weight"), **state}
         # assign keeps the state's dtype: cast (only) what is not the model's float32
         expected = model.state_dict()
         state = {k: v.to(expected[k].dtype) if k in expected and v is not None else v for k, v in state.items()}
@@ -223,7 +294,7 @@ class GPT(nn.Module):
         (None: the global one) after the draws the layers' default initializations make. A weight
         that is not a plain CPU tensor (GPU, FSDP2 shard) is drawn whole on the CPU and copied in,
         so every placement gets the values a CPU build from the same generator state has."""
-        if self.lm_head.weight is not self.transformer.wte.weight:
+        if self.config.tie_embeddings and self.lm_head.weight is not self.transformer.wte.weight:
             self.tie_weights()  # to_empty gave each module a Parameter of its own
         self._draw_default_inits(generator)
         self.apply(lambda module: self._init_weights(module, generator))
@@ -250,16 +321,24 @@ class GPT(nn.Module):
                 # GPT-2: scale residual projections by 1/sqrt(number of residual additions)
                 std *= (2 * self.config.n_layer) ** -0.5
             _normal_(module.weight, std, generator)
+            zeroed = getattr(module, "residual_projection", False) or module is self.lm_head  # (an untied head)
+            if self.config.zero_init_proj and zeroed and module.weight is not self.transformer.wte.weight:
+                nn.init.zeros_(module.weight)  # drawn first all the same: the other weights keep their draws
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             _normal_(module.weight, 0.02, generator)
-        elif isinstance(module, nn.LayerNorm):
+        elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
             module.reset_parameters()  # gain 1, bias 0: no random numbers
 
     def embed(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Token plus position embeddings (B, T, C) of ``idx`` (B, T) at positions ``pos`` (T,)."""
-        return self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C) + (T, C)
+        """Token plus position embeddings (B, T, C) of ``idx`` (B, T) at positions ``pos`` (T,); with
+        ``rotary`` the token embedding alone (positions enter the attention), RMS-normed with ``rmsnorm``."""
+        if self.config.rotary:
+            x = self.transformer.wte(idx)  # (B, T, C)
+        else:
+            x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C) + (T, C)
+        return F.rms_norm(x, (x.size(-1),)) if self.config.norm == "rmsnorm" else x
 
     def num_parameters(self) -> int:
         """Number of parameters, the tied embedding counted once."""
@@ -290,7 +369,7 @@ class GPT(nn.Module):
         """Final LayerNorm, LM head and loss: a method of its own so that it can be compiled as one
         region (``compile_scope: blocks``) beside the blocks, without renaming any parameter."""
         B, T, _ = x.shape
-        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab_size)
+        logits = self.logits(x)  # (B, T, vocab_size)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))  # (B*T, V) vs (B*T,)
@@ -305,7 +384,7 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x)  # (B, T, C)
         x = x.reshape(B * T, -1).index_select(0, positions)  # (N, C)
-        return self.lm_head(self.transformer.ln_f(x))  # (N, vocab_size)
+        return self.logits(x)  # (N, vocab_size)
 
     def forward_cached(
         self, idx: torch.Tensor, caches: list[KVCache], pos: torch.Tensor, length: int | None = None
@@ -316,4 +395,12 @@ class GPT(nn.Module):
         x = self.embed(idx, pos)  # (B, T, C)
         for block, cache in zip(self.transformer.h, caches):
             x = block.forward_cached(x, cache, pos, length)  # (B, T, C)
-        return self.lm_head(self.transformer.ln_f(x[:, -1]))  # (B, vocab_size)
+        return self.logits(x[:, -1])  # (B, vocab_size)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm, LM head and (``logit_softcap``) the tanh softcap: (..., C) -> (..., vocab_size)."""
+        logits = self.lm_head(self.transformer.ln_f(x))  # (..., vocab_size)
+        if self.config.logit_softcap is not None:
+            cap = self.config.logit_softcap
+            logits = cap * torch.tanh(logits / cap)  # (..., vocab_size), in (-cap, cap)
+        return logits

@@ -13,6 +13,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 # A model small enough to train in a second per few steps on 2 CPU cores.
 TINY_MODEL = dict(n_layer=2, n_head=2, n_embd=32, compile=False)
+# configs/modern-tiny-cpu.yaml's switches as CLI flags, for tests that keep their own config's sizes.
+MODERN_FLAGS = ["--model.bias", "false", "--model.rotary", "true", "--model.norm", "rmsnorm", "--model.norm_affine", "false",
+                "--model.qk_norm", "true", "--model.activation", "relu2", "--model.tie_embeddings", "false",
+                "--model.zero_init_proj", "true", "--model.logit_softcap", "15.0"]
 
 
 @pytest.fixture(scope="session", autouse=True)

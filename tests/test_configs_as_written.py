@@ -29,7 +29,9 @@ AS_WRITTEN = {
     "trainer": ("precision", "gradient_clip_val", "gradient_clip_algorithm", "accumulate_grad_batches", "strategy"),
     "model": ("compile", "compile_scope", "compile_mode", "learning_rate", "weight_decay", "betas", "warmup_steps",
               "cosine_decay_steps", "min_lr_ratio", "float32_matmul_precision", "vocab_size", "dropout", "bias",
-              "optimizer", "muon_learning_rate", "lr_schedule", "decay_fraction"),
+              "optimizer", "muon_learning_rate", "lr_schedule", "decay_fraction", "embedding_learning_rate",
+              "head_learning_rate", "rotary", "norm", "norm_affine", "qk_norm", "activation", "tie_embeddings",
+              "zero_init_proj", "logit_softcap"),
 }
 
 
@@ -69,6 +71,8 @@ CASES = {  # validation intervals stay as written (past these steps): validation
     # 524,288 tokens = 64 x 1024 x 8 micro-batches on one GPU: the same 8 at 2 x 32.
     "gpt2-124m-fineweb.yaml": ["--data.tokens_per_step", str(2 * 32 * 8)],
     "gpt2-124m-fineweb-muon.yaml": ["--data.tokens_per_step", str(2 * 32 * 8)],  # the same, with Muon and WSD
+    "modern-tiny-cpu.yaml": [],
+    "modern-124m-fineweb.yaml": ["--data.tokens_per_step", str(2 * 32 * 8)],  # the same 8, modern switches on
     "finetune-gpt2-shakespeare.yaml": [],  # init_from gpt2: the folder ./gpt2 here
 }
 XFAIL: dict = {}  # a config that cannot train as written yet, with the reason

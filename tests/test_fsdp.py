@@ -118,12 +118,17 @@ def test_ddp_needs_no_flag_all_reduce(ddp_run):
     assert_no_flag_all_reduce(ddp_run, "ddp", 2)
 
 
-def test_the_plan_shards_every_block_then_the_root_and_keeps_the_keys(tmp_path, in_process_group):
+MODERN_SWITCHES = dict(bias=False, rotary=True, norm="rmsnorm", norm_affine=False, qk_norm=True, activation="relu2",
+                       tie_embeddings=False, zero_init_proj=True, logit_softcap=15.0)
+
+
+@pytest.mark.parametrize("switches", [{}, MODERN_SWITCHES], ids=["gpt2", "modern"])
+def test_the_plan_shards_every_block_then_the_root_and_keeps_the_keys(switches, tmp_path, in_process_group):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
     assert sharding_mesh(mesh).ndim == 1  # no tensor parallelism here: plain FSDP
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=16))
+    model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=16, **switches))
     reference = GPT(model.config)
     reference.load_state_dict(model.state_dict())
     keys = list(model.state_dict())
@@ -132,7 +137,7 @@ def test_the_plan_shards_every_block_then_the_root_and_keeps_the_keys(tmp_path, 
     assert isinstance(model, FSDPModule)
     assert all(isinstance(p, DTensor) for p in model.parameters())
     assert list(model.state_dict()) == keys  # in place: no wrapper prefix in any key
-    assert model.lm_head.weight is model.transformer.wte.weight  # still tied
+    assert (model.lm_head.weight is model.transformer.wte.weight) == model.config.tie_embeddings  # still tied (or not)
     x = torch.randint(0, model.config.vocab_size, (2, 16))
     torch.testing.assert_close(model(x, x)[1], reference(x, x)[1])
 

@@ -11,7 +11,7 @@ import torch
 
 from gpt_lightning.cli import main
 
-from conftest import REPO
+from conftest import MODERN_FLAGS, REPO
 
 # configs/tiny-cpu.yaml as written (bf16-mixed), shrunk in size and steps; 11 batches an epoch.
 TINY = ["--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--model.compile", "false",
@@ -72,8 +72,10 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
         (4, ["--data.tokens_per_step", "96", "--data.shuffle", "true", "shards"]),  # 3 shards of 3 batches
         (4, ["--trainer.accumulate_grad_batches", "3", "--trainer.gradient_clip_val", "1.0", "--model.optimizer", "muon",
              "--model.lr_schedule", "wsd", "--model.warmup_steps", "2"]),  # Muon's buffers, the WSD decay across the stop
+        (4, ["--trainer.accumulate_grad_batches", "3", "--model.optimizer", "muon", "--model.lr_schedule", "wsd",
+             "--model.embedding_learning_rate", "0.1", "--model.head_learning_rate", "0.004", *MODERN_FLAGS]),  # the modern model's groups
     ],
-    ids=["epoch-end", "accumulation", "limit_train_batches", "shuffled", "shuffled-shards", "muon-wsd"],
+    ids=["epoch-end", "accumulation", "limit_train_batches", "shuffled", "shuffled-shards", "muon-wsd", "modern"],
 )
 def test_resumed_run_ends_with_the_weights_of_the_uninterrupted_one(tmp_path, corpus, stop, flags):
     if flags and flags[-1] == "shards":  # the corpus's tokens as a shard folder: the shard order is shuffled too

@@ -18,7 +18,7 @@ import torch
 
 from gpt_lightning.atomic import atomic_output
 from gpt_lightning.errors import UserError
-from gpt_lightning.model import GPT, GPTConfig
+from gpt_lightning.model import GPT, MODERN_SWITCHES, GPTConfig, modern_switches_on
 
 HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -110,6 +110,12 @@ def export_hf(model: GPT, out_dir: str | Path) -> Path:
 
     from gpt_lightning.data.tokenizer import bpe_files
 
+    switches = modern_switches_on(model.config)
+    if switches:
+        raise UserError(
+            f"--format hf writes Hugging Face GPT-2, which has none of this model's {', '.join(switches)}. "
+            "Use --format safetensors (loaded back by gpt_lightning.load_gpt)."
+        )
     out_dir = Path(out_dir)
     c = model.config
     state = {}
@@ -154,6 +160,12 @@ def agree_with_pretrained(given: dict[str, Any], source: str) -> tuple[dict[str,
     """
     theirs, state = read_hf_gpt2(source)
     defaults = GPTConfig()
+    switches = modern_switches_on(GPTConfig(**{k: v for k, v in given.items() if k in MODERN_SWITCHES}))
+    if switches:
+        raise UserError(
+            f"model.init_from loads Hugging Face GPT-2, which has none of {', '.join(f'model.{s}' for s in switches)}. "
+            "Leave those at GPT-2's defaults, or train the modern model from scratch without model.init_from."
+        )
     resolved: dict[str, Any] = {}
     for name in ("vocab_size", "n_layer", "n_head", "n_embd", "bias"):
         value, pretrained = given[name], getattr(theirs, name)

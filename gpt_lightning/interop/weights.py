@@ -30,7 +30,7 @@ _TIED = "lm_head.weight"  # the same tensor as transformer.wte.weight
 def export_weights(ckpt_path: str | Path, out_path: str | Path) -> Path:
     """Write the GPT weights and config of a ``GPTLightningModule`` checkpoint to safetensors."""
     model = gpt_from_checkpoint(ckpt_path)
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != _TIED}
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != _TIED or not model.config.tie_embeddings}
     out_path = Path(out_path)
     with atomic_output(out_path) as tmp:
         save_file(state, str(tmp), metadata={"gpt_config": json.dumps(asdict(model.config))})

@@ -38,6 +38,9 @@ class GPTLightningModule(LightningModule):
         n_embd: residual-stream width; divisible by ``n_head``.
         dropout: dropout probability (0 for short runs).
         bias: biases in Linear and LayerNorm layers, as in GPT-2.
+        rotary, rotary_base, norm, norm_affine, qk_norm, activation, tie_embeddings, zero_init_proj,
+            logit_softcap: the modern switches, each GPT-2's by default (``GPTConfig`` says what each does
+            and why; docs/modern.md; ``configs/modern-tiny-cpu.yaml`` turns them on).
         optimizer: "adamw": AdamW on every weight. "muon": ``torch.optim.Muon`` (torch >= 2.9) on the
             blocks' 2-D matrices (attention and MLP weights), AdamW (``learning_rate``, ...) on the
             embeddings, the tied head, LayerNorms and biases: fewer tokens to the same loss
@@ -54,6 +57,9 @@ class GPTLightningModule(LightningModule):
         muon_adjust_lr: how Muon scales its learning rate per matrix shape: "original" (Keller
             Jordan's sqrt(max(1, rows / cols)), for lr about 0.02) or "match_rms_adamw" (Moonshot's
             0.2 x sqrt(max(rows, cols)): updates of AdamW's size, for an AdamW-like lr).
+        embedding_learning_rate: AdamW peak rate of the token (and position) embeddings when the head is
+            untied (``tie_embeddings: false``); None: ``learning_rate``. nanochat trains a high one.
+        head_learning_rate: AdamW peak rate of the untied LM head; None: ``learning_rate``. nanochat: a low one.
         warmup_steps: linear learning-rate warm-up from 0 over this many optimizer steps.
         lr_schedule: after warm-up, "cosine": a cosine decay over ``cosine_decay_steps`` (None: constant);
             "wsd" (warmup-stable-decay): constant, then a linear decay to ``min_lr_ratio`` x peak over
@@ -89,6 +95,15 @@ class GPTLightningModule(LightningModule):
         n_embd: int = DEFAULT_CONFIG.n_embd,
         dropout: float = DEFAULT_CONFIG.dropout,
         bias: bool = DEFAULT_CONFIG.bias,
+        rotary: bool = DEFAULT_CONFIG.rotary,
+        rotary_base: float = DEFAULT_CONFIG.rotary_base,
+        norm: Literal["layernorm", "rmsnorm"] = DEFAULT_CONFIG.norm,
+        norm_affine: bool = DEFAULT_CONFIG.norm_affine,
+        qk_norm: bool = DEFAULT_CONFIG.qk_norm,
+        activation: Literal["gelu", "relu2"] = DEFAULT_CONFIG.activation,
+        tie_embeddings: bool = DEFAULT_CONFIG.tie_embeddings,
+        zero_init_proj: bool = DEFAULT_CONFIG.zero_init_proj,
+        logit_softcap: float | None = DEFAULT_CONFIG.logit_softcap,
         optimizer: Literal["adamw", "muon"] = "adamw",
         learning_rate: float = 1e-3,
         weight_decay: float = 0.01,
@@ -98,6 +113,8 @@ class GPTLightningModule(LightningModule):
         muon_momentum: float = 0.95,
         muon_weight_decay: float = 0.0,
         muon_adjust_lr: Literal["original", "match_rms_adamw"] = "original",
+        embedding_learning_rate: float | None = None,
+        head_learning_rate: float | None = None,
         warmup_steps: int = 0,
         lr_schedule: Literal["cosine", "wsd"] = "cosine",
         cosine_decay_steps: int | None = None,
@@ -250,6 +267,7 @@ class GPTLightningModule(LightningModule):
             self.model, hp.optimizer, learning_rate=hp.learning_rate, weight_decay=hp.weight_decay, betas=hp.betas,
             eps=hp.eps, muon_learning_rate=hp.muon_learning_rate, muon_momentum=hp.muon_momentum,
             muon_weight_decay=hp.muon_weight_decay, muon_adjust_lr=hp.muon_adjust_lr,
+            embedding_learning_rate=hp.embedding_learning_rate, head_learning_rate=hp.head_learning_rate,
             # Fused AdamW: one kernel for all parameters instead of a loop over them, on CUDA and CPU.
             fused=self.device.type in ("cuda", "cpu") or None,
         )

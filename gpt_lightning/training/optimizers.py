@@ -29,6 +29,19 @@ from gpt_lightning.errors import UserError
 # The parameter-group names, in the order configure_optimizers builds them: the LearningRateMonitor
 # logs lr-<optimizer>/<name>; resume re-applies each group's settings by position.
 MUON_GROUPS = ("muon", "adamw", "adamw_no_decay")
+# With an untied head (``tie_embeddings: false``) the embeddings and the head are groups of their own,
+# at their own rates (nanochat: a high one for the input embedding, a low one for the output head).
+UNTIED_GROUPS = ("embedding", "head")
+
+
+def is_embedding(name: str) -> bool:
+    """Whether ``name`` is an input embedding table (``transformer.wte``, ``transformer.wpe``)."""
+    return name.startswith(("transformer.wte.", "transformer.wpe."))
+
+
+def is_head(name: str) -> bool:
+    """Whether ``name`` is the LM head's weight (its own Parameter only when the head is untied)."""
+    return name.startswith("lm_head.")
 
 
 def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
@@ -141,22 +154,36 @@ def build_optimizer(
     muon_momentum: float,
     muon_weight_decay: float,
     muon_adjust_lr: str,
+    embedding_learning_rate: float | None = None,
+    head_learning_rate: float | None = None,
 ) -> torch.optim.Optimizer:
     """The optimizer of ``kind`` ("adamw" or "muon") over ``model``'s trainable parameters. Its
-    groups' order is the one ``group_settings`` gives (``resume`` re-applies settings by it)."""
+    groups' order is the one ``group_settings`` gives (``resume`` re-applies settings by it).
+    With an untied head, the embeddings and the head get groups of their own, at
+    ``embedding_learning_rate`` and ``head_learning_rate`` (None: ``learning_rate``), no weight decay."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     adamw = dict(betas=tuple(betas), eps=eps, fused=fused)
+    untied = any(is_head(name) for name, _ in named)  # a tied head is named transformer.wte.weight only
+    own = [
+        {"name": "embedding", "params": [p for name, p in named if is_embedding(name)], "weight_decay": 0.0,
+         "lr": learning_rate if embedding_learning_rate is None else embedding_learning_rate},
+        {"name": "head", "params": [p for name, p in named if is_head(name)], "weight_decay": 0.0,
+         "lr": learning_rate if head_learning_rate is None else head_learning_rate},
+    ] if untied else []
+    rest = [(name, p) for name, p in named if not (untied and (is_embedding(name) or is_head(name)))]
     if kind == "adamw":
         groups = [
-            {"params": [p for _, p in named if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0},
+            {"params": [p for _, p in rest if p.dim() >= 2], "weight_decay": weight_decay},
+            *own,
+            {"params": [p for _, p in rest if p.dim() < 2], "weight_decay": 0.0},
         ]
         return torch.optim.AdamW(groups, lr=learning_rate, **adamw)
     require_muon()
-    muon_groups = [{"name": "muon", "params": [p for name, p in named if is_hidden_matrix(name, p)]}]
+    muon_groups = [{"name": "muon", "params": [p for name, p in rest if is_hidden_matrix(name, p)]}]
     adamw_groups = [
-        {"name": "adamw", "params": [p for name, p in named if not is_hidden_matrix(name, p) and p.dim() >= 2], "weight_decay": weight_decay},
-        {"name": "adamw_no_decay", "params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0},
+        *(own or [{"name": "adamw", "params": [p for name, p in rest if not is_hidden_matrix(name, p) and p.dim() >= 2],
+                   "weight_decay": weight_decay}]),
+        {"name": "adamw_no_decay", "params": [p for _, p in rest if p.dim() < 2], "weight_decay": 0.0},
     ]
     muon = dict(lr=muon_learning_rate, momentum=muon_momentum, nesterov=True, weight_decay=muon_weight_decay,
                 ns_steps=5, adjust_lr_fn=muon_adjust_lr)
@@ -171,11 +198,18 @@ def group_settings(hparams: Any) -> list[dict[str, Any]]:
         {"lr": hparams["learning_rate"], "weight_decay": hparams["weight_decay"], **adamw},
         {"lr": hparams["learning_rate"], "weight_decay": 0.0, **adamw},
     )
+    own = []
+    if not hparams.get("tie_embeddings", True):
+        own = [
+            {"lr": hparams["learning_rate"] if hparams.get(f"{name}_learning_rate") is None else hparams[f"{name}_learning_rate"],
+             "weight_decay": 0.0, **adamw}
+            for name in UNTIED_GROUPS
+        ]
     if hparams.get("optimizer", "adamw") == "adamw":
-        return [decayed, vectors]
+        return [decayed, *own, vectors]
     muon = {"lr": hparams["muon_learning_rate"], "momentum": hparams["muon_momentum"],
             "weight_decay": hparams["muon_weight_decay"], "adjust_lr_fn": hparams["muon_adjust_lr"]}
-    return [muon, decayed, vectors]
+    return [muon, *(own or [decayed]), vectors]
 
 
 def lr_multiplier(

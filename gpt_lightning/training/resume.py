@@ -36,10 +36,12 @@ def architecture_of(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         return {}
     vocab_size, n_embd = state_dict["model.transformer.wte.weight"].shape
     layers = {key.split(".")[3] for key in state_dict if key.startswith("model.transformer.h.")}
-    return {
+    shown = {}
+    if "model.transformer.wpe.weight" in state_dict:  # rotary models have no position table
+        shown["block_size"] = state_dict["model.transformer.wpe.weight"].shape[0]
+    return shown | {
         "vocab_size": vocab_size,
         "n_embd": n_embd,
-        "block_size": state_dict["model.transformer.wpe.weight"].shape[0],
         "n_layer": len(layers),
         "bias": "model.transformer.h.0.attn.c_attn.bias" in state_dict,
     }

@@ -1,0 +1,122 @@
+"""The modern switches (docs/modern.md): GPT-2 is untouched by them, and with them on the model
+compiles without graph breaks, samples from its cache what its forward gives, counts its FLOPs,
+groups its parameters for Muon and exports to safetensors (and not to Hugging Face GPT-2)."""
+
+import hashlib
+
+import pytest
+import torch
+import torch._dynamo
+
+from gpt_lightning.cli import main
+from gpt_lightning.errors import UserError
+from gpt_lightning.generation import generate
+from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
+from gpt_lightning.interop.pretrained import export_hf
+from gpt_lightning.interop.weights import load_gpt
+from gpt_lightning.model import GPT, GPTConfig
+from gpt_lightning.scaling.flops import training_flops
+from gpt_lightning.training.optimizers import build_optimizer, group_settings
+
+from conftest import REPO
+
+SHAPE = dict(block_size=16, vocab_size=128, n_layer=2, n_head=2, n_embd=32)
+MODERN = GPTConfig(**SHAPE, bias=False, rotary=True, norm="rmsnorm", norm_affine=False, qk_norm=True,
+                   activation="relu2", tie_embeddings=False, zero_init_proj=True, logit_softcap=15.0)
+
+
+def digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for key, value in model.state_dict().items():
+        h.update(key.encode() + value.numpy().tobytes())
+    return h.hexdigest()
+
+
+def test_gpt2_s_seeded_weights_and_size_are_those_before_the_switches():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_embd=64, n_head=4, block_size=32, vocab_size=100))
+    # Hashed on the code before the switches were added (commit a25052a).
+    assert digest(model) == "ec5e077834f25a8fc4c71b27b25a8e4671fc58bc7897dac9e53629602fc1ab65"
+    assert model.num_parameters() == 108544
+
+
+def trained_modern() -> GPT:
+    """The modern model with every weight moved off its (partly zero) init, so the tests see all paths."""
+    torch.manual_seed(0)
+    model = GPT(MODERN)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model.eval()
+
+
+def test_the_modern_model_has_its_layers_and_no_others():
+    model = GPT(MODERN)
+    keys = set(model.state_dict())
+    assert "transformer.wpe.weight" not in keys and not any(k.endswith(".bias") for k in keys)
+    assert not any(".ln_" in k for k in keys)  # parameter-free RMSNorm
+    assert model.lm_head.weight is not model.transformer.wte.weight
+    assert all(not model.transformer.h[0].attn.c_proj.weight.any() for _ in [0])  # zero-init projections
+    assert not model.lm_head.weight.any()
+    logits, _ = trained_modern()(torch.randint(0, 128, (1, 16)))
+    assert logits.abs().max() < 15.0  # the softcap
+
+
+def test_the_modern_model_compiles_without_graph_breaks():
+    model = GPT(MODERN)
+    idx = torch.randint(0, 128, (2, 16))
+    explanation = torch._dynamo.explain(model)(idx, idx)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
+def test_greedy_cached_tokens_equal_the_uncached_forward_past_block_size():
+    model = trained_modern()
+    idx = torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(1))
+    cached = generate(model, idx, 20, temperature=0)  # 25 > block_size 16: the window slides
+    assert torch.equal(cached, generate(model, idx, 20, temperature=0, use_cache=False))
+    idx = torch.randint(0, 128, (2, 9))
+    positions = torch.tensor([3, 17])
+    torch.testing.assert_close(model.logits_at(idx, positions), model(idx)[0].reshape(18, -1)[positions])
+
+
+def test_flops_count_the_same_matmuls_as_gpt2_of_the_shape():
+    # Rotary, norms, ReLU^2 and the softcap are elementwise: the matmuls, attention's included, are GPT-2's.
+    assert training_flops(MODERN, 2, 16) == training_flops(GPTConfig(**SHAPE), 2, 16) > 0
+
+
+def test_muon_takes_the_blocks_matrices_and_the_embedding_and_head_get_their_own_rates():
+    model = GPT(MODERN)
+    hparams = dict(optimizer="muon", learning_rate=1e-3, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8,
+                   muon_learning_rate=0.02, muon_momentum=0.95, muon_weight_decay=0.0, muon_adjust_lr="original",
+                   embedding_learning_rate=0.1, head_learning_rate=0.004, tie_embeddings=False)
+    optimizer = build_optimizer(model, "muon", fused=None, **{k: v for k, v in hparams.items()
+                                                             if k not in ("optimizer", "tie_embeddings")})
+    groups = {g["name"]: g for g in optimizer.param_groups}
+    assert list(groups) == ["muon", "embedding", "head", "adamw_no_decay"]
+    assert groups["embedding"]["params"] == [model.transformer.wte.weight] and groups["embedding"]["lr"] == 0.1
+    assert groups["head"]["params"] == [model.lm_head.weight] and groups["head"]["lr"] == 0.004
+    assert len(groups["muon"]["params"]) == 4 * 2  # c_attn, attn.c_proj, c_fc, mlp.c_proj per block
+    assert [s["lr"] for s in group_settings(hparams)] == [g["lr"] for g in optimizer.param_groups]
+    adamw = build_optimizer(model, "adamw", fused=None, **{k: v for k, v in hparams.items()
+                                                          if k not in ("optimizer", "tie_embeddings")})
+    assert [s["lr"] for s in group_settings({**hparams, "optimizer": "adamw"})] == [g["lr"] for g in adamw.param_groups]
+    assert sum(len(g["params"]) for g in adamw.param_groups) == len(list(model.parameters()))
+
+
+def test_the_preset_trains_exports_to_safetensors_and_refuses_hf(tmp_path, small_text):
+    main(["fit", "--config", str(REPO / "configs" / "modern-tiny-cpu.yaml"), "--model.compile", "false",
+          "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--data.batch_size", "2",
+          "--data.block_size", "16", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0",
+          "--model.val_sample_tokens", "0", "--data.data_path", str(small_text),
+          "--data.cache_dir", str(tmp_path / "cache"), "--trainer.logger.init_args.save_dir", str(tmp_path)])
+    (ckpt,) = tmp_path.glob("modern-tiny-cpu/version_0/checkpoints/last.ckpt")
+    model = gpt_from_checkpoint(ckpt).eval()
+    assert model.config.rotary and not model.config.tie_embeddings  # recorded in the checkpoint
+    main(["export", "--ckpt_path", str(ckpt), "--out", str(tmp_path / "w.safetensors")])
+    loaded = load_gpt(tmp_path / "w.safetensors").eval()
+    assert loaded.config == model.config
+    idx = torch.randint(0, 50257, (1, 16))
+    torch.testing.assert_close(loaded(idx)[0], model(idx)[0])
+    with pytest.raises(UserError, match="--format safetensors"):
+        export_hf(model, tmp_path / "hf")
