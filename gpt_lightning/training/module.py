@@ -71,7 +71,8 @@ class GPTLightningModule(LightningModule):
         compile_fullgraph: fail on any graph break instead of falling back to eager.
         compile_eval: compile evaluation too (a second graph, at the first validation); for long evaluations.
         activation_checkpointing: recompute each block's activations in the backward pass: less memory.
-        float32_matmul_precision: set in ``setup`` ("high": TF32 on Ampere and newer GPUs); None: left alone.
+        float32_matmul_precision: set when ``fit`` starts, before the device is set up ("high": TF32 on
+            Ampere and newer GPUs); None: left alone.
         val_sample_tokens: tokens the ``ValidationSamples`` callback (the CLI attaches it) samples
             after each validation and logs to TensorBoard (tag ``samples``). 0 turns it off.
         val_sample_prompt: the prompt for those samples.
@@ -132,9 +133,19 @@ class GPTLightningModule(LightningModule):
         self._final_step: int | None = None  # the same, for logging its last step (None: no end)
         self._step_values: tuple[torch.Tensor | None, torch.Tensor | None] | None = None  # this step's loss, grad norm
 
-    def setup(self, stage: str) -> None:
+    def configure_callbacks(self) -> list:
+        """No callbacks of its own. The first hook of every ``fit``/``validate``/``test``, before the
+        accelerator sets up the device: ``float32_matmul_precision`` is applied here, so Lightning's
+        CUDA tip to set it is not printed when the config sets it."""
+        self._apply_matmul_precision()
+        return []
+
+    def _apply_matmul_precision(self) -> None:
         if self.hparams.float32_matmul_precision is not None:
             torch.set_float32_matmul_precision(self.hparams.float32_matmul_precision)
+
+    def setup(self, stage: str) -> None:
+        self._apply_matmul_precision()  # again, for a subclass whose configure_callbacks does not call ours
         check_fits_data(self.config, self.trainer.datamodule)
         check_strategy_supports(self.hparams.optimizer, self.trainer.strategy)
 
