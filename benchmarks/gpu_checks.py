@@ -147,8 +147,10 @@ def main() -> None:
     args.tokens_per_step = args.batch_size * args.block_size * args.micro_batches
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     results, trained = accumulation(args)
+    sampled = sampling(trained.model, args) if trained is not None else None
+    del trained  # not resident while the optimizers' peaks are measured
     report = {"device": device, "shape": vars(args), "accumulation": results, "quiet_steps": quiet_steps(args),
-              "memory": peak_memory(args), "sampling": sampling(trained.model, args) if trained is not None else None}
+              "memory": peak_memory(args), "sampling": sampled}
     Path(args.out).write_text(json.dumps(report, indent=1))
     for mode, result in results.items():
         print(f"accumulation {mode}: " + (f"refused: {result['refused']}" if "refused" in result else

@@ -23,6 +23,7 @@ import types
 from typing import ContextManager
 
 import torch
+import torch._inductor
 
 from gpt_lightning.errors import UserError
 from gpt_lightning.model import GPT
