@@ -14,12 +14,24 @@
 #      pass (benchmarks/hellaswag.py, batched vs per example, bf16 autocast, on examples it writes
 #      itself; HELLASWAG_FILE=path/to/hellaswag_val.jsonl scores the real ones), into the same folder;
 #   5. AdamW against Muon, and 6. our Trainer loop against a plain loop (Lightning's cost), both at
-#      the reference shape.
+#      the reference shape;
+#   7. the GPU path's checks (benchmarks/gpu_checks.py, issue 35) at the reference shape: 8 accumulated
+#      micro-batches a step under eager and each compile mode (losses within bf16 tolerance of eager's,
+#      or the one-line refusal of the CUDA-graph modes), 20 steps with torch.cuda.set_sync_debug_mode
+#      ("error") (zero host syncs), Muon's peak memory against AdamW's, greedy sampling in bf16 against
+#      float32; into gpu_checks.json. The bf16 eager-vs-compiled loss check is bench's (2., bench.json).
 #
+# --dry-run (or GPU_RUN_SMOKE=1) runs every step on the CPU with tiny shapes (tests/test_gpu_run.py).
 # On a GPU machine without network, carry .device-wheels/ (made by benchmarks/fetch_device_wheels.sh)
 # along: what is missing (jsonargparse, pytest) is installed from it into
 # .device-site/. GPU_RUN_SMOKE=1 runs the same steps on a CPU with a tiny model (tests/test_gpu_run.py).
 set -euo pipefail
+if [ "${1:-}" = "--dry-run" ]; then
+    export GPU_RUN_SMOKE=1
+elif [ -n "${1:-}" ]; then
+    echo "gpu_run.sh: unknown argument $1 (the only one is --dry-run: every step on the CPU, tiny shapes)" >&2
+    exit 2
+fi
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/.device-site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -75,5 +87,19 @@ if [ -n "${GPU_RUN_SMOKE:-}" ]; then
 fi
 python3 benchmarks/lightning_overhead.py "${overhead[@]}" --out "$dest/lightning_overhead.json"
 
+# 7. The GPU path's checks (issue 35). max-autotune-no-cudagraphs is left out here: its autotuning at
+#    this shape takes minutes of the run's 15 (GPU_CHECK_MODES="..." to choose).
+checks=(--n_layer 12 --n_head 12 --n_embd 768 --batch_size 16 --block_size 1024 --micro_batches 8 --steps 3
+        --quiet_steps 20 --sample_tokens 128 --modes ${GPU_CHECK_MODES:-eager default reduce-overhead max-autotune})
+if [ -n "${GPU_RUN_SMOKE:-}" ]; then
+    checks=(--n_layer 1 --n_head 2 --n_embd 32 --batch_size 2 --block_size 32 --micro_batches 2 --steps 2
+            --quiet_steps 2 --sample_tokens 8 --modes eager --accelerator cpu)
+fi
+# Issue 35's other items: the Muon guarded step's peak memory and step time (benchmarks/optimizers.py,
+# 5. above, and gpu_checks' memory figure) and eager bf16 against compiled (bench, 2. above).
+checks_status=0
+python3 benchmarks/gpu_checks.py "${checks[@]}" --out "$dest/gpu_checks.json" || checks_status=$?
+
 echo "results in $dest"
+[ "$tests_status" -ne 0 ] || tests_status=$checks_status
 exit "$tests_status"

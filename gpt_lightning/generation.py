@@ -97,14 +97,15 @@ def _generate_cached(model: GPT, idx: torch.Tensor, max_new_tokens: int, sample:
     block_size = model.config.block_size
     max_len = min(block_size, T + max_new_tokens)
     keep = max(1, block_size // 2)  # tokens a full window keeps when it slides
-    caches = [KVCache(max_len) for _ in model.transformer.h]
+    caches = decode_caches(model, B, max_len, idx.device) if compile else [KVCache(max_len) for _ in model.transformer.h]
     positions = torch.arange(max_len, device=idx.device)  # (max_len,)
     pos = torch.zeros(1, dtype=torch.long, device=idx.device)  # (1,): the decode step's position
     step = compiled_decode_step(model) if compile else model.forward_cached
     start = max(0, T - block_size)  # the window: out[:, start:end] is in the cache
     logits = model.forward_cached(out[:, start:T], caches, positions[: T - start])  # prefill
     if compile and idx.is_cuda:  # the caches exist now and stay where they are: CUDA graphs may keep their addresses
-        # (not on a CPU: with freezing, a static input would be frozen into the graph like a weight)
+        # (not on a CPU: with freezing, a static input would be frozen into the graph like a weight).
+        # The same caches serve every call of this model, batch and length: one graph, not one per call.
         for cache in caches:
             torch._dynamo.mark_static_address(cache.k)
             torch._dynamo.mark_static_address(cache.v)
@@ -157,6 +158,22 @@ def compiled_decode_step(model: GPT) -> Callable[..., torch.Tensor]:
 
 # Each model's compiled decode step and the key of the weights it froze (None on CUDA).
 _DECODE_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Each model's KV caches for its compiled decode step, per (batch, length, device, dtype).
+_DECODE_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def decode_caches(model: GPT, batch: int, max_len: int, device: torch.device) -> list[KVCache]:
+    """The model's KV caches for a compiled decode of ``batch`` rows and ``max_len`` positions, the same
+    tensors at every call with these: a CUDA graph reads its static inputs at fixed addresses, so fresh
+    caches at each call would record a new graph each time. A prefill overwrites what a decode step
+    attends to, and the step masks the positions past it, so what an earlier call left is never read.
+    They live as long as the model (one set per batch, length, device and dtype used)."""
+    dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else model.lm_head.weight.dtype
+    held = _DECODE_CACHES.setdefault(model, {})
+    key = (batch, max_len, device, dtype)
+    if key not in held:
+        held[key] = [KVCache(max_len) for _ in model.transformer.h]
+    return held[key]
 
 
 def _weights_key(model: GPT) -> tuple:

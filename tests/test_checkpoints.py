@@ -109,8 +109,24 @@ def test_sample_in_bfloat16_reads_bf16_weights_and_cache(eager_ckpt, monkeypatch
     assert texts[0].startswith("ROMEO:") and len(texts[0]) > len("ROMEO:")
     assert seen[0] == torch.bfloat16
     assert set(seen[1:]) == {torch.bfloat16}  # every layer's cached keys
-    with pytest.raises(UserError, match=r"--dtype 'float8' is not one of float32, bfloat16, float16"):
+    with pytest.raises(UserError, match=r"--dtype 'float8' is not one of auto, float32, bfloat16, float16"):
         sample(ckpt, dtype="float8")
+
+
+def test_sample_defaults_to_bfloat16_on_a_cuda_gpu_with_it(monkeypatch):
+    """``--dtype auto`` (the default): the configs' training precision on a bf16 GPU, float32 on a CPU
+    or an older GPU. (The GPU is stood in for: no CUDA here.)"""
+    import inspect
+
+    from gpt_lightning.commands.sample import resolve_dtype, sample
+
+    assert inspect.signature(sample).parameters["dtype"].default == "auto"
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.float32
+    assert resolve_dtype("float16", torch.device("cpu")) == torch.float16
 
 
 def test_top_k_0_samples_among_the_whole_vocabulary(eager_ckpt, monkeypatch):

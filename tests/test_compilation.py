@@ -171,3 +171,45 @@ def test_a_model_compiled_by_blocks_copies_and_pickles():
     idx = torch.randint(0, 50257, (1, 8))
     with torch.compiler.set_stance("force_eager"):  # the same numbers, without compiling here
         torch.testing.assert_close(restored.model(idx)[0], module.model(idx)[0])
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_cuda_graph_modes_are_refused_under_accumulation_on_cuda(monkeypatch, mode):
+    """On CUDA these modes record CUDA graphs, whose replays overwrite the first micro-batch's
+    gradient (pytorch#169545): the module refuses them in one line naming what works. The CUDA
+    device is stood in for (no GPU here): what is tested is the module's own decision."""
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    from gpt_lightning.errors import UserError
+
+    module = GPTLightningModule(**{**TINY_MODEL, "compile": True, "compile_mode": mode})
+    module.trainer = Trainer(accelerator="cpu", accumulate_grad_batches=8, logger=False, enable_progress_bar=False)
+    monkeypatch.setattr(SingleDeviceStrategy, "root_device", property(lambda self: torch.device("cuda", 0)))
+    with pytest.raises(UserError, match="records CUDA graphs.*null \\(default\\) or 'max-autotune-no-cudagraphs'"):
+        module.setup("fit")
+    module.trainer.accumulate_grad_batches = 1  # one micro-batch a step: allowed
+    module.setup("fit")
+    module.hparams.compile_mode = "max-autotune-no-cudagraphs"
+    module.trainer.accumulate_grad_batches = 8
+    module.setup("fit")
+
+
+def test_reduce_overhead_on_a_cpu_trains_as_eager_under_accumulation(tmp_path, shakespeare):
+    """On a CPU, reduce-overhead records no CUDA graph: under 2 accumulated micro-batches a step it
+    trains as eager does (float32, so the losses agree to rounding)."""
+    text = tmp_path / "small.txt"
+    text.write_text(shakespeare[:20_000])
+    losses = {}
+    for compile in (False, True):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        module = GPTLightningModule(**{**TINY_MODEL, "compile": compile, "compile_mode": "reduce-overhead"})
+        data = TokenStreamDataModule(str(text), batch_size=2, block_size=32, cache_dir=str(tmp_path), tokens_per_step=128)
+        trainer = Trainer(
+            accelerator="cpu", max_steps=3, log_every_n_steps=1, limit_val_batches=0, logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        )
+        trainer.fit(module, data)
+        assert trainer.accumulate_grad_batches == 2
+        losses[compile] = float(trainer.callback_metrics["train/loss"])
+    assert losses[True] == pytest.approx(losses[False], abs=1e-4)

@@ -145,12 +145,29 @@ def test_a_sharded_model_generates_what_the_unsharded_one_does(model, tmp_path, 
     assert torch.equal(generate(sharded, idx, 6, temperature=0), generate(model, idx, 6, temperature=0))
 
 
-def test_the_compiled_decode_step_gives_the_eager_tokens():
+def test_the_compiled_decode_step_gives_the_eager_tokens(monkeypatch):
+    """And it keeps its KV caches per model, batch and length: on CUDA they are static inputs of a
+    CUDA graph, so fresh caches at each call would record a new graph each time. A second prompt
+    decodes from the same caches and still gives its own eager tokens."""
+    import gpt_lightning.generation as generation
+
+    made = []
+
+    class Counted(KVCache):
+        def __init__(self, max_len):
+            super().__init__(max_len)
+            made.append(self)
+
+    monkeypatch.setattr(generation, "KVCache", Counted)
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=8, vocab_size=256, n_layer=1, n_head=2, n_embd=16)).eval()
     idx = prompt(length=3, vocab=256)
     eager = generate(model, idx, 12, temperature=0)  # past block_size: slides once
+    made.clear()
     assert torch.equal(generate(model, idx, 12, temperature=0, compile=True), eager)
+    other = (idx * 7 + 1) % 256
+    assert torch.equal(generate(model, other, 12, temperature=0, compile=True), generate(model, other, 12, temperature=0))
+    assert len(made) == model.config.n_layer + 1  # compiled: one set for both calls; +1: the eager call's
 
 
 def test_on_a_cpu_the_decode_step_is_frozen_and_compiled_again_after_training():

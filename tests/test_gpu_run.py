@@ -15,9 +15,10 @@ from conftest import REPO
 
 
 def test_the_gpu_run_script_end_to_end_in_smoke_mode(tmp_path):
-    env = {**os.environ, "GPU_RUN_SMOKE": "1", "OUT": str(tmp_path / "out"),
+    env = {**os.environ, "OUT": str(tmp_path / "out"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    result = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_run.sh")], cwd=tmp_path, env=env,
+    env.pop("GPU_RUN_SMOKE", None)  # --dry-run alone must select the CPU shapes
+    result = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_run.sh"), "--dry-run"], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     dest = tmp_path / "out" / "cpu"
@@ -52,3 +53,10 @@ def test_the_gpu_run_script_end_to_end_in_smoke_mode(tmp_path):
     # benchmarks/lightning_overhead.py: the three loops side by side, each step's host time in parts.
     overhead = json.loads((dest / "lightning_overhead.json").read_text())["results"]["eager"]
     assert set(overhead["breakdown"]) == {"plain", "plain_ours", "lightning"} and overhead["ratio"] > 0
+    # benchmarks/gpu_checks.py (issue 35): accumulation, quiet steps, Muon's memory, bf16 sampling.
+    checks = json.loads((dest / "gpu_checks.json").read_text())
+    assert checks["accumulation"]["eager"]["ok"] and len(checks["accumulation"]["eager"]["losses"]) == 2
+    assert checks["shape"]["tokens_per_step"] == 2 * 32 * 2
+    assert checks["quiet_steps"]["steps"] == 2 and "error" not in checks["quiet_steps"]
+    assert set(checks["memory"]["peak_gib"]) == {"adamw", "muon"}
+    assert checks["sampling"]["greedy_tokens_equal"] in (True, False) and checks["sampling"]["bfloat16"]["tokens_per_sec"] > 0

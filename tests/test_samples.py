@@ -70,3 +70,26 @@ def test_fsdp2_on_a_cpu_samples_at_its_first_validation(small_text, tmp_path, in
           "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
     samples = logged_samples(next((tmp_path / "tb" / "tiny-cpu").glob("version_*")))
     assert len(samples) == 1 and samples[0].strip()
+
+
+def test_samples_are_drawn_in_the_runs_precision(small_text, tmp_path, monkeypatch):
+    """Under bf16-mixed the samples run in bf16 autocast, as validation does (not float32)."""
+    import torch
+
+    import gpt_lightning.observing.samples as samples
+
+    seen = []
+
+    def spy(model, idx, *args, **kwargs):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return idx
+
+    monkeypatch.setattr(samples, "generate", spy)
+    module = GPTLightningModule(**TINY_MODEL, block_size=32, val_sample_tokens=2)
+    data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.1)
+    trainer = Trainer(accelerator="cpu", precision="bf16-mixed", max_steps=1, val_check_interval=1, check_val_every_n_epoch=None,
+                      limit_val_batches=1, num_sanity_val_steps=0,
+                      logger=TensorBoardLogger(tmp_path), enable_progress_bar=False, enable_checkpointing=False,
+                      enable_model_summary=False, callbacks=[ValidationSamples()])
+    trainer.fit(module, data)
+    assert seen == [(True, torch.bfloat16)]

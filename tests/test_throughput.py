@@ -3,6 +3,8 @@
 import json
 from types import SimpleNamespace
 
+import warnings
+
 import pytest
 import torch
 from lightning.pytorch import Callback
@@ -242,7 +244,21 @@ def test_cpu_without_peak_logs_no_mfu(tmp_path, monkeypatch):
         ("NVIDIA H100 NVL", 835e12),
         ("NVIDIA A100-SXM4-80GB", 312e12),
         ("NVIDIA A100 80GB PCIe", 312e12),
+        ("NVIDIA GH200 480GB", 989.4e12),
+        ("NVIDIA B200", 2.25e15),
+        ("NVIDIA GB200", 2.5e15),
+        ("NVIDIA L40S", 362.05e12),
+        ("NVIDIA L40", 181.05e12),
+        ("NVIDIA L4", 121e12),
+        ("NVIDIA A10G", 125e12),
+        ("NVIDIA A10", 125e12),
+        ("NVIDIA GeForce RTX 4090", 165.2e12),
+        ("NVIDIA GeForce RTX 5090", 209.5e12),
+        ("NVIDIA RTX 6000 Ada Generation", 364.2e12),
+        ("NVIDIA RTX A6000", 154.8e12),
+        ("NVIDIA GeForce RTX 3090", 71e12),
         ("NVIDIA GeForce GTX 1080", None),
+        ("NVIDIA GeForce RTX 4080", None),  # a word, not a prefix: "4080" is not "4090", "L4" not "L40S"
     ],
 )
 def test_dense_bf16_peaks(name, peak):
@@ -281,6 +297,17 @@ def test_tf32_runs_get_a_dense_tf32_peak(name, tf32, matmul_precision, monkeypat
         assert get_available_flops(torch.device("cuda", 0), precision_dtype("32-true")) == tf32
 
 
+def test_an_unknown_gpu_says_how_to_give_its_peak(monkeypatch, caplog):
+    """A device in neither table gets no MFU and one line naming it and --throughput.peak_flops,
+    not Lightning's bare "FLOPs not found" warning."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce GTX 1080")
+    with caplog.at_level("INFO"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert peak_flops_for(torch.device("cuda", 0), "bf16-mixed") is None
+    lines = [r.getMessage() for r in caplog.records if "No MFU" in r.getMessage()]
+    assert len(lines) == 1 and "'NVIDIA GeForce GTX 1080'" in lines[0] and "--throughput.peak_flops" in lines[0]
+
+
 def test_no_peak_on_cpu():
     assert peak_flops_for(torch.device("cpu"), "bf16-mixed") is None
 
@@ -291,3 +318,25 @@ def test_measured_flops_agree_with_the_analytic_6n_formula_for_gpt2_124m():
     measured = module.training_flops(B, T)
     analytic = B * T * (6 * module.model.num_parameters() + 12 * cfg.n_layer * cfg.n_embd * T)
     assert measured == pytest.approx(analytic, rel=0.02)
+
+
+def test_matmul_precision_is_set_before_the_device_is_set_up(monkeypatch, matmul_precision, small_text):
+    """Lightning's CUDA accelerator prints "set torch.set_float32_matmul_precision" from setup_device
+    when the precision is still "highest"; the module's setting must already be in force there."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.accelerators import CPUAccelerator
+
+    from gpt_lightning.data import TokenStreamDataModule
+    from conftest import TINY_MODEL
+
+    matmul_precision("highest")
+    seen = []
+    setup_device = CPUAccelerator.setup_device
+    monkeypatch.setattr(CPUAccelerator, "setup_device", lambda self, device: (
+        seen.append(torch.get_float32_matmul_precision()), setup_device(self, device))[1])
+    module = GPTLightningModule(**TINY_MODEL, block_size=32, float32_matmul_precision="high")
+    data = TokenStreamDataModule(data_path=str(small_text), batch_size=2, block_size=32)
+    trainer = Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(module, data)
+    assert seen == ["high"]

@@ -31,7 +31,15 @@ def resolve_device(device: str) -> torch.device:
     return resolved
 
 
-SAMPLE_DTYPES = ("float32", "bfloat16", "float16")
+SAMPLE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto``: bfloat16 on a CUDA GPU that has it (the precision the configs train in), else float32;
+    any other name as given."""
+    if dtype == "auto":
+        dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    return getattr(torch, dtype)
 
 
 def sample(
@@ -44,13 +52,14 @@ def sample(
     seed: int = 42,
     device: str = "auto",
     compile: bool = False,
-    dtype: str = "float32",
+    dtype: str = "auto",
 ) -> list[str]:
     """Continuations of ``prompt`` sampled from a ``gpt-lightning`` checkpoint, all
     ``num_samples`` in one batch; ``compile`` compiles the decode step (see ``gpt_lightning.generation.generate``).
     ``dtype`` is the weights' (and the cache's) type while sampling: decoding reads every weight
     once per token, so bfloat16 reads half the bytes of float32 (on CPUs with AMX or AVX-512 BF16
-    and on GPUs its matmuls are native); float32 gives the checkpoint's own numbers."""
+    and on GPUs its matmuls are native); float32 gives the checkpoint's own numbers. ``auto`` (the
+    default): bfloat16 on a CUDA GPU with bfloat16, float32 elsewhere."""
     for name, value, least in (("max_new_tokens", max_new_tokens, 0), ("num_samples", num_samples, 1), ("top_k", top_k, 0)):
         if value is not None and value < least:
             raise UserError(f"--{name} must be at least {least}, got {value}.")
@@ -60,7 +69,7 @@ def sample(
     if dtype not in SAMPLE_DTYPES:
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(SAMPLE_DTYPES)}.")
     torch_device = resolve_device(device)
-    model = gpt_from_checkpoint(ckpt_path).to(torch_device, getattr(torch, dtype)).eval()
+    model = gpt_from_checkpoint(ckpt_path).to(torch_device, resolve_dtype(dtype, torch_device)).eval()
     encoding = gpt2_encoding()
     if model.config.vocab_size < encoding.n_vocab:
         raise UserError(
@@ -92,8 +101,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ... (default: %(default)s)")
     parser.add_argument("--compile", action="store_true",
                         help="compile the decode step (CUDA graphs on CUDA): pays for long or many samples")
-    parser.add_argument("--dtype", default="float32", choices=SAMPLE_DTYPES,
-                        help="weights' type while sampling: bfloat16 reads half the bytes per token (default: %(default)s)")
+    parser.add_argument("--dtype", default="auto", choices=SAMPLE_DTYPES,
+                        help="weights' type while sampling: bfloat16 reads half the bytes per token; auto: bfloat16 "
+                             "on a CUDA GPU with it, else float32 (default: %(default)s)")
     args = parser.parse_args(argv)
     texts = sample(**vars(args))
     for i, text in enumerate(texts):

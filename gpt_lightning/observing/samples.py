@@ -20,7 +20,8 @@ class ValidationSamples(Callback):
     It samples ``tokens`` GPT-2 tokens after ``prompt`` at the end of each validation (not in the
     sanity check) and logs the text under the tag ``samples`` with the logger's ``add_text``
     (TensorBoard's); without such a logger it does nothing. The draw is seeded the same every time,
-    so samples of successive validations differ only by what the model learned.
+    so samples of successive validations differ only by what the model learned. It samples in the
+    run's precision (the trainer's precision plugin's forward context: bf16 autocast under bf16-mixed).
 
     Works with any module whose ``model`` is a gpt-lightning ``GPT``. The ``gpt-lightning`` CLI
     attaches it; with a plain ``Trainer``, add it to ``callbacks``.
@@ -61,7 +62,9 @@ class ValidationSamples(Callback):
         add_text = getattr(getattr(trainer.logger, "experiment", None), "add_text", None)
         if add_text is None:
             return
-        with torch.compiler.set_stance("force_eager"):  # a new length each token: never compiled
+        # In the run's precision, as validation itself (bf16 autocast under bf16-mixed): what the
+        # model computes in training, at the speed of a bf16 GPU; float32 only when the run is.
+        with torch.compiler.set_stance("force_eager"), trainer.precision_plugin.forward_context():
             text = self.sample(pl_module, tokens, self._setting(pl_module, "prompt") or "")
         if trainer.is_global_zero:
             # Markdown would swallow line breaks: indent as a code block.

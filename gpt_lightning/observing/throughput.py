@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import resource
 import statistics
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,16 +31,45 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from gpt_lightning.atomic import atomic_write_bytes
 from gpt_lightning.interop.hellaswag import HellaSwagEval
 
-# Dense (not sparse) tensor-core peaks from NVIDIA's datasheets: (bf16/fp16, tf32) FLOP/s. Lightning's
-# table has no "NVIDIA H200" entry and lists sparse figures for its H200 / H100 NVL entries. First
-# match wins.
+# Dense (not sparse) tensor-core peaks, (bf16/fp16, tf32) FLOP/s, for the GPUs people train GPT-2 on.
+# A row matches when every one of its words is a word of the device name (``torch.cuda.get_device_name``);
+# the first match wins. Datasheets print sparse figures with an asterisk: these are half of those.
+# Lightning's table has no plain "H200", sparse figures for H200/H100 NVL, and shader (not tensor-core)
+# rates for the RTX 4090 and A6000, so ours is read first.
 _DENSE_PEAKS: tuple[tuple[tuple[str, ...], float, float], ...] = (
+    # NVIDIA HGX B200 / GB200 NVL72 datasheets (per GPU): BF16 4.5 / 5 PFLOPS sparse, TF32 2.2 / 2.5 sparse
+    (("gb200",), 2.5e15, 1.25e15),
+    (("b200",), 2.25e15, 1.1e15),
+    # NVIDIA GH200 Grace Hopper datasheet: the H100/H200 GPU, BF16 1,979 TFLOPS sparse
+    (("gh200",), 989.4e12, 494.7e12),
+    # NVIDIA H200 / H100 datasheets: SXM 1,979 sparse; NVL 1,671 sparse; H100 PCIe 1,513 sparse
     (("h200", "nvl"), 835e12, 417.5e12),
     (("h200",), 989.4e12, 494.7e12),
     (("h100", "nvl"), 835e12, 417.5e12),
     (("h100", "pcie"), 756e12, 378e12),
     (("h100",), 989.4e12, 494.7e12),  # SXM / "80GB HBM3"
+    (("h800", "pcie"), 756e12, 378e12),  # H100 silicon, export variant
+    (("h800",), 989.4e12, 494.7e12),
+    # NVIDIA A100 datasheet (SXM and PCIe alike): BF16 312 TFLOPS dense, TF32 156
     (("a100",), 312e12, 156e12),
+    (("a800",), 312e12, 156e12),  # A100 silicon, export variant
+    # NVIDIA L40S / L40 / L4 datasheets: BF16 733 / 362.1 / 242 TFLOPS sparse, TF32 366 / 181 / 120 sparse
+    (("l40s",), 362.05e12, 183e12),
+    (("l40",), 181.05e12, 90.5e12),
+    (("l4",), 121e12, 60e12),
+    # NVIDIA A10 datasheet: BF16 125 TFLOPS dense, TF32 62.5. AWS's A10G has no datasheet of its own
+    # (a lower-clocked A10): its MFU reads a little low.
+    (("a10g",), 125e12, 62.5e12),
+    (("a10",), 125e12, 62.5e12),
+    # NVIDIA Ada whitepaper v2.1 (FP16/BF16 tensor with FP32 accumulate, as mixed precision trains):
+    # RTX 6000 Ada 364.2, RTX 4090 165.2 TFLOPS dense; TF32 half of that
+    (("rtx", "6000", "ada"), 364.2e12, 182.1e12),
+    (("rtx", "4090"), 165.2e12, 82.6e12),
+    # NVIDIA RTX Blackwell whitepaper (FP32 accumulate): RTX 5090 209.5 TFLOPS dense, TF32 104.8
+    (("rtx", "5090"), 209.5e12, 104.8e12),
+    # NVIDIA Ampere GA102 whitepaper (FP32 accumulate): RTX A6000 154.8, RTX 3090 71 TFLOPS dense
+    (("rtx", "a6000"), 154.8e12, 77.4e12),
+    (("rtx", "3090"), 71e12, 35.6e12),
 )
 # With log_every_n_steps 0 (no step logging), pending step marks are turned into durations every
 # this many steps (on CUDA one wait for an event) instead of piling up until the end.
@@ -48,16 +79,16 @@ TF32 = "tfloat32"
 
 
 def dense_bf16_peak_flops(device_name: str) -> float | None:
-    """Peak dense bf16 FLOP/s for an A100 / H100 / H200 device name, else None."""
+    """Peak dense bf16 FLOP/s for a device name in our table, else None."""
     return dense_peak_flops(device_name, torch.bfloat16)
 
 
 def dense_peak_flops(device_name: str, dtype: torch.dtype | str) -> float | None:
-    """Peak dense FLOP/s at bf16, fp16 or TF32 (``"tfloat32"``) for an A100 / H100 / H200 device
-    name, else None."""
-    name = device_name.lower()
+    """Peak dense FLOP/s at bf16, fp16 or TF32 (``"tfloat32"``) for a device name in our table
+    (``_DENSE_PEAKS``), else None."""
+    words = set(re.split(r"[^a-z0-9]+", device_name.lower()))
     for keys, half, tf32 in _DENSE_PEAKS:
-        if all(key in name for key in keys):
+        if all(key in words for key in keys):
             return {torch.bfloat16: half, torch.float16: half, TF32: tf32}.get(dtype)
     return None
 
@@ -80,11 +111,20 @@ def peak_flops_for(device: torch.device, precision: str) -> float | None:
     if device.type != "cuda":
         return None
     dtype = precision_dtype(precision)
-    ours = dense_peak_flops(torch.cuda.get_device_name(device), dtype)
+    name = torch.cuda.get_device_name(device)
+    ours = dense_peak_flops(name, dtype)
     if ours is not None:
         return ours
-    theirs = get_available_flops(device, dtype)
-    return float(theirs) if theirs else None
+    with warnings.catch_warnings():  # Lightning warns "FLOPs not found"; the line below says what to do
+        warnings.simplefilter("ignore")
+        theirs = get_available_flops(device, dtype)
+    if theirs:
+        return float(theirs)
+    rank_zero_info(
+        f"No MFU: the peak {dtype} FLOP/s of {name!r} is not in gpt-lightning's table. Give one device's dense "
+        "peak in FLOP/s (its datasheet's figure without sparsity), e.g. --throughput.peak_flops 312e12."
+    )
+    return None
 
 
 def _count_tokens(batch: Any) -> int:

@@ -23,7 +23,9 @@ import types
 from typing import ContextManager
 
 import torch
+import torch._inductor
 
+from gpt_lightning.errors import UserError
 from gpt_lightning.model import GPT
 
 
@@ -46,6 +48,35 @@ def compile_in_place(model: GPT, scope: str, **options: object) -> None:
     # function is bound as a method, so a deepcopy (an EMA copy) binds it to the copy's weights, and
     # the module pickles (the unpickled model runs this part eager, as the class defines it).
     model.head_and_loss = types.MethodType(torch.compile(type(model).head_and_loss, **options), model)
+
+
+def records_cuda_graphs(mode: str | None) -> bool:
+    """Whether ``torch.compile(mode=mode)`` records CUDA graphs on a CUDA device ("reduce-overhead",
+    "max-autotune"), as torch's own table of mode options says."""
+    return bool(mode) and bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
+
+
+def check_cuda_graphs_accumulation(compile: bool, mode: str | None, accumulate: int, device: torch.device) -> None:
+    """Refuse CUDA graphs (cudagraph trees) under gradient accumulation on a CUDA device.
+
+    The first micro-batch's gradient is a graph output that autograd installs as ``.grad`` without
+    a copy; the next replay writes over it, so the accumulated gradient is wrong or torch raises
+    "accessing tensor output of CUDAGraphs that has been overwritten" (pytorch#169545, open, even
+    with ``cudagraph_mark_step_begin`` and cloned outputs; pytorch#184003 only words the error). On a
+    CPU these modes record no graph and train as the default mode.
+
+    Args:
+        compile: whether the model is compiled.
+        mode: its ``torch.compile`` mode.
+        accumulate: micro-batches per optimizer step (``trainer.accumulate_grad_batches``).
+        device: the device the model trains on.
+    """
+    if compile and accumulate > 1 and device.type == "cuda" and records_cuda_graphs(mode):
+        raise UserError(
+            f"model.compile_mode {mode!r} records CUDA graphs, which accumulate {accumulate} micro-batches' "
+            "gradients wrongly: use compile_mode null (default) or 'max-autotune-no-cudagraphs', or one "
+            "micro-batch per step."
+        )
 
 
 def is_compiled(model: GPT) -> bool:

@@ -20,7 +20,9 @@ from gpt_lightning.scaling.sharding import is_empty, materialize, shard_once, sy
 from gpt_lightning.training import resume
 from gpt_lightning.training.architecture import DEFAULT_CONFIG, build_gpt
 from gpt_lightning.training.checks import check_fits_data, check_optimizer_settings, check_strategy_supports, run_length
-from gpt_lightning.training.compilation import compile_in_place, compile_notice, evaluation_stance, is_compiled
+from gpt_lightning.training.compilation import (
+    check_cuda_graphs_accumulation, compile_in_place, compile_notice, evaluation_stance, is_compiled,
+)
 from gpt_lightning.training.nonfinite import NonFiniteGuard
 from gpt_lightning.training.optimizers import build_optimizer, group_settings, lr_multiplier
 from gpt_lightning.training.step_loss import StepLoss, stopping, written_now
@@ -73,11 +75,13 @@ class GPTLightningModule(LightningModule):
         compile_scope: "model": one graph for the GPT; "blocks": one graph reused by every ``Block`` (compiled
             once, not n_layer times) plus one for the head and loss.
         compile_mode: ``torch.compile`` mode: None (default), "reduce-overhead", "max-autotune", ...
+            The two that record CUDA graphs are refused on CUDA under gradient accumulation.
         compile_dynamic: ``torch.compile(dynamic=...)``; False suits the fixed (B, T) batches.
         compile_fullgraph: fail on any graph break instead of falling back to eager.
         compile_eval: compile evaluation too (a second graph, at the first validation); for long evaluations.
         activation_checkpointing: recompute each block's activations in the backward pass: less memory.
-        float32_matmul_precision: set in ``setup`` ("high": TF32 on Ampere and newer GPUs); None: left alone.
+        float32_matmul_precision: set when ``fit`` starts, before the device is set up ("high": TF32 on
+            Ampere and newer GPUs); None: left alone.
         val_sample_tokens: tokens the ``ValidationSamples`` callback (the CLI attaches it) samples
             after each validation and logs to TensorBoard (tag ``samples``). 0 turns it off.
         val_sample_prompt: the prompt for those samples.
@@ -149,11 +153,23 @@ class GPTLightningModule(LightningModule):
         self._final_step: int | None = None  # the same, for logging its last step (None: no end)
         self._step_values: tuple[torch.Tensor | None, torch.Tensor | None] | None = None  # this step's loss, grad norm
 
-    def setup(self, stage: str) -> None:
+    def configure_callbacks(self) -> list:
+        """No callbacks of its own. The first hook of every ``fit``/``validate``/``test``, before the
+        accelerator sets up the device: ``float32_matmul_precision`` is applied here, so Lightning's
+        CUDA tip to set it is not printed when the config sets it."""
+        self._apply_matmul_precision()
+        return []
+
+    def _apply_matmul_precision(self) -> None:
         if self.hparams.float32_matmul_precision is not None:
             torch.set_float32_matmul_precision(self.hparams.float32_matmul_precision)
+
+    def setup(self, stage: str) -> None:
+        self._apply_matmul_precision()  # again, for a subclass whose configure_callbacks does not call ours
         check_fits_data(self.config, self.trainer.datamodule)
         check_strategy_supports(self.hparams.optimizer, self.trainer.strategy)
+        hp, trainer = self.hparams, self.trainer
+        check_cuda_graphs_accumulation(hp.compile, hp.compile_mode, trainer.accumulate_grad_batches, trainer.strategy.root_device)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another architecture; keep the optimizer settings given now (``resume``)."""
