@@ -38,6 +38,9 @@ torch and argparse:
 - ``Tensor._version``: the counter every in-place change of a tensor bumps (what autograd checks
   saved tensors with). A CPU decode step compiled with inductor's freezing holds the weights as
   constants; ``generation.py`` compiles it again once a weight has changed since.
+- ``torch.optim._muon._zeropower_via_newtonschulz`` and ``_adjust_lr``: torch's Muon math, which
+  ``MuonWithAdamW``'s guarded step runs one matrix at a time, gated on the device, instead of
+  ``Muon.step()`` (which has no ``found_inf``) on a copy of the weights (``training/optimizers.py``).
 """
 
 from __future__ import annotations
@@ -90,6 +93,14 @@ def unscales_in_step(optimizer: torch.optim.Optimizer) -> bool:
 def tensor_versions(tensors: Any) -> tuple[int, ...]:
     """Each tensor's in-place change counter: equal tuples, no tensor written since."""
     return tuple(t._version for t in tensors)
+
+
+def muon_math() -> tuple[Callable[..., torch.Tensor], Callable[..., float]]:
+    """torch's Muon orthogonalization (``_zeropower_via_newtonschulz``) and per-shape rate (``_adjust_lr``).
+    Imported when called: torch < 2.9 has no Muon, and ``require_muon`` says so first."""
+    from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
+
+    return _zeropower_via_newtonschulz, _adjust_lr
 
 
 def option_strings(parser: argparse.ArgumentParser) -> list[str]:
@@ -154,6 +165,8 @@ CHECKS: dict[str, Callable[[], bool]] = {
                                                             "_step_supports_amp_scaling", None) is True,
     "ArgumentParser._actions": lambda: isinstance(getattr(argparse.ArgumentParser(), "_actions", None), list),
     "Tensor._version": lambda: _bumps_version(),
+    "torch.optim._muon._zeropower_via_newtonschulz": lambda: not hasattr(torch.optim, "Muon") or all(
+        callable(f) for f in muon_math()),
 }
 
 

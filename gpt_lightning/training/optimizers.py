@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from gpt_lightning.errors import UserError
+from gpt_lightning.lightning_internals import muon_math
 
 # The parameter-group names, in the order configure_optimizers builds them: the LearningRateMonitor
 # logs lr-<optimizer>/<name>; resume re-applies each group's settings by position.
@@ -118,8 +119,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         orthogonalized update by 0 and keeps the weights from before the weight decay. On a taken
         step the update is multiplied by exactly 1 and the decayed weights selected: torch's step,
         bit for bit (tests/test_optimizers.py)."""
-        # torch's own Muon math (here, not at import: torch < 2.9 has no _muon, and require_muon says so)
-        from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
+        _zeropower_via_newtonschulz, _adjust_lr = muon_math()  # torch's own Muon math
 
         keep = (~skip).to(torch.bfloat16)  # the update's dtype (Newton-Schulz runs in bfloat16)
         for group in self.muon.param_groups:
