@@ -1,0 +1,166 @@
+"""A crash or a full disk during a save keeps the previous checkpoint: the CLI on the quick start's
+config, its logs on a small tmpfs of their own (another filesystem than $TMPDIR, as `logs/` on NFS
+or Lustre is), killed at random moments while saving every step, and filled until a save fails."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from gpt_lightning.training.checkpoint_io import AtomicCheckpointIO, use_atomic_checkpoints
+
+from conftest import REPO
+
+# The quick start's config shrunk in size and steps, eager. A checkpoint is 19.5 MB (mostly the
+# 50257 x 32 embedding and its AdamW moments); 1 x 16 tokens a step make saving most of a step.
+SHRUNK = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.compile", "false",
+          "--model.val_sample_tokens", "0", "--data.batch_size", "1", "--data.block_size", "16",
+          "--trainer.limit_val_batches", "0"]
+
+
+def mount_tmpfs(path: Path, size: str) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"needs a small tmpfs of its own and cannot mount one here: {result.stderr.strip()}")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A factory of tmpfs mounts under tmp_path, each unmounted at the end of the test."""
+    mounted: list[Path] = []
+
+    def mount(name: str, size: str) -> Path:
+        path = tmp_path / name
+        mount_tmpfs(path, size)
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", str(path)], check=False)
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gpt_lightning", "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *SHRUNK, *args]
+
+
+def environment(tmpdir: Path) -> dict[str, str]:
+    tmpdir.mkdir()
+    return {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmpdir)}
+
+
+def files_under(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
+
+
+def orphans_in(tmpdir: Path) -> list[str]:
+    """Files in $TMPDIR other than tiktoken's cache of the GPT-2 encoding (data-gym-cache)."""
+    return [f for f in files_under(tmpdir) if not f.startswith("data-gym-cache/")]
+
+
+def test_a_full_disk_fails_the_save_in_one_line_and_keeps_the_previous_checkpoint(small_disk, tmp_path):
+    logs = small_disk("logs", "32m")  # room for one checkpoint and the logs, not for two
+    env = environment(tmp_path / "tmpdir")
+    result = subprocess.run(
+        cli("--trainer.max_steps", "4", "--checkpoint.every_n_train_steps", "2",
+            "--trainer.logger.init_args.save_dir", str(logs)),
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )
+    run = logs / "tiny-cpu" / "version_0"
+    ckpt = run / "checkpoints" / "last.ckpt"
+    assert result.returncode == 2, result.stderr[-3000:]
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith(f"gpt-lightning: error: Cannot save the checkpoint {ckpt}: its folder {ckpt.parent} "
+                                "has no room for it ("), result.stderr[-3000:]
+    assert "bytes needed" in last_line and "the previous checkpoint there is kept" in last_line
+    assert "Traceback" not in result.stderr
+    # The step-2 checkpoint is whole, nothing else is left on the disk or in $TMPDIR...
+    assert torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"] == 2
+    assert [f for f in files_under(logs) if f.startswith("tiny-cpu/version_0/checkpoints")] == [
+        "tiny-cpu/version_0/checkpoints/last.ckpt"]
+    assert not [f for f in files_under(logs) if ".tmp" in f]
+    assert orphans_in(tmp_path / "tmpdir") == []
+    # ...and resumes.
+    resumed = subprocess.run(
+        cli("--ckpt_path", str(ckpt), "--trainer.max_steps", "3",
+            "--trainer.logger.init_args.save_dir", str(tmp_path / "more-logs")),
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again = tmp_path / "more-logs" / "tiny-cpu" / "version_0" / "checkpoints" / "last.ckpt"
+    assert torch.load(again, map_location="cpu", weights_only=False)["global_step"] == 3
+
+
+def signature(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
+
+
+def test_a_kill_at_any_moment_of_a_save_leaves_last_ckpt_whole(small_disk, tmp_path):
+    logs = small_disk("logs", "128m")
+    env = environment(tmp_path / "tmpdir")
+    ckpt = logs / "checkpoints" / "last.ckpt"
+    rng = random.Random(34)
+    whole_size = None
+    for kill in range(4):
+        resume = ["--ckpt_path", str(ckpt)] if ckpt.exists() else []
+        before = signature(ckpt)
+        with open(tmp_path / f"stderr-{kill}.txt", "w") as stderr:
+            proc = subprocess.Popen(
+                cli("--trainer.max_steps", "100000", "--checkpoint.every_n_train_steps", "1",
+                    "--checkpoint.dirpath", str(logs / "checkpoints"),
+                    "--trainer.logger.init_args.save_dir", str(logs), *resume),
+                env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr,
+            )
+        try:
+            deadline = time.monotonic() + 300
+            while signature(ckpt) == before:  # until this process has saved once
+                assert proc.poll() is None, (tmp_path / f"stderr-{kill}.txt").read_text()[-3000:]
+                assert time.monotonic() < deadline, "no checkpoint saved in 300 s"
+                time.sleep(0.005)
+            whole_size = whole_size or ckpt.stat().st_size
+            # Killed at a random moment, or at once if last.ckpt is seen partly written.
+            kill_at = time.monotonic() + rng.uniform(0.0, 1.5)
+            while time.monotonic() < kill_at:
+                try:
+                    if ckpt.stat().st_size < 0.9 * whole_size:
+                        break
+                except FileNotFoundError:
+                    break
+                time.sleep(0.001)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)  # a partial file fails here
+        assert checkpoint["global_step"] >= 1
+        # At most the killed save's own partial file is beside it: the next save removes it.
+        assert len([f for f in files_under(logs / "checkpoints") if f != "last.ckpt"]) <= 1
+    assert orphans_in(tmp_path / "tmpdir") == []  # nothing orphaned in $TMPDIR
+
+
+def test_a_plain_trainer_gets_atomic_saves_and_a_users_own_plugin_is_kept(tmp_path):
+    trainer = Trainer(accelerator="cpu", logger=False, default_root_dir=tmp_path)
+    use_atomic_checkpoints(trainer)
+    assert type(trainer.strategy.checkpoint_io) is AtomicCheckpointIO
+
+    class MyIO(TorchCheckpointIO):
+        pass
+
+    trainer = Trainer(accelerator="cpu", logger=False, default_root_dir=tmp_path, plugins=[MyIO()])
+    use_atomic_checkpoints(trainer)
+    assert type(trainer.strategy.checkpoint_io) is MyIO
