@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.training.checkpoint_io import AtomicCheckpointIO, use_atomic_checkpoints
 
 from conftest import REPO
@@ -104,53 +105,71 @@ def test_a_full_disk_fails_the_save_in_one_line_and_keeps_the_previous_checkpoin
 
 
 def signature(path: Path) -> tuple[int, int] | None:
+    """What changes when a save lands: the path's inode (a rename) or its newest file time."""
     try:
         stat = path.stat()
+        files = [p.stat().st_mtime_ns for p in path.rglob("*")] if path.is_dir() else []
     except FileNotFoundError:
         return None
-    return stat.st_ino, stat.st_mtime_ns
+    return stat.st_ino, max([stat.st_mtime_ns, *files])
 
 
-def test_a_kill_at_any_moment_of_a_save_leaves_last_ckpt_whole(small_disk, tmp_path):
-    logs = small_disk("logs", "128m")
+def size(path: Path) -> int:
+    """A checkpoint's bytes, a folder's summed; 0 where it is (or a file of it went) missing."""
+    try:
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def kill_during_saves(args: list[str], ckpt: Path, tmp_path: Path, kills: int) -> None:
+    """Run the CLI saving ``ckpt`` every step and SIGKILL it ``kills`` times, each relaunch resuming
+    ``ckpt``: at a random moment after its first save, or at once if ``ckpt`` is seen partly written
+    (smaller than whole). Each time the checkpoint must still be whole (its relaunch resumes it)."""
     env = environment(tmp_path / "tmpdir")
-    ckpt = logs / "checkpoints" / "last.ckpt"
     rng = random.Random(34)
-    whole_size = None
-    for kill in range(4):
+    whole = None
+    for kill in range(kills):
         resume = ["--ckpt_path", str(ckpt)] if ckpt.exists() else []
         before = signature(ckpt)
-        with open(tmp_path / f"stderr-{kill}.txt", "w") as stderr:
+        log = tmp_path / f"stderr-{kill}.txt"
+        with open(log, "w") as stderr:
             proc = subprocess.Popen(
                 cli("--trainer.max_steps", "100000", "--checkpoint.every_n_train_steps", "1",
-                    "--checkpoint.dirpath", str(logs / "checkpoints"),
-                    "--trainer.logger.init_args.save_dir", str(logs), *resume),
+                    "--checkpoint.dirpath", str(ckpt.parent), *args, *resume),
                 env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr,
             )
         try:
             deadline = time.monotonic() + 300
             while signature(ckpt) == before:  # until this process has saved once
-                assert proc.poll() is None, (tmp_path / f"stderr-{kill}.txt").read_text()[-3000:]
+                assert proc.poll() is None, log.read_text()[-3000:]
                 assert time.monotonic() < deadline, "no checkpoint saved in 300 s"
                 time.sleep(0.005)
-            whole_size = whole_size or ckpt.stat().st_size
-            # Killed at a random moment, or at once if last.ckpt is seen partly written.
+            whole = whole or size(ckpt)
             kill_at = time.monotonic() + rng.uniform(0.0, 1.5)
-            while time.monotonic() < kill_at:
-                try:
-                    if ckpt.stat().st_size < 0.9 * whole_size:
-                        break
-                except FileNotFoundError:
-                    break
+            while time.monotonic() < kill_at and size(ckpt) >= 0.9 * whole:
                 time.sleep(0.001)
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-        checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)  # a partial file fails here
-        assert checkpoint["global_step"] >= 1
+        assert gpt_from_checkpoint(ckpt) is not None  # a partial file or folder fails here
         # At most the killed save's own partial file is beside it: the next save removes it.
-        assert len([f for f in files_under(logs / "checkpoints") if f != "last.ckpt"]) <= 1
+        assert len([p for p in ckpt.parent.iterdir() if p.name != ckpt.name]) <= 1
     assert orphans_in(tmp_path / "tmpdir") == []  # nothing orphaned in $TMPDIR
+
+
+def test_a_kill_at_any_moment_of_a_save_leaves_last_ckpt_whole(small_disk, tmp_path):
+    logs = small_disk("logs", "128m")
+    kill_during_saves(["--trainer.logger.init_args.save_dir", str(logs)], logs / "checkpoints" / "last.ckpt", tmp_path, 3)
+
+
+def test_a_kill_during_an_fsdp2_save_leaves_a_folder_that_resumes(small_disk, tmp_path):
+    logs = small_disk("logs", "128m")
+    fsdp = ["--config", str(REPO / "configs/fsdp2.yaml"), "--trainer.devices", "1", "--trainer.accelerator", "cpu",
+            "--trainer.precision", "32-true"]
+    kill_during_saves([*fsdp, "--trainer.logger.init_args.save_dir", str(logs)], logs / "checkpoints" / "last.ckpt",
+                      tmp_path, 3)
+    assert (logs / "checkpoints" / "last.ckpt").is_dir()  # the sharded folder, not a file
 
 
 def test_a_plain_trainer_gets_atomic_saves_and_a_users_own_plugin_is_kept(tmp_path):

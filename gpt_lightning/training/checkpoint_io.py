@@ -20,7 +20,6 @@ from typing import Any
 import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
-from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch import Trainer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -38,7 +37,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     Lightning, global rank 0), so a temporary file beside it is a killed save's, removed at the next.
     """
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
         """Save ``checkpoint`` to ``path``: the old file stays whole until the new one replaces it.
 
         Args:
@@ -70,7 +69,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             ) from None
 
 
-def _local_path(path: _PATH) -> Path | None:
+def _local_path(path: str | Path) -> Path | None:
     """``path`` as a local filesystem path, or None for a remote (fsspec URL) one."""
     fs, local = fsspec.core.url_to_fs(str(path))
     return Path(local) if isinstance(fs, LocalFileSystem) else None
