@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from gpt_lightning.cli import main
 from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.training.checkpoint_io import AtomicCheckpointIO, use_atomic_checkpoints
 
@@ -71,22 +73,24 @@ def orphans_in(tmpdir: Path) -> list[str]:
     return [f for f in files_under(tmpdir) if not f.startswith("data-gym-cache/")]
 
 
-def test_a_full_disk_fails_the_save_in_one_line_and_keeps_the_previous_checkpoint(small_disk, tmp_path):
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")  # Lightning's note on resume
+def test_a_full_disk_fails_the_save_in_one_line_and_keeps_the_previous_checkpoint(small_disk, tmp_path, monkeypatch, capsys):
+    """In this process (a subprocess would only add its start-up): the CLI's own main, its exit code and stderr."""
     logs = small_disk("logs", "32m")  # room for one checkpoint and the logs, not for two
-    env = environment(tmp_path / "tmpdir")
-    result = subprocess.run(
-        cli("--trainer.max_steps", "4", "--checkpoint.every_n_train_steps", "2",
-            "--trainer.logger.init_args.save_dir", str(logs)),
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
-    )
+    (tmp_path / "tmpdir").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmpdir"))  # what $TMPDIR sets
+    with pytest.raises(SystemExit) as exit_info:
+        main(cli("--trainer.max_steps", "4", "--checkpoint.every_n_train_steps", "2",
+                 "--trainer.logger.init_args.save_dir", str(logs))[3:])
+    err = capsys.readouterr().err
     run = logs / "tiny-cpu" / "version_0"
     ckpt = run / "checkpoints" / "last.ckpt"
-    assert result.returncode == 2, result.stderr[-3000:]
-    last_line = result.stderr.strip().splitlines()[-1]
+    assert exit_info.value.code == 2, err[-3000:]
+    last_line = err.strip().splitlines()[-1]
     assert last_line.startswith(f"gpt-lightning: error: Cannot save the checkpoint {ckpt}: its folder {ckpt.parent} "
-                                "has no room for it ("), result.stderr[-3000:]
+                                "has no room for it ("), err[-3000:]
     assert "bytes needed" in last_line and "the previous checkpoint there is kept" in last_line
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in err
     # The step-2 checkpoint is whole, nothing else is left on the disk or in $TMPDIR...
     assert torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"] == 2
     assert [f for f in files_under(logs) if f.startswith("tiny-cpu/version_0/checkpoints")] == [
@@ -94,12 +98,8 @@ def test_a_full_disk_fails_the_save_in_one_line_and_keeps_the_previous_checkpoin
     assert not [f for f in files_under(logs) if ".tmp" in f]
     assert orphans_in(tmp_path / "tmpdir") == []
     # ...and resumes.
-    resumed = subprocess.run(
-        cli("--ckpt_path", str(ckpt), "--trainer.max_steps", "3",
-            "--trainer.logger.init_args.save_dir", str(tmp_path / "more-logs")),
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    main(cli("--ckpt_path", str(ckpt), "--trainer.max_steps", "3",
+             "--trainer.logger.init_args.save_dir", str(tmp_path / "more-logs"))[3:])
     again = tmp_path / "more-logs" / "tiny-cpu" / "version_0" / "checkpoints" / "last.ckpt"
     assert torch.load(again, map_location="cpu", weights_only=False)["global_step"] == 3
 
