@@ -19,7 +19,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from gpt_lightning.cli import main
-from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
+from gpt_lightning.interop.checkpoint import gpt_from_checkpoint, read_checkpoint
 from gpt_lightning.training.checkpoint_io import AtomicCheckpointIO, use_atomic_checkpoints
 
 from conftest import REPO
@@ -29,6 +29,11 @@ from conftest import REPO
 SHRUNK = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.compile", "false",
           "--model.val_sample_tokens", "0", "--data.batch_size", "1", "--data.block_size", "16",
           "--trainer.limit_val_batches", "0"]
+
+
+# FSDP2 as the README gives it, on one CPU process (a mesh of one; tests/test_fsdp.py runs 2 and 4).
+FSDP = ["--config", str(REPO / "configs/fsdp2.yaml"), "--trainer.devices", "1", "--trainer.accelerator", "cpu",
+        "--trainer.precision", "32-true"]
 
 
 def mount_tmpfs(path: Path, size: str) -> None:
@@ -104,6 +109,23 @@ def test_a_full_disk_fails_the_save_in_one_line_and_keeps_the_previous_checkpoin
     assert torch.load(again, map_location="cpu", weights_only=False)["global_step"] == 3
 
 
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")
+def test_a_full_disk_fails_an_fsdp2_save_in_one_line_and_keeps_the_previous_folder(small_disk, tmp_path, capsys,
+                                                                                    in_process_group):
+    logs = small_disk("logs", "32m")  # room for one checkpoint folder and the logs, not for two
+    with pytest.raises(SystemExit) as exit_info:
+        main(cli(*FSDP, "--trainer.max_steps", "4", "--checkpoint.every_n_train_steps", "2",
+                 "--trainer.logger.init_args.save_dir", str(logs))[3:])
+    err = capsys.readouterr().err
+    ckpt = logs / "tiny-cpu" / "version_0" / "checkpoints" / "last.ckpt"
+    assert exit_info.value.code == 2, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith(
+        f"gpt-lightning: error: Cannot save the checkpoint {ckpt}: its folder {ckpt.parent} has no room for it (about ")
+    assert ckpt.is_dir() and [p.name for p in ckpt.parent.iterdir()] == ["last.ckpt"]
+    assert read_checkpoint(ckpt, weights=False)["global_step"] == 2
+    assert gpt_from_checkpoint(ckpt) is not None
+
+
 def signature(path: Path) -> tuple[int, int] | None:
     """What changes when a save lands: the path's inode (a rename) or its newest file time."""
     try:
@@ -165,9 +187,7 @@ def test_a_kill_at_any_moment_of_a_save_leaves_last_ckpt_whole(small_disk, tmp_p
 
 def test_a_kill_during_an_fsdp2_save_leaves_a_folder_that_resumes(small_disk, tmp_path):
     logs = small_disk("logs", "128m")
-    fsdp = ["--config", str(REPO / "configs/fsdp2.yaml"), "--trainer.devices", "1", "--trainer.accelerator", "cpu",
-            "--trainer.precision", "32-true"]
-    kill_during_saves([*fsdp, "--trainer.logger.init_args.save_dir", str(logs)], logs / "checkpoints" / "last.ckpt",
+    kill_during_saves([*FSDP, "--trainer.logger.init_args.save_dir", str(logs)], logs / "checkpoints" / "last.ckpt",
                       tmp_path, 2)
     assert (logs / "checkpoints" / "last.ckpt").is_dir()  # the sharded folder, not a file
 

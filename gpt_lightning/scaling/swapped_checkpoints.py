@@ -18,6 +18,7 @@ from typing import Any
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from gpt_lightning.atomic import sync_folder
+from gpt_lightning.errors import UserError
 
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2  # <fcntl.h>, <linux/fs.h>
 
@@ -26,7 +27,8 @@ class SwappedCheckpointStrategy(ModelParallelStrategy):
     """``ModelParallelStrategy`` (FSDP2) whose checkpoints, folders or files, are written beside
     their destination and swapped in, so the previous checkpoint resumes until the new one is whole.
 
-    A save needs room for two checkpoints. The swap is one atomic exchange of the two names where
+    A save needs room for two checkpoints: where the folder has less free than the previous
+    checkpoint's size, it fails at once in one line. The swap is one atomic exchange of the two names where
     the filesystem has one (Linux ``renameat2(RENAME_EXCHANGE)``: ext4, xfs, btrfs, tmpfs); elsewhere
     two renames, between which (microseconds) the checkpoint is under its ``.NAME.old`` name, put
     back by the next save if the run died there.
@@ -48,8 +50,15 @@ class SwappedCheckpointStrategy(ModelParallelStrategy):
                 os.replace(old, path)
             _remove(new)  # a killed save's
             _remove(old)
-        self.barrier()
-        super().save_checkpoint(checkpoint, new, storage_options)
+        no_room = self.broadcast(_no_room_for(path) if self.is_global_zero else None)
+        if no_room is not None:
+            raise UserError(no_room)
+        try:
+            super().save_checkpoint(checkpoint, new, storage_options)
+        except BaseException:
+            if self.is_global_zero:
+                _remove(new)  # the previous checkpoint stays as it was
+            raise
         self.barrier()  # every rank's shards are written
         if self.is_global_zero:
             _flush(new)
@@ -63,6 +72,19 @@ class SwappedCheckpointStrategy(ModelParallelStrategy):
             sync_folder(path.parent)
             _remove(old)
         self.barrier()
+
+
+def _no_room_for(path: Path) -> str | None:
+    """Why a new checkpoint the size of the one at ``path`` would not fit beside it, or None."""
+    if not path.exists():
+        return None
+    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+    needed, free = sum(p.stat().st_size for p in files), shutil.disk_usage(path.parent).free
+    if free >= needed:
+        return None
+    return (f"Cannot save the checkpoint {path}: its folder {path.parent} has no room for it (about {needed:,} bytes "
+            f"needed, the previous one's size, {free:,} free); the previous checkpoint there is kept. Free some "
+            "space, or save to a disk with room (--checkpoint.dirpath).")
 
 
 def _exchange(a: Path, b: Path) -> bool:
