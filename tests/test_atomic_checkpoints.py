@@ -203,3 +203,10 @@ def test_a_plain_trainer_gets_atomic_saves_and_a_users_own_plugin_is_kept(tmp_pa
     trainer = Trainer(accelerator="cpu", logger=False, default_root_dir=tmp_path, plugins=[MyIO()])
     use_atomic_checkpoints(trainer)
     assert type(trainer.strategy.checkpoint_io) is MyIO
+
+
+def test_a_remote_path_is_saved_as_lightning_saves_it():
+    """fsspec URLs (s3://, gs://; here memory://) go to Lightning's own TorchCheckpointIO path."""
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"global_step": 7}, "memory://run/checkpoints/last.ckpt")
+    assert io.load_checkpoint("memory://run/checkpoints/last.ckpt")["global_step"] == 7
