@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import secrets
 from collections.abc import Iterator
@@ -9,6 +10,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gpt_lightning.errors import UserError
+
+
+_TMP = ".tmp"  # temporary files are named .NAME.PID.RANDOM.tmpSUFFIX, beside NAME
 
 
 @contextmanager
@@ -20,7 +24,7 @@ def atomic_output(path: Path) -> Iterator[Path]:
     0600, so a shared cache or log directory stays readable to the group.
     """
     path = Path(path)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp{path.suffix}"
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{_TMP}{path.suffix}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -40,6 +44,39 @@ def atomic_output(path: Path) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    sync_folder(path.parent)  # the rename itself survives a power cut
+
+
+def remove_leftovers(path: Path) -> None:
+    """Remove the temporary files that writers of ``path`` killed mid-write left beside it.
+
+    Only for a file written by one process at a time (a run's checkpoint): another writer's file in
+    progress would be removed too.
+
+    Args:
+        path: the destination whose leftovers to remove.
+    """
+    path = Path(path)
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*{_TMP}{glob.escape(path.suffix)}"):
+        tmp.unlink(missing_ok=True)
+
+
+def sync_folder(folder: Path) -> None:
+    """Flush a folder's entries (a rename into it) to disk; a no-op where the filesystem cannot.
+
+    Args:
+        folder: the folder to flush.
+    """
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems (and all of Windows) do not sync folders
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -38,7 +38,7 @@ def test_every_config_parses(config):
     cli = ParseOnlyCLI(run=False, args=[*base, "--config", str(config)])
     cfg = cli.config
     if config.name == "fsdp2.yaml":
-        assert cfg.trainer.strategy.class_path == "lightning.pytorch.strategies.ModelParallelStrategy"
+        assert cfg.trainer.strategy.class_path == "gpt_lightning.scaling.swapped_checkpoints.SwappedCheckpointStrategy"
         assert cfg.model.n_layer == 48  # the model config's settings stay
         assert cfg.trainer.inference_mode is False  # validation under no_grad on NCCL too
     # The position table follows the data's T, except a pretrained model's, which keeps its own.

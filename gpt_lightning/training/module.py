@@ -19,6 +19,7 @@ from gpt_lightning.scaling.flops import training_flops
 from gpt_lightning.scaling.sharding import is_empty, materialize, shard_once, sync_at_last_micro_batch
 from gpt_lightning.training import resume
 from gpt_lightning.training.architecture import DEFAULT_CONFIG, build_gpt
+from gpt_lightning.training.checkpoint_io import use_atomic_checkpoints
 from gpt_lightning.training.checks import check_fits_data, check_optimizer_settings, check_strategy_supports, run_length
 from gpt_lightning.training.compilation import (
     check_cuda_graphs_accumulation, compile_in_place, compile_notice, evaluation_stance, is_compiled,
@@ -170,6 +171,7 @@ class GPTLightningModule(LightningModule):
         check_strategy_supports(self.hparams.optimizer, self.trainer.strategy)
         hp, trainer = self.hparams, self.trainer
         check_cuda_graphs_accumulation(hp.compile, hp.compile_mode, trainer.accumulate_grad_batches, trainer.strategy.root_device)
+        use_atomic_checkpoints(trainer)  # here, so a plain Trainer's saves are atomic too
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another architecture; keep the optimizer settings given now (``resume``)."""

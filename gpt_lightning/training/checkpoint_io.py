@@ -1,0 +1,85 @@
+"""Checkpoint files written beside their destination and renamed into place.
+
+Lightning's ``TorchCheckpointIO`` writes a local checkpoint to a temporary file under ``$TMPDIR``
+and moves it; across filesystems (``/tmp`` local, ``logs/`` elsewhere) the move is a truncate and
+copy over the old file, so a kill mid-save leaves no whole ``last.ckpt`` (the run's only one), and a
+full ``/tmp`` fails a save the checkpoint folder had room for. ``AtomicCheckpointIO`` writes the new
+file in the checkpoint's own folder, flushes it to disk and renames it over the old one: readers,
+and a resume after any crash, see the previous checkpoint or the whole new one.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import torch
+from fsspec.implementations.local import LocalFileSystem
+from lightning.pytorch import Trainer
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from gpt_lightning.atomic import atomic_output, remove_leftovers
+from gpt_lightning.errors import UserError
+
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` whose local saves are atomic and whose full disk is one clear error.
+
+    A save needs room for the new file beside the old one. Remote paths (``s3://...`` and other
+    fsspec URLs) are saved as Lightning saves them. One process writes a given checkpoint file (in
+    Lightning, global rank 0), so a temporary file beside it is a killed save's, removed at the next.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
+        """Save ``checkpoint`` to ``path``: the old file stays whole until the new one replaces it.
+
+        Args:
+            checkpoint: the state Lightning dumps (anything ``torch.save`` takes).
+            path: the checkpoint file to write.
+            storage_options: not supported, as in ``TorchCheckpointIO``.
+        """
+        local = _local_path(path)
+        if local is None or storage_options is not None:  # Lightning's behaviour, its error included
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        buffer = io.BytesIO()  # serialized first, as Lightning does: the size is known before writing
+        torch.save(checkpoint, buffer)
+        data = buffer.getbuffer()
+        remove_leftovers(local)  # a killed save's partial file: its space is needed now
+        try:
+            with atomic_output(local) as tmp, open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as err:
+            if err.errno not in _NO_ROOM:
+                raise
+            free = shutil.disk_usage(local.parent).free  # measured after the partial file was removed
+            raise UserError(
+                f"Cannot save the checkpoint {local}: its folder {local.parent} has no room for it "
+                f"({len(data):,} bytes needed, {free:,} free); the previous checkpoint there is kept. "
+                "Free some space, or save to a disk with room (--checkpoint.dirpath)."
+            ) from None
+
+
+def _local_path(path: str | Path) -> Path | None:
+    """``path`` as a local filesystem path, or None for a remote (fsspec URL) one."""
+    fs, local = fsspec.core.url_to_fs(str(path))
+    return Path(local) if isinstance(fs, LocalFileSystem) else None
+
+
+def use_atomic_checkpoints(trainer: Trainer) -> None:
+    """Give ``trainer`` an ``AtomicCheckpointIO`` where it has Lightning's default one.
+
+    Only the exact default is replaced: a checkpoint plugin the user chose (their own subclass, an
+    ``AsyncCheckpointIO``, a cloud one) is theirs to keep.
+    """
+    if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+        trainer.strategy.checkpoint_io = AtomicCheckpointIO()
