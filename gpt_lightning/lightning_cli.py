@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import pydoc
 import re
 import sys
 import warnings
@@ -152,6 +153,18 @@ def _without_slurm_requeue(plugins: Any) -> list[Any]:
     return plugins
 
 
+def _is_model_parallel(strategy: Any) -> bool:
+    """Whether a ``trainer.strategy`` setting (a name, a class path, a parsed ``class_path`` entry or
+    an instance) is ``ModelParallelStrategy`` or a subclass (``SwappedCheckpointStrategy``)."""
+    if isinstance(strategy, ModelParallelStrategy):
+        return True
+    class_path = str(strategy if isinstance(strategy, str) else getattr(strategy, "class_path", ""))
+    if class_path.endswith("ModelParallelStrategy"):
+        return True
+    located = pydoc.locate(class_path) if "." in class_path else None
+    return isinstance(located, type) and issubclass(located, ModelParallelStrategy)
+
+
 class GPTLightningCLI(CheckpointArguments, LightningCLI):
     """LightningCLI with the GPT module and token-stream data, TensorBoard logging under ``logs/``,
     and checkpointing, learning-rate and throughput callbacks always attached (``--checkpoint.*``,
@@ -281,8 +294,7 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
         shard, initialized. The data module and callbacks, built in the same call, make no tensors."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         strategy = config.get("trainer", {}).get("strategy")
-        class_path = strategy if isinstance(strategy, str) else getattr(strategy, "class_path", type(strategy).__name__)
-        if not str(class_path).endswith("ModelParallelStrategy"):
+        if not _is_model_parallel(strategy):
             return super().instantiate_classes()
         with torch.device("meta"):
             self.config_init = self.parser.instantiate_classes(self.config)
