@@ -27,3 +27,39 @@ def test_the_survivor_of_a_dead_rank_says_so_in_one_line(small_text, tmp_path):
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert lines[-1].startswith("gpt-lightning: error: another rank of this run went away"), lines[-5:]
     assert "--ckpt_path last" in lines[-1]
+
+
+def torchrun(tmp_path: Path, small_text: Path, logs: str, max_steps: int, *args: str, restarts: int = 0) -> str:
+    """``torchrun --nproc-per-node 2 --max-restarts N -m gpt_lightning fit ...`` on this machine (gloo)."""
+    launch = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", str(restarts),
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+         "-m", "gpt_lightning", *fit_args(small_text, tmp_path, max_steps=max_steps),
+         "--trainer.devices", "2", "--checkpoint.every_n_train_steps", "2",
+         "--trainer.logger.init_args.save_dir", str(tmp_path / logs), *args],
+        cwd=tmp_path, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=600,
+    )
+    errors = [line for line in launch.stderr.splitlines() if "rror" in line and "elastic" not in line]
+    assert launch.returncode == 0, "\n".join(errors[-20:])
+    return launch.stdout + launch.stderr
+
+
+def last_weights(logs: Path) -> dict[str, torch.Tensor]:
+    newest = max(logs.glob("tiny-cpu/version_*"), key=lambda p: int(p.name[8:]))
+    return torch.load(newest / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+
+
+def test_torchrun_max_restarts_resumes_from_last_ckpt_after_a_rank_dies(small_text, tmp_path):
+    torchrun(tmp_path, small_text, "whole", 8)
+    torchrun(tmp_path, small_text, "killed", 2, "--throughput.warmup_steps", "0")  # the first allocation: step 2
+    # The requeued job: rank 1 is SIGKILLed after step 5 (last.ckpt is of step 4); torchrun relaunches
+    # both ranks with the same command, which resumes from the newest last.ckpt.
+    log = torchrun(tmp_path, small_text, "killed", 8, "--ckpt_path", "last", kill(1, 5), restarts=1)
+    assert "another rank of this run went away" in log
+    resumed_from = [line for line in log.splitlines() if "--ckpt_path last: resuming from" in line]
+    assert [line.split("tiny-cpu/")[1] for line in resumed_from] == [  # the killed attempt's, of step 4
+        "version_0/checkpoints/last.ckpt", "version_1/checkpoints/last.ckpt"], resumed_from
+    whole, resumed = last_weights(tmp_path / "whole"), last_weights(tmp_path / "killed")
+    assert whole.keys() == resumed.keys()
+    for key, value in whole.items():
+        assert torch.equal(resumed[key], value), key
