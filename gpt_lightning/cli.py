@@ -52,6 +52,13 @@ def main(args: list[str] | None = None) -> None:
     except (UserError, *_lightning_errors()) as err:  # evaluated only when something was raised
         print(f"gpt-lightning: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except RuntimeError as err:  # a collective failed: another rank may have gone away
+        from gpt_lightning.scaling.dead_rank import peer_went_away, went_away_message
+
+        if not peer_went_away(err):
+            raise
+        print(f"gpt-lightning: error: {went_away_message()}", file=sys.stderr)
+        raise SystemExit(1) from None
     except OSError as err:
         # A path that cannot be read or written (a file where a folder should be, no permission):
         # the system's words and the path, one line. Anything else keeps its traceback.

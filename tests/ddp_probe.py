@@ -66,3 +66,19 @@ def check_one_job_on_two_ranks(tmp_path: Path, steps: int, logged_steps: list[in
     expected = sum(r["local_median_tokens_per_sec"] for r in ranks)
     assert summary["tokens_per_sec_median"] == pytest.approx(expected, rel=1e-5)
     assert summary["tokens_per_optimizer_step"] == 2 * summary["tokens_per_step_per_device"]  # both ranks
+
+
+class KillRank(Callback):
+    """SIGKILLs global rank ``rank`` after optimizer step ``step`` (a dead node, an OOM kill), in a
+    torchrun launch only in its first attempt (``TORCHELASTIC_RESTART_COUNT`` 0)."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step = rank, step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        import os
+        import signal
+
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if trainer.global_rank == self.rank and trainer.global_step == self.step and first_attempt:
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -47,3 +47,17 @@ def test_multinode_launch_scripts_parse(script, capfd):
     trainer = printed["trainer"]
     assert (trainer["num_nodes"], str(trainer["devices"]), trainer["strategy"]) == (2, "8", "ddp")  # devices: int | str
     assert printed["data"]["tokens_per_step"] == 524288
+
+
+def test_torchrun_restart_script_resumes_from_last(capfd):
+    """examples/torchrun_restart.sh relaunches with --max-restarts and resumes with --ckpt_path last
+    (tests/test_dead_rank.py runs the same under torchrun on the CPU); its fit line parses."""
+    text = (REPO / "examples" / "torchrun_restart.sh").read_text().replace("\\\n", " ")
+    assert "--max-restarts" in text
+    words = shlex.split(text[text.index("fit --config"):].splitlines()[0].replace('"$NPROC"', "8"))
+    assert words[-2:] == ["--ckpt_path", "last"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*words[:-2], "--print_config"])  # `last` needs a run to resume: the rest must parse
+    assert exit_info.value.code == 0, capfd.readouterr().err
+    trainer = yaml.safe_load(capfd.readouterr().out)["trainer"]
+    assert (str(trainer["devices"]), trainer["strategy"]) == ("8", "ddp")

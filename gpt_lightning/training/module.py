@@ -153,6 +153,7 @@ class GPTLightningModule(LightningModule):
         self._total_steps: int | None = None  # the run's optimizer steps, for the "wsd" schedule
         self._final_step: int | None = None  # the same, for logging its last step (None: no end)
         self._step_values: tuple[torch.Tensor | None, torch.Tensor | None] | None = None  # this step's loss, grad norm
+        self._built: tuple[torch.optim.Optimizer, LambdaLR | None] | None = None  # by configure_optimizers: resume's to set
 
     def configure_callbacks(self) -> list:
         """No callbacks of its own. The first hook of every ``fit``/``validate``/``test``, before the
@@ -174,10 +175,9 @@ class GPTLightningModule(LightningModule):
         use_atomic_checkpoints(trainer)  # here, so a plain Trainer's saves are atomic too
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint of another architecture; keep the optimizer settings given now (``resume``)."""
+        """Refuse a checkpoint of another architecture or optimizer (``resume``)."""
         resume.refuse_other_architecture(checkpoint, self.config)
-        optimizers = self._trainer.optimizers if self._trainer is not None else ()
-        resume.apply_optimizer_settings(checkpoint, self.hparams.optimizer, group_settings(self.hparams), optimizers)
+        resume.refuse_other_optimizer(checkpoint, self.hparams.optimizer)
 
     def configure_model(self) -> None:
         """Shard under ``ModelParallelStrategy`` (FSDP2), give a meta-device build its memory and
@@ -201,9 +201,9 @@ class GPTLightningModule(LightningModule):
             rank_zero_info(compile_notice(self.hparams.compile_scope, self.hparams.compile_eval))
 
     def on_train_start(self) -> None:
-        """The learning rates of the schedule given now at the (restored) step (``resume``)."""
-        peaks = [settings["lr"] for settings in group_settings(self.hparams)]
-        resume.place_schedule(self.trainer, peaks, self.lr_multiplier)
+        """The optimizer settings and schedule given now at the (restored) step, for the optimizer
+        ``configure_optimizers`` built; a subclass's own is left alone (``resume``)."""
+        resume.continue_own_schedule(self.trainer, self._built, group_settings(self.hparams), self.lr_multiplier)
         steps = self.trainer.estimated_stepping_batches
         self._final_step = None if steps == float("inf") else int(steps)
 
@@ -292,8 +292,10 @@ class GPTLightningModule(LightningModule):
         if hp.lr_schedule == "wsd":
             self._total_steps = run_length(self.trainer.estimated_stepping_batches)
         elif hp.warmup_steps == 0 and hp.cosine_decay_steps is None:
+            self._built = (optimizer, None)
             return optimizer
         scheduler = LambdaLR(optimizer, self.lr_multiplier)  # every group's peak x the same multiplier
+        self._built = (optimizer, scheduler)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def lr_multiplier(self, step: int) -> float:

@@ -10,6 +10,8 @@
   its peak given now times the schedule given now at the restored step, with or without a
   scheduler in the checkpoint (``fit --ckpt_path last.ckpt --model.learning_rate 3e-4`` continues at
   3e-4; a warm-up removed, or a decay added or lengthened, takes effect at once).
+- Both only for the optimizer and scheduler the module's own ``configure_optimizers`` built: a
+  subclass's own optimizer and scheduler run as written, resumed as their checkpoint saved them.
 """
 
 from __future__ import annotations
@@ -68,25 +70,9 @@ def refuse_other_architecture(checkpoint: dict[str, Any], config: GPTConfig) -> 
         )
 
 
-def apply_optimizer_settings(
-    checkpoint: dict[str, Any],
-    optimizer: str,
-    settings: Sequence[Mapping[str, Any]],
-    optimizers: Iterable[torch.optim.Optimizer] = (),
-) -> None:
-    """Rewrite the restored optimizer state's group settings (betas, eps, weight decay, Muon's
-    momentum ...) with ``settings``, keeping the moments: what the user gave now is what training
-    continues with. The learning rates are ``place_schedule``'s, at train start.
-
-    Args:
-        checkpoint: the checkpoint dict, before Lightning restores the optimizer from it.
-        optimizer: the module's ``optimizer`` now ("adamw" or "muon"); a checkpoint of the other
-            one is refused (its state has other groups and moments).
-        settings: each parameter group's settings, in the order the module builds its groups
-            (``optimizers.group_settings``); their ``lr`` is the group's peak.
-        optimizers: the trainer's optimizers, for strategies (``ModelParallelStrategy``) that load
-            the sharded optimizer state in place before the module's ``on_load_checkpoint``.
-    """
+def refuse_other_optimizer(checkpoint: dict[str, Any], optimizer: str) -> None:
+    """Raise ``UserError`` when the checkpoint was trained with the other ``model.optimizer``
+    ("adamw" vs "muon"): its state has other groups and moments."""
     saved = (checkpoint.get("hyper_parameters") or {}).get("optimizer", "adamw")
     if saved != optimizer:
         raise UserError(
@@ -94,28 +80,59 @@ def apply_optimizer_settings(
             f"optimizer states differ. Resume with --model.optimizer {saved}, or start a new run "
             "(model.init_from takes weights only, from a Hugging Face export)."
         )
-    if "optimizer_states" in checkpoint:  # restored from this dict after this hook
-        param_groups = [group for state in checkpoint["optimizer_states"] for group in state.get("param_groups", [])]
-    else:  # loaded in place already
-        param_groups = [group for optimizer in optimizers for group in optimizer.param_groups]
-    for group, given in zip(param_groups, settings):
+
+
+def continue_own_schedule(
+    trainer: Any,
+    built: tuple[torch.optim.Optimizer, Any] | None,
+    settings: Sequence[Mapping[str, Any]],
+    multiplier: Callable[[int], float],
+) -> None:
+    """At train start, give the optimizer and scheduler the module's own ``configure_optimizers``
+    built (``built``) the settings and schedule given now, at the (restored) step. Any other
+    optimizer or scheduler (a subclass's own ``configure_optimizers``) is left as its author wrote
+    it and as its checkpoint restored it.
+
+    Args:
+        trainer: the trainer, its optimizers and schedulers set up and restored.
+        built: the optimizer and scheduler (or None) the module built; None when a subclass built its own.
+        settings: each parameter group's settings, in the order the module builds its groups
+            (``optimizers.group_settings``); their ``lr`` is the group's peak.
+        multiplier: the schedule, a fraction of the peak at each optimizer step.
+    """
+    if built is None or not any(optimizer is built[0] for optimizer in trainer.optimizers):
+        return
+    optimizer, scheduler = built
+    apply_optimizer_settings(optimizer, settings)
+    schedulers = [config.scheduler for config in trainer.lr_scheduler_configs if config.scheduler is scheduler]
+    place_schedule(trainer.global_step, optimizer, schedulers, [given["lr"] for given in settings], multiplier)
+
+
+def apply_optimizer_settings(optimizer: torch.optim.Optimizer, settings: Sequence[Mapping[str, Any]]) -> None:
+    """Rewrite the (restored) group settings (betas, eps, weight decay, Muon's momentum ...) with
+    ``settings``, keeping the moments: what the user gave now is what training continues with.
+    The learning rates are ``place_schedule``'s."""
+    for group, given in zip(optimizer.param_groups, settings):
         group.update({key: value for key, value in given.items() if key != "lr"})
         if "initial_lr" in group:  # LambdaLR's record of the peak
             group["initial_lr"] = given["lr"]
 
 
-def place_schedule(trainer: Any, peaks: Sequence[float], multiplier: Callable[[int], float]) -> None:
-    """Set every parameter group's learning rate, and each scheduler's position, to what the
-    schedule given now (the group's peak in ``peaks`` x ``multiplier(step)``) has after
-    ``trainer.global_step`` steps: the restored values come from the checkpoint's schedule and
-    learning rates, which may differ or be absent. On a fresh run (step 0) this is what
-    ``configure_optimizers`` built already."""
-    step = trainer.global_step
-    for optimizer in trainer.optimizers:
-        for group, peak in zip(optimizer.param_groups, peaks):
-            group["lr"] = peak * multiplier(step)
-    for config in trainer.lr_scheduler_configs:
-        scheduler = config.scheduler
+def place_schedule(
+    step: int,
+    optimizer: torch.optim.Optimizer,
+    schedulers: Sequence[Any],
+    peaks: Sequence[float],
+    multiplier: Callable[[int], float],
+) -> None:
+    """Set each parameter group's learning rate, and each scheduler's position, to what the
+    schedule given now (the group's peak in ``peaks`` x ``multiplier(step)``) has after ``step``
+    optimizer steps: the restored values come from the checkpoint's schedule and learning rates,
+    which may differ or be absent. On a fresh run (step 0) this is what ``configure_optimizers``
+    built already."""
+    for group, peak in zip(optimizer.param_groups, peaks):
+        group["lr"] = peak * multiplier(step)
+    for scheduler in schedulers:
         scheduler.base_lrs = list(peaks[: len(scheduler.optimizer.param_groups)])
         # One public step from the step before: the scheduler sets each group's rate to its peak x
         # multiplier(step), and get_last_lr() reports it. A scheduler new to this run (the checkpoint
