@@ -182,13 +182,13 @@ def kill_during_saves(args: list[str], ckpt: Path, tmp_path: Path, kills: int) -
 
 def test_a_kill_at_any_moment_of_a_save_leaves_last_ckpt_whole(small_disk, tmp_path):
     logs = small_disk("logs", "128m")
-    kill_during_saves(["--trainer.logger.init_args.save_dir", str(logs)], logs / "checkpoints" / "last.ckpt", tmp_path, 2)
+    kill_during_saves(["--trainer.logger.init_args.save_dir", str(logs)], logs / "checkpoints" / "last.ckpt", tmp_path, 1)
 
 
 def test_a_kill_during_an_fsdp2_save_leaves_a_folder_that_resumes(small_disk, tmp_path):
     logs = small_disk("logs", "128m")
     kill_during_saves([*FSDP, "--trainer.logger.init_args.save_dir", str(logs)], logs / "checkpoints" / "last.ckpt",
-                      tmp_path, 2)
+                      tmp_path, 1)
     assert (logs / "checkpoints" / "last.ckpt").is_dir()  # the sharded folder, not a file
 
 

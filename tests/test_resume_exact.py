@@ -72,7 +72,7 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
         (4, ["--data.tokens_per_step", "96", "--data.shuffle", "true", "shards"]),  # 3 shards of 3 batches
         (4, ["--trainer.accumulate_grad_batches", "3", "--trainer.gradient_clip_val", "1.0", "--model.optimizer", "muon",
              "--model.lr_schedule", "wsd", "--model.warmup_steps", "2"]),  # Muon's buffers, the WSD decay across the stop
-        (4, ["--trainer.accumulate_grad_batches", "3", "--model.optimizer", "muon", "--model.lr_schedule", "wsd",
+        (2, ["--trainer.accumulate_grad_batches", "3", "--model.optimizer", "muon", "--model.lr_schedule", "wsd",
              "--model.embedding_learning_rate", "0.1", "--model.head_learning_rate", "0.004", *MODERN_FLAGS]),  # the modern model's groups
     ],
     ids=["epoch-end", "accumulation", "limit_train_batches", "shuffled", "shuffled-shards", "muon-wsd", "modern"],
