@@ -46,7 +46,7 @@ def test_the_survivor_of_a_rank_that_hangs_stops_at_the_timeout_given_in_one_lin
     assert "--ckpt_path last" in last
 
 
-def test_a_strategy_by_name_waits_10_minutes_and_a_timeout_given_wins(tmp_path):
+def test_a_strategy_by_name_waits_10_minutes_and_a_timeout_given_wins(in_process_group):
     base = ["--config", str(REPO / "configs/tiny-cpu.yaml"), "--trainer.accelerator", "cpu", "--trainer.devices", "2",
             "--trainer.logger", "false"]
     for strategy, expected in (
