@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from gpt_lightning.errors import UserError
@@ -57,8 +58,12 @@ def main(args: list[str] | None = None) -> None:
 
         if not peer_went_away(err):
             raise
-        print(f"gpt-lightning: error: {went_away_message()}", file=sys.stderr)
-        raise SystemExit(1) from None
+        print(f"gpt-lightning: error: {went_away_message()}", file=sys.stderr, flush=True)
+        # Not SystemExit: at exit the process groups' destructors join threads still waiting on the
+        # rank that went away (a gloo group's for up to its 30-minute timeout), and Lightning's
+        # atexit destroys NCCL's. Lightning's teardown has run; nothing is left to save.
+        sys.stdout.flush()
+        os._exit(1)
     except OSError as err:
         # A path that cannot be read or written (a file where a folder should be, no permission):
         # the system's words and the path, one line. Anything else keeps its traceback.

@@ -31,6 +31,7 @@ from gpt_lightning.lightning_internals import (
 from gpt_lightning.observing.console import StepProgressBar, TrainingFlopsSummary
 from gpt_lightning.observing.samples import ValidationSamples
 from gpt_lightning.observing.throughput import ThroughputMonitor
+from gpt_lightning.scaling.dead_rank import shorten_strategy_timeouts
 from gpt_lightning.training.module import GPTLightningModule
 from gpt_lightning.training.preemption import Preemption
 
@@ -184,6 +185,7 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         self._cli_args: list[str] | None = None
         quiet_lightning_console()
+        shorten_strategy_timeouts()  # --trainer.strategy ddp (or auto): 10 minutes, not 30
         super().__init__(GPTLightningModule, TokenStreamDataModule, **kwargs)
 
     @staticmethod

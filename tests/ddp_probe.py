@@ -1,11 +1,12 @@
-"""Helpers of the two-process tests: a callback each rank uses to write what it saw to a JSON file,
-and the checks that the ranks trained one job."""
+"""Helpers of the two-process tests: a callback each rank uses to write what it saw to a JSON file
+(and the weights it ended at), and the checks that the ranks trained one job."""
 
 import json
 import statistics
 from pathlib import Path
 
 import pytest
+import torch
 from lightning.pytorch import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -36,6 +37,7 @@ class RecordRank(Callback):
         }
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+        torch.save(pl_module.state_dict(), self.out_dir / f"rank{trainer.global_rank}.pt")  # the weights it ended at
 
 
 def check_one_job_on_two_ranks(tmp_path: Path, steps: int, logged_steps: list[int]) -> None:
@@ -82,3 +84,20 @@ class KillRank(Callback):
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         if trainer.global_rank == self.rank and trainer.global_step == self.step and first_attempt:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class StopRank(Callback):
+    """SIGSTOPs global rank ``rank`` after optimizer step ``step`` (a rank that hangs: a deadlock, a
+    stuck device), after writing its pid and the time to ``out``, for the test to kill it after."""
+
+    def __init__(self, rank: int, step: int, out: str) -> None:
+        self.rank, self.step, self.out = rank, step, out
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        import os
+        import signal
+        import time
+
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            Path(self.out).write_text(json.dumps({"pid": os.getpid(), "time": time.time()}))
+            os.kill(os.getpid(), signal.SIGSTOP)

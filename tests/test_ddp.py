@@ -1,5 +1,6 @@
 """One job on two CPU processes (gloo): under Lightning's DDP launcher on one "node", and as two
-torchrun launches on two "nodes" of this machine. Disjoint windows, global loss and throughput."""
+torchrun launches on two "nodes" of this machine. Disjoint windows, global loss and throughput; and
+the same job under torchrun --max-restarts, a rank killed, ending at the same weights."""
 
 import json
 import os
@@ -8,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.data import gpt2_encoding
@@ -107,3 +109,31 @@ def test_two_nodes_launched_by_torchrun(small_text, tmp_path):
     for node, (launch, output) in enumerate(zip(launches, outputs)):
         assert launch.returncode == 0, f"node {node}:\n{output[-3000:]}"
     check_one_job_on_two_ranks(tmp_path, steps=6, logged_steps=list(range(6)))  # one TensorBoard run, by global rank 0
+
+
+def test_torchrun_max_restarts_resumes_after_a_rank_dies(ddp_run, tmp_path):
+    """``ddp_run``'s job under ``torchrun --max-restarts 1`` with ``--ckpt_path last``, rank 1 SIGKILLed
+    after step 5 (an OOM kill, a lost node): the survivor stops in one line, torchrun relaunches both
+    ranks, they resume from the newest last.ckpt (step 4) and end at the weights of ``ddp_run``, which
+    was never interrupted. The launch is docs/resume.md's: ``--standalone`` with
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, a fresh store for each attempt."""
+    whole, small_text, _ = ddp_run
+    kill = {"class_path": "ddp_probe.KillRank", "init_args": {"rank": 1, "step": 5}}
+    launch = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+         "-m", "gpt_lightning", *fit_args(small_text, tmp_path, max_steps=8, log_every_n_steps=4),
+         "--trainer.devices", "2", "--model.optimizer", "muon", "--trainer.gradient_clip_val", "1.0",
+         "--checkpoint.every_n_train_steps", "2", "--ckpt_path", "last", f"--trainer.callbacks+={json.dumps(kill)}"],
+        cwd=tmp_path, env={**os.environ, **ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+        capture_output=True, text=True, timeout=300,
+    )
+    log = launch.stdout + launch.stderr
+    assert launch.returncode == 0, log[-3000:]
+    assert "gpt-lightning: error: another rank of this run went away, and this one (rank 0 of 2) stopped" in log
+    first, relaunched = [line for line in log.splitlines() if line.startswith("--ckpt_path last:")]
+    assert "starting fresh" in first  # the job's first launch: no last.ckpt yet
+    assert relaunched.endswith("tiny-cpu/version_0/checkpoints/last.ckpt"), relaunched
+    weights = [torch.load(run / "ranks" / "rank0.pt", weights_only=True) for run in (whole, tmp_path)]
+    assert weights[0].keys() == weights[1].keys()
+    for key, value in weights[0].items():
+        assert torch.equal(weights[1][key], value), key

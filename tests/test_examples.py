@@ -51,7 +51,7 @@ def test_multinode_launch_scripts_parse(script, capfd):
 
 def test_torchrun_restart_script_resumes_from_last(capfd):
     """examples/torchrun_restart.sh relaunches with --max-restarts and resumes with --ckpt_path last
-    (tests/test_dead_rank.py runs the same under torchrun on the CPU); its fit line parses."""
+    (tests/test_ddp.py runs the same under torchrun on the CPU); its fit line parses."""
     text = (REPO / "examples" / "torchrun_restart.sh").read_text().replace("\\\n", " ")
     assert "--max-restarts" in text
     words = shlex.split(text[text.index("fit --config"):].splitlines()[0].replace('"$NPROC"', "8"))

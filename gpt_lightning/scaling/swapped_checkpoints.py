@@ -12,6 +12,7 @@ import ctypes
 import errno
 import os
 import shutil
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 
 from gpt_lightning.atomic import sync_folder
 from gpt_lightning.errors import UserError
+from gpt_lightning.scaling.dead_rank import PROCESS_GROUP_TIMEOUT
 
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2  # <fcntl.h>, <linux/fs.h>
 
@@ -32,7 +34,14 @@ class SwappedCheckpointStrategy(ModelParallelStrategy):
     the filesystem has one (Linux ``renameat2(RENAME_EXCHANGE)``: ext4, xfs, btrfs, tmpfs); elsewhere
     two renames, between which (microseconds) the checkpoint is under its ``.NAME.old`` name, put
     back by the next save if the run died there.
+
+    Args:
+        timeout: how long a rank waits at a collective for the others (``dead_rank.PROCESS_GROUP_TIMEOUT``,
+            not Lightning's 30 minutes); the other arguments are ``ModelParallelStrategy``'s.
     """
+
+    def __init__(self, *, timeout: timedelta | None = PROCESS_GROUP_TIMEOUT, **kwargs: Any) -> None:
+        super().__init__(timeout=timeout, **kwargs)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any | None = None) -> None:
         """Write the checkpoint to ``.NAME.new`` beside ``filepath``, then swap it in.
