@@ -179,6 +179,12 @@ def test_under_slurm_lightning_s_auto_requeue_is_off_and_a_stale_hpc_checkpoint_
     assert exit_info.value.code == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("gpt-lightning: error:")]
     assert f"{tmp_path / 'hpc_ckpt_1.ckpt'} (Lightning's SLURM auto-requeue checkpoint)" in line
+    # torchrun inside the allocation (srun torchrun ...): its ranks and world size, not SLURM's one task.
+    for key, value in {"TORCHELASTIC_RUN_ID": "1", "RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0",
+                       "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}.items():
+        monkeypatch.setenv(key, value)
+    environment = GPTLightningCLI(args=args, run=False).trainer._accelerator_connector.cluster_environment
+    assert type(environment).__name__ == "TorchElasticEnvironment"
 
 
 def test_under_fsdp2_a_sigterm_saves_the_sharded_checkpoint_and_the_same_command_resumes_exactly(tmp_path,
