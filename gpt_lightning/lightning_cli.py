@@ -31,6 +31,7 @@ from gpt_lightning.lightning_internals import (
 from gpt_lightning.observing.console import StepProgressBar, TrainingFlopsSummary
 from gpt_lightning.observing.samples import ValidationSamples
 from gpt_lightning.observing.throughput import ThroughputMonitor
+from gpt_lightning.scaling.swapped_checkpoints import put_back_swapped_aside
 from gpt_lightning.training.module import GPTLightningModule
 from gpt_lightning.training.preemption import Preemption
 
@@ -270,6 +271,8 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
         """The ``last.ckpt`` of the newest run under ``runs`` that has one (Lightning's own ``last``
         looks in the new run's empty folder, and silently starts from scratch); None, said in one
         line, when no run has one yet: the job's first launch starts fresh."""
+        for aside in runs.glob("version_*/checkpoints/.last.ckpt.old"):  # a swap the run was killed in
+            put_back_swapped_aside(aside.parent / "last.ckpt")
         found = [p for p in runs.glob("version_*/checkpoints/last.ckpt") if p.parent.parent.name[8:].isdigit()]
         if not found:
             rank_zero_info(f"--ckpt_path last: no run under {runs} has a checkpoints/last.ckpt yet; starting fresh.")
