@@ -37,7 +37,8 @@ trainer = Trainer(
 try:
     trainer.fit(model, data)
 except Preempted as stop:  # a SystemExit: uncaught, the script exits 143 (SIGTERM) or 130 (Ctrl-C)
-    print(f"stopped at step {stop.step}; resume with trainer.fit(model, data, ckpt_path={stop.ckpt_path!r})")
+    if stop.ckpt_path:  # None: stopped before a step was trained, nothing new to resume from
+        print(f"stopped at step {stop.step}; resume with trainer.fit(model, data, ckpt_path={stop.ckpt_path!r})")
     raise
 print(f"final train/loss {trainer.callback_metrics['train/loss']:.3f}")
 print(f"median tokens/s {monitor.summary['tokens_per_sec_median']:.0f}")

@@ -18,7 +18,7 @@ import yaml
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.plugins.environments import ClusterEnvironment, SLURMEnvironment
+from lightning.pytorch.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
@@ -32,6 +32,7 @@ from gpt_lightning.observing.console import StepProgressBar, TrainingFlopsSummar
 from gpt_lightning.observing.samples import ValidationSamples
 from gpt_lightning.observing.throughput import ThroughputMonitor
 from gpt_lightning.scaling.dead_rank import shorten_strategy_timeouts
+from gpt_lightning.scaling.swapped_checkpoints import put_back_swapped_aside
 from gpt_lightning.training.module import GPTLightningModule
 from gpt_lightning.training.preemption import Preemption
 
@@ -272,6 +273,8 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
         """The ``last.ckpt`` of the newest run under ``runs`` that has one (Lightning's own ``last``
         looks in the new run's empty folder, and silently starts from scratch); None, said in one
         line, when no run has one yet: the job's first launch starts fresh."""
+        for aside in runs.glob("version_*/checkpoints/.last.ckpt.old"):  # a swap the run was killed in
+            put_back_swapped_aside(aside.parent / "last.ckpt")
         found = [p for p in runs.glob("version_*/checkpoints/last.ckpt") if p.parent.parent.name[8:].isdigit()]
         if not found:
             rank_zero_info(f"--ckpt_path last: no run under {runs} has a checkpoints/last.ckpt yet; starting fresh.")
@@ -323,7 +326,7 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
             callbacks.append(TrainingFlopsSummary())
         if not any(isinstance(c, Preemption) for c in callbacks):
             callbacks.append(Preemption())  # SIGTERM / Ctrl-C: last.ckpt at the step reached, exit 143 / 130
-        if SLURMEnvironment.detect():
+        if SLURMEnvironment.detect() and not TorchElasticEnvironment.detect():  # torchrun in an allocation: its ranks
             kwargs["plugins"] = _without_slurm_requeue(trainer_config.get("plugins"))
         try:
             return super().instantiate_trainer(callbacks=callbacks, **kwargs)
@@ -343,7 +346,10 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
                 f"{ckpt_path} --out weights.safetensors."
             )
         stale = sorted(Path(trainer.default_root_dir).glob("hpc_ckpt_*.ckpt"))
-        if not ckpt_path and stale and SLURMEnvironment.detect():
+        plugins = self.config_section("trainer", default={}).get("plugins")
+        plugins = plugins if isinstance(plugins, (list, tuple)) else [plugins]
+        asked = any(isinstance(p, SLURMEnvironment) and p.auto_requeue for p in plugins)  # Lightning's way, chosen
+        if not ckpt_path and stale and SLURMEnvironment.detect() and not asked:
             raise UserError(
                 f"{stale[-1]} (Lightning's SLURM auto-requeue checkpoint) is in {trainer.default_root_dir}, and Lightning "
                 f"would resume this run from it unasked. Resume from it with --ckpt_path {stale[-1]}, or move it away; "

@@ -210,3 +210,16 @@ def test_a_remote_path_is_saved_as_lightning_saves_it():
     io = AtomicCheckpointIO()
     io.save_checkpoint({"global_step": 7}, "memory://run/checkpoints/last.ckpt")
     assert io.load_checkpoint("memory://run/checkpoints/last.ckpt")["global_step"] == 7
+
+
+def test_a_run_killed_between_the_two_renames_of_a_swap_resumes_from_the_checkpoint_set_aside(tmp_path):
+    """Where the filesystem has no atomic exchange (NFS), a swap is two renames; killed between them,
+    the whole previous checkpoint is under .last.ckpt.old, which --ckpt_path last used not to see."""
+    from gpt_lightning.lightning_cli import GPTLightningCLI
+
+    checkpoints = tmp_path / "version_3" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / ".last.ckpt.old").mkdir()  # an FSDP2 folder of shards
+    (checkpoints / ".last.ckpt.old" / ".metadata").write_bytes(b"shards")
+    assert GPTLightningCLI._newest_last_checkpoint(tmp_path) == checkpoints / "last.ckpt"
+    assert (checkpoints / "last.ckpt" / ".metadata").read_bytes() == b"shards"

@@ -71,6 +71,10 @@ def test_the_family_is_the_shipped_configs_and_counts_its_parameters():
             assert shipped.get(field, getattr(GPTConfig(), field)) == getattr(config, field), (name, field)
         with torch.device("meta"):
             assert parameter_count(config) == GPT(config).num_parameters()
+    # The modern switches: no position table, no biases or norm gains, an untied head of its own.
+    C, L, V = 768, 12, 50304
+    modern = GPTConfig(vocab_size=V, rotary=True, bias=False, norm="rmsnorm", norm_affine=False, tie_embeddings=False)
+    assert parameter_count(modern) == 2 * V * C + L * 12 * C * C  # was counted as GPT-2's, 30% short
 
 
 def test_the_docs_table_is_the_computed_one():

@@ -120,3 +120,16 @@ def test_the_preset_trains_exports_to_safetensors_and_refuses_hf(tmp_path, small
     torch.testing.assert_close(loaded(idx)[0], model(idx)[0])
     with pytest.raises(UserError, match="--format safetensors"):
         export_hf(model, tmp_path / "hf")
+
+
+def test_a_switch_with_init_from_or_an_untied_rate_on_a_tied_head_is_refused_in_one_line(tmp_path):
+    from gpt_lightning import GPTLightningModule
+
+    # Refused before the Hugging Face weights are read (or, for a hub name, downloaded).
+    with pytest.raises(UserError, match="model.init_from loads Hugging Face GPT-2, which has none of model.rotary"):
+        GPTLightningModule(init_from=str(tmp_path / "no-such-gpt2"), rotary=True)
+    # A rate for the untied embedding would be ignored on GPT-2's tied one.
+    with pytest.raises(UserError, match="model.embedding_learning_rate is the rate of an untied"):
+        GPTLightningModule(**SHAPE, embedding_learning_rate=0.3)
+    with pytest.raises(UserError, match="model.head_learning_rate must be > 0"):
+        GPTLightningModule(**SHAPE, tie_embeddings=False, head_learning_rate=0.0)

@@ -81,10 +81,10 @@ def uninterrupted(tmp_path_factory) -> Path:
     return last_ckpt(root, "whole", 0)
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_mid_accumulation_saves_the_step_and_the_same_command_resumes_exactly(tmp_path, uninterrupted,
-                                                                                          signum, code):
-    """Lightning alone exits 0 with no checkpoint on SIGTERM (1 on Ctrl-C, no checkpoint either)."""
+def test_ctrl_c_mid_accumulation_saves_the_step_and_the_same_command_resumes_exactly(tmp_path, uninterrupted):
+    """Lightning alone exits 1 on Ctrl-C with no checkpoint. (SIGTERM takes the same path: the DDP and
+    FSDP2 tests below send it.)"""
+    signum, code = signal.SIGINT, 130
     job = [*TINY, "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.logger.init_args.name", "job",
            "--ckpt_path", "last"]
     started = launch([*job, probe(tmp_path / "steps")])
@@ -102,6 +102,23 @@ def test_a_signal_mid_accumulation_saves_the_step_and_the_same_command_resumes_e
     assert resumed["global_step"] == expected["global_step"] == 6
     differ = [k for k in expected["state_dict"] if not torch.equal(expected["state_dict"][k], resumed["state_dict"][k])]
     assert not differ, differ
+
+
+def test_a_sigterm_during_the_sanity_check_exits_143_with_nothing_to_save(tmp_path):
+    """Lightning's handler, in place until the first step, ended the run at the sanity check's next
+    batch with exit code 0 and no message: a job script took the job for finished."""
+    job = [*TINY, "--trainer.limit_val_batches", "3", "--trainer.num_sanity_val_steps", "3",
+           "--trainer.logger.init_args.save_dir", str(tmp_path), "--ckpt_path", "last"]
+    started = launch([*job, probe(tmp_path / "steps")])
+    log = tmp_path / "steps" / "rank0-sanity.log"
+    deadline = time.monotonic() + 300
+    while not (log.exists() and "\n1 " in log.read_text()) and started.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)  # the sanity check's second batch has started
+    started.send_signal(signal.SIGTERM)
+    err = finish(started)
+    assert started.returncode == 143, err[-3000:]
+    assert "stopped by SIGTERM before this run trained a step: nothing new to save" in err
+    assert not list(tmp_path.rglob("*.ckpt"))
 
 
 def test_a_sigterm_to_one_ddp_rank_stops_both_at_one_step_with_no_per_micro_batch_sync(tmp_path):
@@ -162,6 +179,12 @@ def test_under_slurm_lightning_s_auto_requeue_is_off_and_a_stale_hpc_checkpoint_
     assert exit_info.value.code == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("gpt-lightning: error:")]
     assert f"{tmp_path / 'hpc_ckpt_1.ckpt'} (Lightning's SLURM auto-requeue checkpoint)" in line
+    # torchrun inside the allocation (srun torchrun ...): its ranks and world size, not SLURM's one task.
+    for key, value in {"TORCHELASTIC_RUN_ID": "1", "RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0",
+                       "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}.items():
+        monkeypatch.setenv(key, value)
+    environment = GPTLightningCLI(args=args, run=False).trainer._accelerator_connector.cluster_environment
+    assert type(environment).__name__ == "TorchElasticEnvironment"
 
 
 def test_under_fsdp2_a_sigterm_saves_the_sharded_checkpoint_and_the_same_command_resumes_exactly(tmp_path,

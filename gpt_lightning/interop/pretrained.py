@@ -158,14 +158,14 @@ def agree_with_pretrained(given: dict[str, Any], source: str) -> tuple[dict[str,
         given: ``block_size``, ``vocab_size``, ``n_layer``, ``n_head``, ``n_embd`` and ``bias`` as given.
         source: as for ``read_hf_gpt2``.
     """
-    theirs, state = read_hf_gpt2(source)
-    defaults = GPTConfig()
     switches = modern_switches_on(GPTConfig(**{k: v for k, v in given.items() if k in MODERN_SWITCHES}))
-    if switches:
+    if switches:  # before reading (or downloading) the weights
         raise UserError(
             f"model.init_from loads Hugging Face GPT-2, which has none of {', '.join(f'model.{s}' for s in switches)}. "
             "Leave those at GPT-2's defaults, or train the modern model from scratch without model.init_from."
         )
+    theirs, state = read_hf_gpt2(source)
+    defaults = GPTConfig()
     resolved: dict[str, Any] = {}
     for name in ("vocab_size", "n_layer", "n_head", "n_embd", "bias"):
         value, pretrained = given[name], getattr(theirs, name)

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from gpt_lightning.model import GPT, GPTConfig
 
 GIB = 2**30
 
 
 def parameter_count(config: GPTConfig) -> int:
-    """Parameters of the GPT, the tied embedding counted once, without building it."""
-    C, L, V, T = config.n_embd, config.n_layer, config.vocab_size, config.block_size
-    bias = int(config.bias)
-    per_block = 12 * C * C + bias * 9 * C + (2 + 2 * bias) * C  # 4 matmuls + their biases, 2 LayerNorms
-    return V * C + T * C + L * per_block + (1 + bias) * C  # embeddings, blocks, final LayerNorm
+    """Parameters of the GPT (a tied embedding counted once), every switch of ``config`` included:
+    the model built on the meta device, which allocates nothing."""
+    with torch.device("meta"):
+        return GPT(config).num_parameters()
 
 
 def activation_bytes_per_token(config: GPTConfig, mixed: bool = True, activation_checkpointing: bool = False) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from gpt_lightning.atomic import sync_folder
+from gpt_lightning.training.checkpoint_io import no_room_message
 from gpt_lightning.errors import UserError
 from gpt_lightning.scaling.dead_rank import PROCESS_GROUP_TIMEOUT
 
@@ -55,8 +56,7 @@ class SwappedCheckpointStrategy(ModelParallelStrategy):
         new, old = path.parent / f".{path.name}.new", path.parent / f".{path.name}.old"
         if self.is_global_zero:
             path.parent.mkdir(parents=True, exist_ok=True)
-            if old.exists() and not path.exists():  # killed between the renames: it is whole
-                os.replace(old, path)
+            put_back_swapped_aside(path)
             _remove(new)  # a killed save's
             _remove(old)
         no_room = self.broadcast(_no_room_for(path) if self.is_global_zero else None)
@@ -83,17 +83,24 @@ class SwappedCheckpointStrategy(ModelParallelStrategy):
         self.barrier()
 
 
+def put_back_swapped_aside(path: Path) -> None:
+    """Rename ``.NAME.old`` back to ``path`` where a run was killed between the two renames of a swap
+    (the checkpoint under that name is whole), so that ``--ckpt_path last`` and the next save find it."""
+    old = path.parent / f".{path.name}.old"
+    if old.exists() and not path.exists():
+        try:
+            os.replace(old, path)
+        except FileNotFoundError:  # another rank put it back first
+            pass
+
+
 def _no_room_for(path: Path) -> str | None:
     """Why a new checkpoint the size of the one at ``path`` would not fit beside it, or None."""
     if not path.exists():
         return None
     files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
     needed, free = sum(p.stat().st_size for p in files), shutil.disk_usage(path.parent).free
-    if free >= needed:
-        return None
-    return (f"Cannot save the checkpoint {path}: its folder {path.parent} has no room for it (about {needed:,} bytes "
-            f"needed, the previous one's size, {free:,} free); the previous checkpoint there is kept. Free some "
-            "space, or save to a disk with room (--checkpoint.dirpath).")
+    return None if free >= needed else no_room_message(path, needed, free, estimated=True)
 
 
 def _exchange(a: Path, b: Path) -> bool:

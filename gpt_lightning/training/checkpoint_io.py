@@ -62,11 +62,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if err.errno not in _NO_ROOM:
                 raise
             free = shutil.disk_usage(local.parent).free  # measured after the partial file was removed
-            raise UserError(
-                f"Cannot save the checkpoint {local}: its folder {local.parent} has no room for it "
-                f"({len(data):,} bytes needed, {free:,} free); the previous checkpoint there is kept. "
-                "Free some space, or save to a disk with room (--checkpoint.dirpath)."
-            ) from None
+            raise UserError(no_room_message(local, len(data), free)) from None
+
+
+def no_room_message(path: Path, needed: int, free: int, estimated: bool = False) -> str:
+    """The one line of a save that the disk has no room for: where, how many bytes, what to do."""
+    bytes_needed = f"about {needed:,} bytes needed, the previous one's size" if estimated else f"{needed:,} bytes needed"
+    return (f"Cannot save the checkpoint {path}: its folder {path.parent} has no room for it ({bytes_needed}, "
+            f"{free:,} free); the previous checkpoint there is kept. Free some space, or save to a disk with room "
+            "(--checkpoint.dirpath).")
 
 
 def _local_path(path: str | Path) -> Path | None:

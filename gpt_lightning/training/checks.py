@@ -38,6 +38,21 @@ def check_optimizer_settings(
             raise UserError("model.muon_learning_rate must be > 0 and model.muon_weight_decay >= 0.")
 
 
+def check_untied_rates(config: GPTConfig, embedding_learning_rate: float | None, head_learning_rate: float | None) -> None:
+    """Raise ``UserError`` for a rate of the untied embedding or head given to a model whose head is
+    tied (it would be ignored: both train in the ``learning_rate`` group), or one that is not > 0."""
+    given = {name: rate for name, rate in (("embedding_learning_rate", embedding_learning_rate),
+                                           ("head_learning_rate", head_learning_rate)) if rate is not None}
+    if given and config.tie_embeddings:
+        raise UserError(
+            f"model.{next(iter(given))} is the rate of an untied embedding and head (model.tie_embeddings false); "
+            "this model ties them, so they train at model.learning_rate. Leave it out, or add --model.tie_embeddings false."
+        )
+    for name, rate in given.items():
+        if not rate > 0:
+            raise UserError(f"model.{name} must be > 0, got {rate!r}.")
+
+
 def check_strategy_supports(optimizer: str, strategy: Any) -> None:
     """Raise ``UserError`` for Muon under FSDP2: ``torch.optim.Muon`` would orthogonalize each rank's
     shard of a matrix (a ``DTensor``'s local rows), not the matrix."""

@@ -20,7 +20,9 @@ from gpt_lightning.scaling.sharding import is_empty, materialize, shard_once, sy
 from gpt_lightning.training import resume
 from gpt_lightning.training.architecture import DEFAULT_CONFIG, build_gpt
 from gpt_lightning.training.checkpoint_io import use_atomic_checkpoints
-from gpt_lightning.training.checks import check_fits_data, check_optimizer_settings, check_strategy_supports, run_length
+from gpt_lightning.training.checks import (
+    check_fits_data, check_optimizer_settings, check_strategy_supports, check_untied_rates, run_length,
+)
 from gpt_lightning.training.compilation import (
     check_cuda_graphs_accumulation, compile_in_place, compile_notice, evaluation_stance, is_compiled,
 )
@@ -145,6 +147,7 @@ class GPTLightningModule(LightningModule):
         self.save_hyperparameters()
         self.config, self.model, to_record = build_gpt(self.hparams)
         self.save_hyperparameters(to_record)  # checkpoints record the architecture built, without init_from
+        check_untied_rates(self.config, embedding_learning_rate, head_learning_rate)
         self._init_rng_state = torch.random.get_rng_state() if is_empty(self.model) else None
         self.model.activation_checkpointing = activation_checkpointing
         with torch.device("cpu"):  # a few scalars: real even when the model is built on the meta device

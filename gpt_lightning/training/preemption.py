@@ -37,11 +37,12 @@ class Preempted(SystemExit):
 
     Args:
         signum: the signal that stopped the run.
-        ckpt_path: the checkpoint saved at the step reached.
+        ckpt_path: the checkpoint saved at the step reached; None when the signal came before this
+            fit trained a step (there was nothing new to save).
         step: that step (``trainer.global_step``).
     """
 
-    def __init__(self, signum: int, ckpt_path: str, step: int) -> None:
+    def __init__(self, signum: int, ckpt_path: str | None, step: int) -> None:
         super().__init__(128 + signum)
         self.signum, self.ckpt_path, self.step = signum, ckpt_path, step
 
@@ -54,6 +55,10 @@ class Preemption(Callback):
     With several processes a signal may reach every rank or only one: each rank posts its flag in a
     non-blocking all-reduce (MAX) at the end of every optimizer step and reads the result at the end
     of the next one, so all ranks stop at the same step, one step after the signal, without waiting.
+    A signal before the first step (the checkpoint's restore, the sanity check) stops the run at
+    train start with nothing saved. One during a validation is acted on at the end of the next
+    optimizer step; the validation due at the step where the run stops is not redone by the resume.
+    List it after your other callbacks, so they see the saved step's ``on_train_batch_end`` too.
 
     Args:
         dirpath: folder of the ``last.ckpt`` written; default: that of the trainer's
@@ -77,14 +82,27 @@ class Preemption(Callback):
             print(f"gpt-lightning: {signal.Signals(signum).name} received; saving a checkpoint at the end of "
                   f"this optimizer step, then stopping.", file=sys.stderr, flush=True)
 
+    def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._listen(trainer)
+        if self.signum:  # Lightning's handler took it: its evaluation loop would exit 0 at the first batch
+            self._stop(trainer, self.signum, save=False)
+
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # A SIGTERM between Lightning's handler going in and this hook counts too.
-        self.signum = signal.SIGTERM if trainer.received_sigterm else 0
+        self._listen(trainer)
         self._step = trainer.global_step
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
             skip_sigterm_broadcast(trainer)
             self._group = dist.new_group(backend="gloo")  # every rank calls it, in the same order
             self._pending = None
+        signum = self._agreed_now()
+        if signum:  # during the sanity check or the restore: no step of this fit to save
+            self._stop(trainer, signum, save=False)
+
+    def _listen(self, trainer: Trainer) -> None:
+        """Our handlers in place of Lightning's (registered just before the sanity check), which would
+        end the fit with exit code 0 and no checkpoint; a SIGTERM Lightning's handler caught counts."""
+        if trainer.received_sigterm and not self.signum:
+            self.signum = signal.SIGTERM
         for signum in STOP_SIGNALS:
             try:
                 signal.signal(signum, self._handle)
@@ -115,6 +133,14 @@ class Preemption(Callback):
                                         async_op=True)
         return agreed
 
+    def _agreed_now(self) -> int:
+        """The largest signal any rank has received, waiting for every rank: once, at train start."""
+        if self._group is None:
+            return self.signum
+        flag = torch.tensor([self.signum], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        return int(flag.item())  # a CPU tensor: no device read
+
     def last_path(self, trainer: Trainer) -> str:
         """Where the checkpoint goes: ``last.ckpt`` beside the trainer's ``ModelCheckpoint`` files."""
         if self.dirpath is not None:
@@ -124,12 +150,17 @@ class Preemption(Callback):
                 return os.path.join(callback.dirpath, callback.CHECKPOINT_NAME_LAST + callback.FILE_EXTENSION)
         return os.path.join(trainer.default_root_dir, "checkpoints", "last.ckpt")
 
-    def _stop(self, trainer: Trainer, signum: int) -> None:
-        path = self.last_path(trainer)
-        trainer.save_checkpoint(path)  # every rank: a collective under FSDP2
+    def _stop(self, trainer: Trainer, signum: int, save: bool = True) -> None:
+        path = self.last_path(trainer) if save else None
+        if path is not None:
+            trainer.save_checkpoint(path, weights_only=False)  # every rank: a collective under FSDP2
         if trainer.is_global_zero:
-            print(f"gpt-lightning: stopped by {signal.Signals(signum).name} at step {trainer.global_step}; saved "
-                  f"{path}. Run the same command with --ckpt_path last to resume.", file=sys.stderr, flush=True)
+            name = signal.Signals(signum).name
+            saved = (f"at step {trainer.global_step}; saved {path}. Resume with --ckpt_path last (the gpt-lightning "
+                     f"command) or ckpt_path={path!r} (your own Trainer or LightningCLI)." if path else
+                     f"before this run trained a step: nothing new to save. Run the same command again to start "
+                     f"(or resume) from where it was.")
+            print(f"gpt-lightning: stopped by {name} {saved}", file=sys.stderr, flush=True)
         self._pending = None
         raise Preempted(signum, path, trainer.global_step)
 
