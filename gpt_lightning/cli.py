@@ -58,7 +58,7 @@ def main(args: list[str] | None = None) -> None:
 
         if not peer_went_away(err):
             raise
-        print(f"gpt-lightning: error: {went_away_message()}", file=sys.stderr, flush=True)
+        print(f"gpt-lightning: error: {went_away_message(err)}", file=sys.stderr, flush=True)
         # Not SystemExit: at exit the process groups' destructors join threads still waiting on the
         # rank that went away (a gloo group's for up to its 30-minute timeout), and Lightning's
         # atexit destroys NCCL's. Lightning's teardown has run; nothing is left to save.

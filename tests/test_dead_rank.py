@@ -57,3 +57,16 @@ def test_a_strategy_by_name_waits_10_minutes_and_a_timeout_given_wins(in_process
         cli = GPTLightningCLI(args=[*base, *strategy], run=False)
         assert type(cli.trainer.strategy).__name__ == "DDPStrategy"
         assert cli.trainer.strategy._timeout == expected, strategy  # what init_process_group gets
+
+
+def test_a_launch_that_fails_by_itself_is_not_blamed_on_another_rank():
+    import torch.distributed as dist
+
+    from gpt_lightning.scaling.dead_rank import peer_went_away, went_away_message
+
+    taken = dist.DistNetworkError("The server socket has failed to listen on any local network address. "
+                                  "port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+    assert not peer_went_away(taken)  # its own traceback says what to fix
+    gone = dist.DistBackendError("NCCL communicator was aborted on rank 0.\nmore")
+    assert peer_went_away(gone)
+    assert "(DistBackendError: NCCL communicator was aborted on rank 0.)" in went_away_message(gone)

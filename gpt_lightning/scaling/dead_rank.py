@@ -24,22 +24,25 @@ PROCESS_GROUP_TIMEOUT = timedelta(minutes=10)
 # What gloo's transport says when the other end of a pair is gone (or stopped answering).
 GLOO_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused",
                   "Timed out waiting")
+# Failures of the launch itself, not of a peer: their own traceback says what to fix.
+STARTUP_FAILURES = ("EADDRINUSE", "address already in use")
 
 
 def peer_went_away(err: BaseException) -> bool:
     """Whether ``err`` is a collective failing because another rank is gone."""
     if isinstance(err, dist.DistError):  # DistBackendError (NCCL), DistNetworkError, DistStoreError
-        return True
+        return not any(words in str(err) for words in STARTUP_FAILURES)
     return isinstance(err, RuntimeError) and "gloo" in str(err) and any(words in str(err) for words in GLOO_PEER_GONE)
 
 
-def went_away_message() -> str:
-    """The survivor's one line: which rank says it, and how to resume."""
+def went_away_message(err: BaseException) -> str:
+    """The survivor's one line: which rank says it, the error's first line, and how to resume."""
     rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
     world = os.environ.get("WORLD_SIZE")
     return (
         f"another rank of this run went away, and this one (rank {rank}{f' of {world}' if world else ''}) "
-        "stopped: the log of the rank that failed says why (killed, out of memory, a lost node). Run the same "
+        f"stopped ({type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}): the log of "
+        "the rank that failed says why (killed, out of memory, a lost node). Run the same "
         "command with --ckpt_path last to resume from the last checkpoint (under torchrun, --max-restarts does "
         "this by itself; see docs/resume.md)."
     )
