@@ -82,8 +82,8 @@ python3 benchmarks/optimizers.py "${optimizers[@]}" --out "$dest"
 #    per-step piece (benchmarks/lightning_overhead.py, docs/benchmarks.md).
 overhead=(--n_layer 12 --n_head 12 --n_embd 768 --batch_size 16 --block_size 1024 --steps 30 --rounds 2)
 if [ -n "${GPU_RUN_SMOKE:-}" ]; then
-    overhead=(--n_layer 1 --n_head 2 --n_embd 32 --batch_size 2 --block_size 16 --steps 3 --warmup 1 --rounds 1
-              --compile false)
+    overhead=(--n_layer 1 --n_head 2 --n_embd 32 --batch_size 2 --block_size 32 --steps 8 --warmup 2 --rounds 2
+              --log_every 5 --compile false)
 fi
 python3 benchmarks/lightning_overhead.py "${overhead[@]}" --out "$dest/lightning_overhead.json"
 
