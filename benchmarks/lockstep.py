@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser, **defaults) -> None:
     """The options every lockstep benchmark takes (shape, schedule, evaluation, seed)."""
     options = dict(device="cuda" if torch.cuda.is_available() else "cpu", n_layer=4, n_head=4, n_embd=64,
                    batch_size=8, block_size=64, steps=60, warmup_steps=3, decay_fraction=0.3, eval_every=6,
-                   eval_batches=4, seed=0, **defaults)
+                   eval_batches=4, seed=0)
+    options.update(defaults)
     for name, value in options.items():
         parser.add_argument(f"--{name}", type=type(value), default=value)
     parser.add_argument("--compact_vocab", action=argparse.BooleanOptionalAction, default=None,
@@ -131,7 +132,7 @@ def train_in_lockstep(runs: list[Run], data: Data, args: argparse.Namespace) -> 
             runs[(step + k) % len(runs)].step(x, y, step)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             losses = [run.evaluate(data.val, (step + 1) * data.B * data.T) for run in runs]
-            print(f"step {step + 1}: " + ", ".join(f"{r.name} {l:.3f}" for r, l in zip(runs, losses)), flush=True)
+            print(f"step {step + 1} ({time.perf_counter() - started:.0f} s): " + ", ".join(f"{r.name} {l:.3f}" for r, l in zip(runs, losses)), flush=True)
     return time.perf_counter() - started
 
 
