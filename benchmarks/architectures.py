@@ -194,11 +194,10 @@ def headline(seeds: list[dict]) -> dict:
     tokens to the best GPT-2 + Muon's final loss (target 0.8x) and to the best GPT-2 + AdamW's (0.5x)."""
     table = {}
     for name in best_of_groups(seeds[0]["runs"]):
-        rows = [next(r for r in s["runs"] if r["name"] == name) for s in seeds]
+        rows = [next((r for r in s["runs"] if r["name"] == name), {}) for s in seeds]  # {}: not run at that seed
         ratios = [key for key in rows[0] if key.startswith("tokens_ratio_to_")]
-        table[rows[0]["group"]] = {"name": name, "final_val_loss": [r["final_val_loss"] for r in rows],
-                                   **{key: [r[key] for r in rows] for key in ratios},
-                                   "median_step_ms": [r["median_step_ms"] for r in rows]}
+        table[rows[0]["group"]] = {"name": name, **{key: [r.get(key) for r in rows]
+                                                    for key in ("final_val_loss", *ratios, "median_step_ms")}}
     targets = {}
     for group, target in (("gpt2 muon", 0.8), ("gpt2 adamw", 0.5)):
         key = f"tokens_ratio_to_best_{group.replace(' ', '_')}"
@@ -234,20 +233,30 @@ def time_compiled(args: argparse.Namespace, vocab: int) -> dict:
             run.step(x, x, step)
         compile_s[(name, compiled)] = time.perf_counter() - start
         run.step_seconds.clear()
+    cpu_seconds = {(name, compiled): [] for name, compiled, _ in runs}
     for step in range(args.timed_steps):
         for k in range(len(runs)):
-            runs[(step + k) % len(runs)][2].step(x, x, step)
-    ms = {(name, compiled): 1000 * statistics.median(run.step_seconds) for name, compiled, run in runs}
+            name, compiled, run = runs[(step + k) % len(runs)]
+            start = time.process_time()  # this process's CPU time: what a loaded machine's waits leave out
+            run.step(x, x, step)
+            cpu_seconds[(name, compiled)].append(time.process_time() - start)
+    wall = {(name, compiled): 1000 * statistics.median(run.step_seconds) for name, compiled, run in runs}
+    cpu = {key: 1000 * statistics.median(seconds) for key, seconds in cpu_seconds.items()}
     base = args.timed[0]
+    rows = []
+    for name in args.timed:
+        row = {"name": name, "warmup_s_compiled": round(compile_s[(name, True)], 1)}
+        for mode, compiled in (("eager", False), ("compiled", True)):
+            row |= {f"{mode}_ms": round(wall[(name, compiled)], 1), f"{mode}_cpu_ms": round(cpu[(name, compiled)], 1),
+                    f"{mode}_vs_first": round(wall[(name, compiled)] / wall[(base, compiled)], 3),
+                    f"{mode}_cpu_vs_first": round(cpu[(name, compiled)] / cpu[(base, compiled)], 3)}
+        rows.append(row)
     return {"what": "median time per training step (forward, backward, clipping, optimizer step), eager and "
-                    "torch.compile'd whole model, stepped in rotation (benchmarks/architectures.py --time_compiled)",
-            "shape": {k: getattr(args, k) for k in lockstep.SHAPE if k not in ("steps", "eval_every", "eval_batches")},
+                    "torch.compile'd whole model, stepped in rotation: wall time (_ms) and this process's CPU time "
+                    "(_cpu_ms) (benchmarks/architectures.py --time_compiled)",
+            "shape": {k: getattr(args, k) for k in ("device", "n_layer", "n_head", "n_embd", "batch_size", "block_size")},
             "vocab_size": vocab, "steps_timed": args.timed_steps, "warmup_steps_each": args.compile_warmup,
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "loadavg": loadavg(),
-            "runs": [{"name": name, "eager_ms": round(ms[(name, False)], 1), "compiled_ms": round(ms[(name, True)], 1),
-                      "eager_vs_first": round(ms[(name, False)] / ms[(base, False)], 3),
-                      "compiled_vs_first": round(ms[(name, True)] / ms[(base, True)], 3),
-                      "warmup_s_compiled": round(compile_s[(name, True)], 1)} for name in args.timed]}
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "loadavg": loadavg(), "runs": rows}
 
 
 def loadavg() -> list[str] | None:
@@ -295,8 +304,8 @@ def main() -> None:
         report = time_compiled(args, vocab)
         (args.out / "architectures_step_time.json").write_text(json.dumps(report, indent=1) + "\n")
         for r in report["runs"]:
-            print(f"{r['name']:56s} eager {r['eager_ms']:7.1f} ms ({r['eager_vs_first']}x)  "
-                  f"compiled {r['compiled_ms']:7.1f} ms ({r['compiled_vs_first']}x)")
+            print(f"{r['name']:56s} eager {r['eager_ms']:7.1f} ms, CPU {r['eager_cpu_ms']:7.1f} ms ({r['eager_cpu_vs_first']}x)  "
+                  f"compiled {r['compiled_ms']:7.1f} ms, CPU {r['compiled_cpu_ms']:7.1f} ms ({r['compiled_cpu_vs_first']}x)")
         return
 
     meta = {
@@ -345,9 +354,10 @@ def plot(report: dict, path: Path) -> None:
             on = r["name"] in best
             left.plot(t, loss, label=r["name"], color=colors[r["group"]], linewidth=2.2 if on else 0.8,
                       alpha=1.0 if on else 0.45, linestyle="-" if on else "--")
-    if switches and "gpt2 muon" in first["best"]:
-        t, loss = zip(*next(r for r in first["runs"] if r["name"] == first["best"]["gpt2 muon"])["curve"][1:])
-        right.plot(t, loss, label="gpt2 muon (best, no switch)", color="black", linewidth=2.0)
+    base = next((r for r in first["runs"] if r["group"] == "gpt2 muon"), None)  # the rates the switch rows run at
+    if switches and base is not None:
+        t, loss = zip(*base["curve"][1:])
+        right.plot(t, loss, label=f"{base['name']} (no switch: their base)", color="black", linewidth=2.0)
     panels = [(left, "GPT-2 vs modern, AdamW and Muon (rate sweeps)")] + [(right, "GPT-2 + Muon, one switch at a time")] * switches
     for ax, title in panels:
         for group, loss in first["best_final_val_loss"].items():  # the targets

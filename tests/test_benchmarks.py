@@ -189,3 +189,22 @@ def test_architecture_benchmark_compares_gpt2_and_the_modern_gpt_in_lockstep(tmp
     assert set(targets) == {"modern_muon_to_best_gpt2_muon", "modern_muon_to_best_gpt2_adamw"}
     assert all(len(t["measured"]) == 2 for t in targets.values())
     assert (tmp_path / "architectures.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_architecture_tables_in_the_docs_quote_the_committed_results():
+    text = (REPO / "docs" / "modern.md").read_text()
+    results = REPO / "benchmarks" / "results" / "cpu-2core"
+    report = json.loads((results / "architectures.json").read_text())
+    ratio = lambda x: "not reached" if x is None else f"{x:.2f}x"
+    for r in report["seeds"][0]["runs"]:
+        quoted = (f"| {r['name']} | {r['final_val_loss']:.3f} | {ratio(r['tokens_ratio_to_best_gpt2_adamw'])} | "
+                  f"{ratio(r['tokens_ratio_to_best_gpt2_muon'])} | {r['step_time_vs_gpt2_muon_base']:.2f}x |")
+        assert quoted in text, quoted
+    targets = report["headline"]["targets"]  # the verdict's figures, both seeds
+    muon, adamw = (targets[f"modern_muon_to_best_gpt2_{k}"]["measured"] for k in ("muon", "adamw"))
+    assert f"final loss in\n{muon[0]:.2f}x and {muon[1]:.2f}x of the tokens (target at most 0.8x)" in text
+    assert f"AdamW run's in {adamw[0]:.2f}x and\n{adamw[1]:.2f}x (target at most 0.5x)" in text
+    for r in json.loads((results / "architectures_step_time.json").read_text())["runs"]:
+        quoted = (f"| {r['name']} | {r['eager_cpu_ms']:.0f} ({r['eager_cpu_vs_first']:.2f}x) | "
+                  f"{r['compiled_cpu_ms']:.0f} ({r['compiled_cpu_vs_first']:.2f}x) |")
+        assert quoted in text, quoted
