@@ -18,7 +18,9 @@ the first seed) runs again at each further seed, in a lockstep of its own (other
 and windows). For each run: the final validation loss, the tokens it needed to reach the best
 GPT-2 + AdamW run's and the best GPT-2 + Muon run's final validation loss (same seed, interpolated
 between evaluations; as a fraction of the budget), and its median eager time per step. Writes
-``architectures.json`` and ``architectures.png`` to ``--out``.
+``architectures.json`` and ``architectures.png`` to ``--out``. ``--groups`` trains some kinds of run
+only, and ``--merge`` makes one report of several such runs at one shape (each its own lockstep: on a
+shared machine, separate processes side by side get more of it; docs/modern.md was made so).
 
 ``--time_compiled`` measures instead the time per step of a few runs (``--timed``: GPT-2 + Muon,
 with the softcap, with the untied head, the modern GPT + Muon), eager and compiled
