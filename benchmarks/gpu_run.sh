@@ -13,8 +13,8 @@
 #      against the uncached path and, where transformers is installed, its generate) and a HellaSwag
 #      pass (benchmarks/hellaswag.py, batched vs per example, bf16 autocast, on examples it writes
 #      itself; HELLASWAG_FILE=path/to/hellaswag_val.jsonl scores the real ones), into the same folder;
-#   5. AdamW against Muon, and 6. our Trainer loop against a plain loop (Lightning's cost), both at
-#      the reference shape;
+#   5. AdamW against Muon, 5b. GPT-2 against the modern GPT (both with Muon), and 6. our Trainer loop
+#      against a plain loop (Lightning's cost), all at the reference shape;
 #   7. the GPU path's checks (benchmarks/gpu_checks.py, issue 35) at the reference shape: 8 accumulated
 #      micro-batches a step under eager and each compile mode (losses within bf16 tolerance of eager's,
 #      or the one-line refusal of the CUDA-graph modes), 20 steps with torch.cuda.set_sync_debug_mode
@@ -76,6 +76,18 @@ if [ -n "${GPU_RUN_SMOKE:-}" ]; then
                 --eval_every 1 --eval_batches 1 --adamw_lrs 1e-3 --muon_lrs 0.02)
 fi
 python3 benchmarks/optimizers.py "${optimizers[@]}" --out "$dest"
+
+# 5b. GPT-2 against the modern GPT (configs/modern-124m-fineweb.yaml's switches and rates), both with
+#     Muon, at the reference shape, one lockstep pair: tokens to GPT-2 + Muon's final validation loss
+#     and the time per step (benchmarks/architectures.py, docs/modern.md).
+architectures=(--preset configs/modern-124m-fineweb.yaml --n_layer 12 --n_head 12 --n_embd 768 --batch_size 16
+               --block_size 1024 --steps 300 --warmup_steps 30 --eval_every 25)
+if [ -n "${GPU_RUN_SMOKE:-}" ]; then
+    architectures=(--preset configs/modern-124m-fineweb.yaml --n_layer 1 --n_head 2 --n_embd 32 --batch_size 2
+                   --block_size 16 --steps 2 --warmup_steps 1 --eval_every 1 --eval_batches 1)
+fi
+python3 benchmarks/architectures.py "${architectures[@]}" --groups "gpt2 muon" "modern muon" --gpt2_muon_lrs 0.02 \
+    --gpt2_muon_adamw_lrs 1.2e-3 --modern_muon_lrs 0.02 --embedding_lrs 0.3 --head_lrs 0.002 --out "$dest"
 
 # 6. Lightning's cost at the reference shape (GPT-2 124M, B=16, T=1024, bf16-mixed): our Trainer loop
 #    against a plain PyTorch loop, eager and compiled, rotated rounds, with the host time of each

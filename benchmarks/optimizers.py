@@ -29,82 +29,47 @@ the default on a CPU): the 50257-row head would otherwise be most of a small mod
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import math
 import statistics
 import time
 import weakref
-from importlib.resources import files
 from pathlib import Path
 
 import torch
-from torch.optim.lr_scheduler import LambdaLR
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpt_lightning.data import gpt2_encoding
+import lockstep
 from gpt_lightning.model import GPT, GPTConfig
-from gpt_lightning.training.optimizers import build_optimizer, lr_multiplier
+from gpt_lightning.training.optimizers import build_optimizer
+
+tokens_to_reach = lockstep.tokens_to_reach
 
 
-def tokens(compact: bool) -> tuple[torch.Tensor, int]:
-    text = gzip.decompress((files("gpt_lightning.data") / "tinyshakespeare.txt.gz").read_bytes()).decode()
-    ids = torch.tensor(gpt2_encoding().encode_ordinary(text), dtype=torch.long)
-    if not compact:
-        return ids, 50304
-    used, dense = torch.unique(ids, return_inverse=True)  # renumbered 0 .. len(used) - 1
-    return dense, 64 * math.ceil(len(used) / 64)
-
-
-class Run:
-    """One model and optimizer, trained one step at a time."""
+class Run(lockstep.Run):
+    """A GPT-2 of the benchmark's shape and its AdamW or Muon, with the Muon variants' changes."""
 
     def __init__(self, name: str, args: argparse.Namespace, vocab: int, optimizer: str, lr: float, muon_lr: float,
                  qkv_split: bool = False, momentum_warmup: bool = False) -> None:
         torch.manual_seed(args.seed)  # the same initial weights for every run
-        self.name, self.args = name, args
+        self.args = args
         config = GPTConfig(vocab_size=vocab, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
                            n_embd=args.n_embd, dropout=0.0, bias=True)
-        self.model = GPT(config).to(args.device)
-        self.optimizer = build_optimizer(
-            self.model, optimizer, learning_rate=lr, weight_decay=0.01, betas=(0.9, 0.95), eps=1e-8,
+        model = GPT(config).to(args.device)
+        built = build_optimizer(
+            model, optimizer, learning_rate=lr, weight_decay=0.01, betas=(0.9, 0.95), eps=1e-8,
             fused=True, muon_learning_rate=muon_lr, muon_momentum=0.95, muon_weight_decay=0.0, muon_adjust_lr="original",
         )
-        schedule = dict(warmup_steps=args.warmup_steps, lr_schedule="wsd", cosine_decay_steps=None,
-                        decay_fraction=args.decay_fraction, min_lr_ratio=0.0, total_steps=args.steps)
-        self.scheduler = LambdaLR(self.optimizer, lambda step: lr_multiplier(step, **schedule))
+        super().__init__(name, model, built, args)
         self.settings = dict(optimizer=optimizer, learning_rate=lr, muon_learning_rate=muon_lr if optimizer == "muon" else None,
                              qkv_split=qkv_split, momentum_warmup=momentum_warmup)
         self.momentum_warmup = momentum_warmup
         if qkv_split:
             split_qkv(self.optimizer, self.model)
-        self.step_seconds: list[float] = []
-        self.curve: list[tuple[int, float]] = []  # (tokens, validation loss)
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> None:
+    def before_step(self, step: int) -> None:
         if self.momentum_warmup:  # 0.85 -> 0.95 over the first 0.3 of the run (modded-nanogpt: 300 steps)
             frac = min(1.0, step / (0.3 * self.args.steps))
             self.optimizer.param_groups[0]["momentum"] = 0.85 + 0.10 * frac
-        start = time.perf_counter()
-        with torch.autocast(self.args.device, dtype=torch.bfloat16, enabled=self.args.device == "cuda"):
-            loss = self.model(x, y)[1]
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        if self.args.device == "cuda":
-            torch.cuda.synchronize()
-        self.step_seconds.append(time.perf_counter() - start)
-
-    @torch.no_grad()
-    def evaluate(self, val: list[tuple[torch.Tensor, torch.Tensor]], tokens_seen: int) -> float:
-        self.model.eval()
-        with torch.autocast(self.args.device, dtype=torch.bfloat16, enabled=self.args.device == "cuda"):
-            loss = statistics.fmean(float(self.model(x, y)[1]) for x, y in val)
-        self.model.train()
-        self.curve.append((tokens_seen, loss))
-        return loss
 
 
 def split_qkv(optimizer: torch.optim.Optimizer, model: GPT) -> None:
@@ -202,56 +167,29 @@ def guarded_step(args: argparse.Namespace, vocab: int) -> dict:
             "peak_over_muon_weights": round(peak / muon_bytes, 3)}
 
 
-def tokens_to_reach(curve: list[tuple[int, float]], target: float) -> float | None:
-    """The tokens at which ``curve`` first reaches ``target``, interpolated linearly between evaluations."""
-    for (t0, l0), (t1, l1) in zip(curve, curve[1:]):
-        if l1 <= target:
-            return t1 if l0 <= target else t0 + (t1 - t0) * (l0 - target) / (l0 - l1)
-    return None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu-2core"))
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--n_layer", type=int, default=4)
-    parser.add_argument("--n_head", type=int, default=4)
-    parser.add_argument("--n_embd", type=int, default=64)
-    parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--block_size", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--warmup_steps", type=int, default=3)
-    parser.add_argument("--decay_fraction", type=float, default=0.3)
-    parser.add_argument("--eval_every", type=int, default=6)
-    parser.add_argument("--eval_batches", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=0)
+    lockstep.add_arguments(parser)
     parser.add_argument("--adamw_lrs", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2])
     parser.add_argument("--muon_lrs", type=float, nargs="+", default=[0.01, 0.02, 0.04])
     parser.add_argument("--muon_adamw_lr", type=float, default=None, help="the AdamW part's lr under Muon; default: the middle AdamW lr")
     parser.add_argument("--qkv_split", action="store_true", help="add a Muon run at the middle Muon lr with Q, K, V orthogonalized apart")
     parser.add_argument("--momentum_warmup", action="store_true", help="add a Muon run at the middle Muon lr with momentum 0.85 -> 0.95")
-    parser.add_argument("--compact_vocab", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--guarded_step", action="store_true",
                         help="measure Muon's guarded optimizer step only (time, peak memory): guarded_step.json")
     args = parser.parse_args()
     torch.set_float32_matmul_precision("high")
     compact = args.compact_vocab if args.compact_vocab is not None else args.device == "cpu"
-    ids, vocab = tokens(compact)
+    ids, vocab = lockstep.tokens(compact)
     if args.guarded_step:
         report = guarded_step(args, vocab)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "guarded_step.json").write_text(json.dumps(report, indent=1) + "\n")
         print(json.dumps(report))
         return
-    n_val = len(ids) // 10
-    train, held_out = ids[:-n_val], ids[-n_val:]
+    data = lockstep.Data(ids, args, args.seed)  # the same windows for every run
     B, T = args.batch_size, args.block_size
-    generator = torch.Generator().manual_seed(args.seed)
-    starts = torch.randint(0, len(train) - T - 1, (args.steps, B), generator=generator)  # the same windows for every run
-    val_starts = torch.arange(args.eval_batches * B) * ((len(held_out) - T - 1) // (args.eval_batches * B))
-    windows = lambda data, s: (torch.stack([data[i:i + T] for i in s]).to(args.device),
-                               torch.stack([data[i + 1:i + 1 + T] for i in s]).to(args.device))
-    val = [windows(held_out, val_starts[k * B:(k + 1) * B].tolist()) for k in range(args.eval_batches)]
 
     muon_adamw_lr = args.muon_adamw_lr or args.adamw_lrs[len(args.adamw_lrs) // 2]
     mid_muon = args.muon_lrs[len(args.muon_lrs) // 2]
@@ -262,23 +200,14 @@ def main() -> None:
     if args.momentum_warmup:
         runs.append(Run(f"muon lr={mid_muon:g} momentum warm-up", args, vocab, "muon", muon_adamw_lr, mid_muon, momentum_warmup=True))
 
-    started = time.perf_counter()
-    for run in runs:
-        run.evaluate(val, 0)
-    for step in range(args.steps):
-        x, y = windows(train, starts[step].tolist())
-        for k in range(len(runs)):  # a rotating order: no run is always first after the data
-            runs[(step + k) % len(runs)].step(x, y, step)
-        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-            losses = [run.evaluate(val, (step + 1) * B * T) for run in runs]
-            print(f"step {step + 1}: " + ", ".join(f"{r.name} {l:.3f}" for r, l in zip(runs, losses)), flush=True)
+    wall_s = lockstep.train_in_lockstep(runs, data, args)
 
     adamw = [r for r in runs if r.settings["optimizer"] == "adamw"]
     best_adamw = min(adamw, key=lambda r: r.curve[-1][1])
     target, budget = best_adamw.curve[-1][1], args.steps * B * T
     plain_muon = [r for r in runs if r.settings["optimizer"] == "muon" and not (r.settings["qkv_split"] or r.momentum_warmup)]
     best_muon = min(plain_muon, key=lambda r: r.curve[-1][1])  # of the lr sweep; the variants are compared to it
-    step_s = {r.name: statistics.median(r.step_seconds[len(r.step_seconds) // 10:]) for r in runs}  # past warm-up
+    step_s = {r.name: r.median_step_s() for r in runs}  # past warm-up
     results = []
     for r in runs:
         reached = tokens_to_reach(r.curve, target)
@@ -292,12 +221,11 @@ def main() -> None:
         })
     report = {
         "what": "validation loss against tokens, AdamW vs Muon, one lockstep run (benchmarks/optimizers.py)",
-        "shape": {k: getattr(args, k) for k in ("device", "n_layer", "n_head", "n_embd", "batch_size", "block_size",
-                                              "steps", "warmup_steps", "decay_fraction", "eval_every", "eval_batches", "seed")},
+        "shape": {k: getattr(args, k) for k in (*lockstep.SHAPE, "seed")},
         "vocab_size": vocab, "compact_vocab": compact, "schedule": "wsd (warm-up, constant, linear decay to 0)",
         "torch": torch.__version__, "threads": torch.get_num_threads(),
         "loadavg": Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None,
-        "wall_s": round(time.perf_counter() - started, 1),
+        "wall_s": round(wall_s, 1),
         "best_adamw": best_adamw.name, "best_adamw_final_val_loss": round(target, 4), "best_muon": best_muon.name,
         "runs": results,
     }

@@ -111,3 +111,56 @@ def test_the_lightning_cost_tables_in_the_docs_quote_the_committed_results():
     assert sentence in text, sentence
     estimates = [r[mode]["ratio_from_host_time"] for r in committed for mode in r]
     assert f"{min(estimates):.3f} to {max(estimates):.3f} in the four committed modes" in text
+
+
+def test_architecture_benchmark_compares_gpt2_and_the_modern_gpt_in_lockstep(tmp_path):
+    import yaml
+
+    from gpt_lightning.model import MODERN_SWITCHES
+
+    result = run_script(
+        "architectures.py", "--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--batch_size", "2", "--block_size", "16",
+        "--steps", "4", "--warmup_steps", "1", "--eval_every", "2", "--eval_batches", "1", "--seeds", "0", "1",
+        "--gpt2_adamw_lrs", "1e-3", "3e-3", "--gpt2_muon_lrs", "0.02", "--gpt2_muon_adamw_lrs", "3e-3",
+        "--modern_adamw_lrs", "3e-3", "--modern_muon_lrs", "0.02", "--embedding_lrs", "0.1", "--head_lrs", "0.004",
+        "--switches", "tie_embeddings", "--out", str(tmp_path), cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "architectures.json").read_text())
+    preset = yaml.safe_load((REPO / "configs" / "modern-tiny-cpu.yaml").read_text())["model"]
+    assert report["modern"] == {k: preset[k] for k in (*MODERN_SWITCHES, "bias") if k in preset}  # every switch it sets
+    first, second = report["seeds"]
+    rows = {r["name"]: r for r in first["runs"]}
+    assert [r["group"] for r in first["runs"]] == ["gpt2 adamw"] * 2 + ["gpt2 muon", "modern adamw", "modern muon"] + ["switch"]
+    untied = rows["gpt2 muon + tie_embeddings=False"]  # the untied head at the modern rows' own rates
+    assert (untied["embedding_learning_rate"], untied["head_learning_rate"], untied["architecture"]) == (0.1, 0.004, {"tie_embeddings": False})
+    assert all(len(r["curve"]) == 3 and r["median_step_ms"] > 0 for r in first["runs"])  # before training, after steps 2 and 4
+    best = rows[first["best"]["gpt2 adamw"]]
+    assert best["final_val_loss"] == min(r["final_val_loss"] for r in first["runs"] if r["group"] == "gpt2 adamw")
+    assert 0 < best["tokens_ratio_to_best_gpt2_adamw"] <= 1.0
+    # the second seed runs the best of each headline group again, on other weights and windows
+    assert [r["name"] for r in second["runs"]] == [first["best"]["gpt2 adamw"], *list(rows)[2:5]]
+    assert all(r["seed"] == 1 and r["curve"] != rows[r["name"]]["curve"] for r in second["runs"])
+    targets = report["headline"]["targets"]
+    assert set(targets) == {"modern_muon_to_best_gpt2_muon", "modern_muon_to_best_gpt2_adamw"}
+    assert all(len(t["measured"]) == 2 for t in targets.values())
+    assert (tmp_path / "architectures.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_architecture_tables_in_the_docs_quote_the_committed_results():
+    text = (REPO / "docs" / "modern.md").read_text()
+    results = REPO / "benchmarks" / "results" / "cpu-2core"
+    report = json.loads((results / "architectures.json").read_text())
+    ratio = lambda x: "not reached" if x is None else f"{x:.2f}x"
+    for r in report["seeds"][0]["runs"]:
+        quoted = (f"| {r['name']} | {r['final_val_loss']:.3f} | {ratio(r['tokens_ratio_to_best_gpt2_adamw'])} | "
+                  f"{ratio(r['tokens_ratio_to_best_gpt2_muon'])} | {r['step_time_vs_gpt2_muon_base']:.2f}x |")
+        assert quoted in text, quoted
+    targets = report["headline"]["targets"]  # the verdict's figures, both seeds
+    muon, adamw = (targets[f"modern_muon_to_best_gpt2_{k}"]["measured"] for k in ("muon", "adamw"))
+    assert f"final loss in\n{muon[0]:.2f}x and {muon[1]:.2f}x of the tokens (target at most 0.8x)" in text
+    assert f"AdamW run's in {adamw[0]:.2f}x and\n{adamw[1]:.2f}x (target at most 0.5x)" in text
+    for r in json.loads((results / "architectures_step_time.json").read_text())["runs"]:
+        quoted = (f"| {r['name']} | {r['eager_cpu_ms']:.0f} ({r['eager_cpu_vs_first']:.2f}x) | "
+                  f"{r['compiled_cpu_ms']:.0f} ({r['compiled_cpu_vs_first']:.2f}x) |")
+        assert quoted in text, quoted

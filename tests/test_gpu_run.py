@@ -52,6 +52,13 @@ def test_the_gpu_run_script_end_to_end_in_smoke_mode(tmp_path):
     assert [r["optimizer"] for r in optimizers["runs"]] == ["adamw", "muon"]
     assert all(len(r["curve"]) == 3 for r in optimizers["runs"])  # before training and after each of 2 steps
     assert (dest / "optimizers.png").read_bytes()[:4] == b"\x89PNG"
+    # benchmarks/architectures.py: GPT-2 + Muon against the modern GPT + Muon (the 124M preset's switches and rates).
+    architectures = json.loads((dest / "architectures.json").read_text())
+    (seed,) = architectures["seeds"]
+    assert [(r["group"], r["embedding_learning_rate"]) for r in seed["runs"]] == [("gpt2 muon", None), ("modern muon", 0.3)]
+    assert architectures["modern"]["logit_softcap"] == 30.0 and all(len(r["curve"]) == 3 for r in seed["runs"])
+    assert set(architectures["headline"]["targets"]) == {"modern_muon_to_best_gpt2_muon"}
+    assert (dest / "architectures.png").read_bytes()[:4] == b"\x89PNG"
     # benchmarks/lightning_overhead.py: the three loops side by side, each step's host time in parts.
     check_overhead_report(dest / "lightning_overhead.json", result.stdout + result.stderr)
     # benchmarks/gpu_checks.py (issue 35): accumulation, quiet steps, Muon's memory, bf16 sampling.
