@@ -119,7 +119,7 @@ def test_ddp_needs_no_flag_all_reduce(ddp_run):
 
 
 MODERN_SWITCHES = dict(bias=False, rotary=True, norm="rmsnorm", norm_affine=False, qk_norm=True, activation="relu2",
-                       tie_embeddings=False, zero_init_proj=True, logit_softcap=15.0)
+                       tie_embeddings=False, zero_init_proj=True, logit_softcap=15.0, value_embeddings=True)
 
 
 @pytest.mark.parametrize("switches", [{}, MODERN_SWITCHES], ids=["gpt2", "modern"])
