@@ -71,6 +71,13 @@ def test_the_family_is_the_shipped_configs_and_counts_its_parameters():
             assert shipped.get(field, getattr(GPTConfig(), field)) == getattr(config, field), (name, field)
         with torch.device("meta"):
             assert parameter_count(config) == GPT(config).num_parameters()
+    # The modern presets' switches, value embeddings included: 6 tables of 50304 x 768 at 124M's shape.
+    modern = dict(vocab_size=50304, bias=False, rotary=True, norm="rmsnorm", norm_affine=False, qk_norm=True,
+                  activation="relu2", tie_embeddings=False, zero_init_proj=True, logit_softcap=30.0, value_embeddings=True)
+    for switches in (modern, {**modern, "norm_affine": True}, {**modern, "norm": "layernorm", "bias": True}):
+        config = GPTConfig(**switches)
+        with torch.device("meta"):
+            assert parameter_count(config) == GPT(config).num_parameters(), switches
 
 
 def test_the_docs_table_is_the_computed_one():

@@ -14,17 +14,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpt_lightning.model import GPT, GPTConfig
+from gpt_lightning.model import GPT, VALUE_GATE_CHANNELS, GPTConfig
 
 GIB = 2**30
 
 
 def parameter_count(config: GPTConfig) -> int:
-    """Parameters of the GPT, the tied embedding counted once, without building it."""
+    """Parameters of the GPT, the tied embedding counted once, without building it (the modern
+    switches' too: no position table with rotary, an untied head, the norms' gains, value embeddings)."""
     C, L, V, T = config.n_embd, config.n_layer, config.vocab_size, config.block_size
     bias = int(config.bias)
-    per_block = 12 * C * C + bias * 9 * C + (2 + 2 * bias) * C  # 4 matmuls + their biases, 2 LayerNorms
-    return V * C + T * C + L * per_block + (1 + bias) * C  # embeddings, blocks, final LayerNorm
+    norm = 0 if not config.norm_affine else C if config.norm == "rmsnorm" else (1 + bias) * C  # gain (and bias)
+    per_block = 12 * C * C + bias * 9 * C + 2 * norm  # 4 matmuls + their biases, 2 norms
+    embeddings = V * C + (0 if config.rotary else T * C) + (0 if config.tie_embeddings else V * C)  # wte, wpe, head
+    value_embeddings = sum(V * C + VALUE_GATE_CHANNELS * config.n_head for layer in range(L)
+                           if config.has_value_embedding(layer))  # a table and a gate each
+    return embeddings + L * per_block + value_embeddings + norm  # ..., final norm
 
 
 def activation_bytes_per_token(config: GPTConfig, mixed: bool = True, activation_checkpointing: bool = False) -> int:
