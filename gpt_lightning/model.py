@@ -10,6 +10,7 @@ extending one ``KVCache`` per block: what ``gpt_lightning.generation`` samples w
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -18,6 +19,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
+
+
+# The value-embedding gate reads the first this many channels of the attention's input (nanochat's 12).
+VALUE_GATE_CHANNELS = 12
 
 
 @dataclass
@@ -59,6 +64,9 @@ class GPTConfig:
     zero_init_proj: bool = False
     # Logits squashed to (-c, c) by c * tanh(logits / c) (modded-nanogpt: 30; Gemma 2); None: none.
     logit_softcap: float | None = None
+    # nanochat's value embeddings (ResFormer): every other block, the last included, adds a token-indexed
+    # table to its attention values through a per-head gate; extra parameters for a lower loss per token.
+    value_embeddings: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -80,9 +88,17 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.rotary needs an even head size, got n_embd // n_head = {self.n_embd // self.n_head}.")
         if self.logit_softcap is not None and self.logit_softcap <= 0:
             raise ValueError(f"GPTConfig.logit_softcap must be positive or null, got {self.logit_softcap}.")
+        if self.value_embeddings and self.n_embd < VALUE_GATE_CHANNELS:
+            raise ValueError(f"GPTConfig.value_embeddings needs n_embd >= {VALUE_GATE_CHANNELS} (the gate reads that "
+                             f"many channels), got {self.n_embd}.")
+
+    def has_value_embedding(self, layer: int) -> bool:
+        """Whether block ``layer`` gets a value embedding: every other block, counted back from the last (nanochat)."""
+        return self.value_embeddings and layer % 2 == (self.n_layer - 1) % 2
 
 
-MODERN_SWITCHES = ("rotary", "norm", "norm_affine", "qk_norm", "activation", "tie_embeddings", "zero_init_proj", "logit_softcap")
+MODERN_SWITCHES = ("rotary", "norm", "norm_affine", "qk_norm", "activation", "tie_embeddings", "zero_init_proj",
+                   "logit_softcap", "value_embeddings")
 
 
 def modern_switches_on(config: GPTConfig) -> list[str]:
@@ -113,10 +129,22 @@ class KVCache:
 
 def _normal_(weight: torch.Tensor, std: float, generator: torch.Generator | None) -> None:
     """``weight ~ N(0, std)`` in place, the draw made on the CPU as if ``weight`` were one whole CPU tensor."""
+    _draw_(weight, lambda t: t.normal_(0.0, std, generator=generator))
+
+
+def _uniform_(weight: torch.Tensor, low: float, high: float, generator: torch.Generator | None) -> None:
+    """``weight ~ U(low, high)`` in place, the draw made on the CPU as if ``weight`` were one whole CPU tensor."""
+    _draw_(weight, lambda t: t.uniform_(low, high, generator=generator))
+
+
+def _draw_(weight: torch.Tensor, draw: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """``draw`` (fills a CPU tensor in place) applied to ``weight``: directly on a plain CPU tensor, else
+    to a whole CPU tensor of its shape copied in, so that every placement gets a CPU build's values."""
     if weight.device.type == "cpu" and not isinstance(weight, DTensor):
-        nn.init.normal_(weight, mean=0.0, std=std, generator=generator)
+        with torch.no_grad():
+            draw(weight)
         return
-    whole = torch.empty(weight.shape, dtype=weight.dtype, device="cpu").normal_(0.0, std, generator=generator)
+    whole = draw(torch.empty(weight.shape, dtype=weight.dtype, device="cpu"))
     if isinstance(weight, DTensor):  # this rank's shard of the whole; every rank draws the same
         whole = distribute_tensor(whole, weight.device_mesh, weight.placements, src_data_rank=None)
     with torch.no_grad():
@@ -142,7 +170,7 @@ def rotate(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, layer: int) -> None:
         super().__init__()
         self.n_head = config.n_head
         self.dropout = config.dropout
@@ -153,30 +181,45 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.c_proj.residual_projection = True  # marks it for the scaled GPT-2 init
         self.resid_dropout = nn.Dropout(config.dropout)
+        self.value_embedding = self.value_gate = None
+        if config.has_value_embedding(layer):
+            # A token's own vector added to its values (one per layer that has one), and a per-head
+            # gate in (0, 3) read off the input's first channels: how much of it each head takes.
+            self.value_embedding = nn.Embedding(config.vocab_size, config.n_embd)
+            self.value_gate = nn.Linear(VALUE_GATE_CHANNELS, config.n_head, bias=False)
+            self.value_gate.gate_init = True  # marks it for its own (positive) init
 
-    def heads(self, x: torch.Tensor, pos: torch.Tensor) -> list[torch.Tensor]:
-        """Queries, keys and values of ``x`` (B, T, C) at positions ``pos`` (T,), each split into heads:
-        3 x (B, nh, T, hs); the queries and keys rotated (``rotary``) then normalized (``qk_norm``)."""
+    def heads(self, x: torch.Tensor, idx: torch.Tensor, pos: torch.Tensor) -> list[torch.Tensor]:
+        """Queries, keys and values of ``x`` (B, T, C), the tokens ``idx`` (B, T) at positions ``pos`` (T,),
+        each split into heads: 3 x (B, nh, T, hs); the values plus the gated value embedding of ``idx``
+        (``value_embeddings``), the queries and keys rotated (``rotary``) then normalized (``qk_norm``)."""
         B, T, C = x.shape  # batch, time, channels (n_embd)
         qkv = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
         q, k, v = [t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in qkv]  # 3 x (B, nh, T, hs)
+        if self.value_embedding is not None:
+            ve = self.value_embedding(idx).to(v.dtype)  # (B, T, C), in the values' dtype (bf16 under autocast)
+            ve = ve.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+            gate = 3 * torch.sigmoid(self.value_gate(x[..., :VALUE_GATE_CHANNELS]))  # (B, T, nh), in (0, 3)
+            v = v + gate.transpose(1, 2).unsqueeze(-1) * ve  # (B, nh, T, hs) + (B, nh, T, 1) * (B, nh, T, hs)
         if self.rotary_base is not None:
             q, k = rotate(q, pos, self.rotary_base), rotate(k, pos, self.rotary_base)  # (B, nh, T, hs)
         if self.qk_norm:
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))  # (B, nh, T, hs)
         return [q, k, v]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.heads(x, torch.arange(T, device=x.device))  # 3 x (B, nh, T, hs)
+        q, k, v = self.heads(x, idx, torch.arange(T, device=x.device))  # 3 x (B, nh, T, hs)
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
         )  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
         return self.resid_dropout(self.c_proj(y))
 
-    def forward_cached(self, x: torch.Tensor, cache: KVCache, pos: torch.Tensor, length: int | None) -> torch.Tensor:
-        """Attention for generation: ``x`` (B, T, C) holds the tokens at positions ``pos`` (T,).
+    def forward_cached(
+        self, x: torch.Tensor, idx: torch.Tensor, cache: KVCache, pos: torch.Tensor, length: int | None
+    ) -> torch.Tensor:
+        """Attention for generation: ``x`` (B, T, C) holds the tokens ``idx`` (B, T) at positions ``pos`` (T,).
 
         T > 1 is a prefill, which starts at position 0: causal attention within ``x``. T == 1 is a
         decode step: the token attends to the cache's first ``length`` positions, or, with
@@ -184,7 +227,7 @@ class CausalSelfAttention(nn.Module):
         ``pos`` masked out.
         """
         B, T, C = x.shape
-        q, k, v = self.heads(x, pos)  # 3 x (B, nh, T, hs): the cache holds rotated keys
+        q, k, v = self.heads(x, idx, pos)  # 3 x (B, nh, T, hs): the cache holds rotated keys, gated values
         cache.store(k, v, pos)
         if T > 1:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
@@ -216,21 +259,24 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, layer: int) -> None:
         super().__init__()
         self.ln_1 = make_norm(config)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, layer)
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """The block on ``x`` (B, T, C), the tokens ``idx`` (B, T) (read only by a value embedding)."""
+        x = x + self.attn(self.ln_1(x), idx)
         return x + self.mlp(self.ln_2(x))
 
-    def forward_cached(self, x: torch.Tensor, cache: KVCache, pos: torch.Tensor, length: int | None) -> torch.Tensor:
+    def forward_cached(
+        self, x: torch.Tensor, idx: torch.Tensor, cache: KVCache, pos: torch.Tensor, length: int | None
+    ) -> torch.Tensor:
         """``forward`` for generation (eval mode: no dropout), through ``cache``: see
         ``CausalSelfAttention.forward_cached``."""
-        x = x + self.attn.forward_cached(self.ln_1(x), cache, pos, length)
+        x = x + self.attn.forward_cached(self.ln_1(x), idx, cache, pos, length)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -251,7 +297,7 @@ class GPT(nn.Module):
                 dict(
                     **layers,
                     drop=nn.Dropout(config.dropout),
-                    h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+                    h=nn.ModuleList(Block(config, layer) for layer in range(config.n_layer)),
                     ln_f=make_norm(config),
                 )
             )
@@ -315,7 +361,9 @@ class GPT(nn.Module):
                 generator.set_state(torch.random.get_rng_state())
 
     def _init_weights(self, module: nn.Module, generator: torch.Generator | None = None) -> None:
-        if isinstance(module, nn.Linear):
+        if isinstance(module, nn.Linear) and getattr(module, "gate_init", False):
+            _uniform_(module.weight, 0.0, 0.02, generator)  # nanochat: small positive, gates start just above 1.5
+        elif isinstance(module, nn.Linear):
             std = 0.02
             if getattr(module, "residual_projection", False):
                 # GPT-2: scale residual projections by 1/sqrt(number of residual additions)
@@ -326,7 +374,7 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.weight)  # drawn first all the same: the other weights keep their draws
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
+        elif isinstance(module, nn.Embedding):  # value embeddings too: drawn as the value weights (nanochat)
             _normal_(module.weight, 0.02, generator)
         elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
             module.reset_parameters()  # gain 1, bias 0: no random numbers
@@ -360,7 +408,7 @@ class GPT(nn.Module):
         recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for block in self.transformer.h:
             # Checkpointed: only the block's input (B, T, C) is kept; the backward runs it again.
-            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)  # (B, T, C)
+            x = checkpoint(block, x, idx, use_reentrant=False) if recompute else block(x, idx)  # (B, T, C)
         return self.head_and_loss(x, targets)
 
     def head_and_loss(
@@ -382,7 +430,7 @@ class GPT(nn.Module):
         B, T = idx.shape
         x = self.embed(idx, torch.arange(T, device=idx.device))  # (B, T, C)
         for block in self.transformer.h:
-            x = block(x)  # (B, T, C)
+            x = block(x, idx)  # (B, T, C)
         x = x.reshape(B * T, -1).index_select(0, positions)  # (N, C)
         return self.logits(x)  # (N, vocab_size)
 
@@ -394,7 +442,7 @@ class GPT(nn.Module):
         starts at 0; a decode step (T == 1) attends to ``length`` cached positions (see the attention's)."""
         x = self.embed(idx, pos)  # (B, T, C)
         for block, cache in zip(self.transformer.h, caches):
-            x = block.forward_cached(x, cache, pos, length)  # (B, T, C)
+            x = block.forward_cached(x, idx, cache, pos, length)  # (B, T, C)
         return self.logits(x[:, -1])  # (B, vocab_size)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:

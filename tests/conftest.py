@@ -16,7 +16,7 @@ TINY_MODEL = dict(n_layer=2, n_head=2, n_embd=32, compile=False)
 # configs/modern-tiny-cpu.yaml's switches as CLI flags, for tests that keep their own config's sizes.
 MODERN_FLAGS = ["--model.bias", "false", "--model.rotary", "true", "--model.norm", "rmsnorm", "--model.norm_affine", "false",
                 "--model.qk_norm", "true", "--model.activation", "relu2", "--model.tie_embeddings", "false",
-                "--model.zero_init_proj", "true", "--model.logit_softcap", "15.0"]
+                "--model.zero_init_proj", "true", "--model.logit_softcap", "15.0", "--model.value_embeddings", "true"]
 
 
 @pytest.fixture(scope="session", autouse=True)

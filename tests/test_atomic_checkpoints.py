@@ -22,7 +22,7 @@ from gpt_lightning.cli import main
 from gpt_lightning.interop.checkpoint import gpt_from_checkpoint, read_checkpoint
 from gpt_lightning.training.checkpoint_io import AtomicCheckpointIO, use_atomic_checkpoints
 
-from conftest import REPO
+from conftest import MODERN_FLAGS, REPO
 
 # The quick start's config shrunk in size and steps, eager. A checkpoint is 19.5 MB (mostly the
 # 50257 x 32 embedding and its AdamW moments); 1 x 16 tokens a step make saving most of a step.
@@ -183,6 +183,24 @@ def kill_during_saves(args: list[str], ckpt: Path, tmp_path: Path, kills: int) -
 def test_a_kill_at_any_moment_of_a_save_leaves_last_ckpt_whole(small_disk, tmp_path):
     logs = small_disk("logs", "128m")
     kill_during_saves(["--trainer.logger.init_args.save_dir", str(logs)], logs / "checkpoints" / "last.ckpt", tmp_path, 1)
+
+
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")
+def test_the_modern_model_killed_during_a_save_resumes_from_last_ckpt(small_disk, tmp_path):
+    """The modern switches (docs/modern.md) with Muon: SIGKILLed at a random moment of its saves, then
+    the same command with --ckpt_path resumes its last.ckpt (architecture, Muon's and the untied
+    groups' state) and trains on. A checkpoint is about 58 MB: the head and a value embedding are
+    tables as large as the embedding, each with its AdamW moments."""
+    logs = small_disk("logs", "160m")  # room for two checkpoints (the one written beside the old)
+    ckpt = logs / "checkpoints" / "last.ckpt"
+    modern = [*MODERN_FLAGS, "--model.optimizer", "muon"]
+    kill_during_saves([*modern, "--trainer.logger.init_args.save_dir", str(logs)], ckpt, tmp_path, 1)
+    step = read_checkpoint(ckpt, weights=False)["global_step"]
+    main(cli(*modern, "--ckpt_path", str(ckpt), "--trainer.max_steps", str(step + 1),
+             "--trainer.logger.init_args.save_dir", str(tmp_path / "resumed"))[3:])
+    (resumed,) = (tmp_path / "resumed").glob("*/version_0/checkpoints/last.ckpt")
+    assert read_checkpoint(resumed, weights=False)["global_step"] == step + 1
+    assert gpt_from_checkpoint(resumed).config.value_embeddings
 
 
 def test_a_kill_during_an_fsdp2_save_leaves_a_folder_that_resumes(small_disk, tmp_path):

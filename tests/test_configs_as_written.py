@@ -31,7 +31,7 @@ AS_WRITTEN = {
               "cosine_decay_steps", "min_lr_ratio", "float32_matmul_precision", "vocab_size", "dropout", "bias",
               "optimizer", "muon_learning_rate", "lr_schedule", "decay_fraction", "embedding_learning_rate",
               "head_learning_rate", "rotary", "norm", "norm_affine", "qk_norm", "activation", "tie_embeddings",
-              "zero_init_proj", "logit_softcap"),
+              "zero_init_proj", "logit_softcap", "value_embeddings"),
 }
 
 

@@ -14,6 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from gpt_lightning.data import gpt2_encoding
 
+from conftest import MODERN_FLAGS
 from ddp_probe import check_one_job_on_two_ranks
 from test_cli import REPO, run_cli
 
@@ -39,7 +40,9 @@ def fit_args(small_text, tmp_path, max_steps=6, log_every_n_steps=1):
 def ddp_run(tmp_path_factory, shakespeare):
     """One launch under Lightning's DDP launcher (2 processes, 8 steps, logging every 4th), whose
     outputs the tests below read: every rank's windows, losses and weights, and the barriers per
-    step. It trains with Muon (the torchrun launch keeps AdamW)."""
+    step. It trains the modern model (configs/modern-tiny-cpu.yaml's switches, value embeddings
+    included) with Muon and the untied embedding's and head's own rates; the torchrun launch keeps
+    GPT-2 and AdamW, as do tests/test_fsdp.py's DDP run and the README's ddp-2-cpu command."""
     tmp_path = tmp_path_factory.mktemp("ddp")
     small_text = tmp_path / "small.txt"
     small_text.write_text(shakespeare[:50_000])
@@ -47,7 +50,8 @@ def ddp_run(tmp_path_factory, shakespeare):
     args = fit_args(small_text, tmp_path, max_steps=8, log_every_n_steps=4)
     result = run_cli(*args, "--trainer.devices", "2", f"--trainer.callbacks+={json.dumps(counter)}",
                      "--checkpoint.every_n_train_steps", "1000", "--model.optimizer", "muon",
-                     "--trainer.gradient_clip_val", "1.0", cwd=tmp_path, env_extra=ENV)
+                     "--trainer.gradient_clip_val", "1.0", *MODERN_FLAGS, "--model.embedding_learning_rate", "0.1",
+                     "--model.head_learning_rate", "0.004", cwd=tmp_path, env_extra=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     return tmp_path, small_text, result
 
@@ -62,7 +66,9 @@ def test_ddp_on_two_cpu_processes(ddp_run):
 
 
 def test_muon_keeps_the_ranks_weights_identical(ddp_run):
-    """Muon orthogonalizes the all-reduced gradients' momentum on each rank: the same update everywhere."""
+    """Muon orthogonalizes the all-reduced gradients' momentum on each rank: the same update everywhere
+    (and every weight of the modern model, value embeddings and gates included, gets a gradient: DDP
+    would stop at an unused one)."""
     tmp_path, _, _ = ddp_run
     ranks = [json.loads((tmp_path / "ranks" / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["optimizer"] for r in ranks] == ["MuonWithAdamW"] * 2

@@ -119,7 +119,7 @@ def test_ddp_needs_no_flag_all_reduce(ddp_run):
 
 
 MODERN_SWITCHES = dict(bias=False, rotary=True, norm="rmsnorm", norm_affine=False, qk_norm=True, activation="relu2",
-                       tie_embeddings=False, zero_init_proj=True, logit_softcap=15.0)
+                       tie_embeddings=False, zero_init_proj=True, logit_softcap=15.0, value_embeddings=True)
 
 
 @pytest.mark.parametrize("switches", [{}, MODERN_SWITCHES], ids=["gpt2", "modern"])
@@ -209,10 +209,15 @@ def test_one_rank_mesh_trains_like_unsharded_and_resumes_exactly(tmp_path, small
     assert "is a folder of shards, written under FSDP2, and only ModelParallelStrategy resumes it" in err
 
 
-def test_activation_checkpointing_keeps_less_and_computes_the_same_gradients():
+@pytest.mark.parametrize("switches", [{}, MODERN_SWITCHES], ids=["gpt2", "modern"])
+def test_activation_checkpointing_keeps_less_and_computes_the_same_gradients(switches):
     torch.manual_seed(0)
     # A small vocabulary, so that the blocks' activations, not the logits, dominate what is kept.
-    model = GPT(GPTConfig(n_layer=4, n_head=2, n_embd=32, block_size=16, vocab_size=128))
+    model = GPT(GPTConfig(n_layer=4, n_head=2, n_embd=32, block_size=16, vocab_size=128, **switches))
+    if switches:  # off the modern init's zeros, so that every weight has a gradient to compare
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
     x = torch.randint(0, model.config.vocab_size, (2, 16))
 
     def backward(checkpointing: bool):
@@ -228,6 +233,7 @@ def test_activation_checkpointing_keeps_less_and_computes_the_same_gradients():
     kept_inputs, grads_recomputed = backward(True)
     assert kept_inputs < kept_all / 4  # the blocks' insides are recomputed, not kept
     for name, grad in grads.items():
+        assert grad.abs().sum() > 0, name
         torch.testing.assert_close(grads_recomputed[name], grad, msg=name)
 
 

@@ -19,9 +19,19 @@ EXAMPLE = hellaswag.Example("A man is sitting on a roof. He", ("starts pulling u
                             "is holding a rubik's cube.", "starts pulling up the roof."), 3)
 
 
-def test_scoring_matches_a_hand_computation():
+# configs/modern-tiny-cpu.yaml's switches (docs/modern.md)
+MODERN = dict(bias=False, rotary=True, norm="rmsnorm", norm_affine=False, qk_norm=True, activation="relu2",
+              tie_embeddings=False, zero_init_proj=True, logit_softcap=15.0, value_embeddings=True)
+
+
+@pytest.mark.parametrize("switches", [{}, MODERN], ids=["gpt2", "modern"])
+def test_scoring_matches_a_hand_computation(switches):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=1, n_head=2, n_embd=16)).eval()
+    model = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=1, n_head=2, n_embd=16, **switches)).eval()
+    if switches:  # off the modern init's zero head and projections, which would score every ending alike
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
     mean, summed = hellaswag.ending_losses(model, hellaswag.make_batch([EXAMPLE], ENCODE, 64))
     context = ENCODE(EXAMPLE.context)
     for i, ending in enumerate(EXAMPLE.endings):
@@ -33,6 +43,7 @@ def test_scoring_matches_a_hand_computation():
                      for j in range(len(ids) - len(context))]
         assert summed[i].item() == pytest.approx(sum(per_token), abs=1e-4)
         assert mean[i].item() == pytest.approx(sum(per_token) / len(per_token), abs=1e-5)
+    assert len(set(summed.tolist())) == 4  # the endings are told apart
 
 
 def model_that_always_says(token: int) -> GPT:

@@ -75,6 +75,9 @@ def test_the_family_is_the_shipped_configs_and_counts_its_parameters():
     C, L, V = 768, 12, 50304
     modern = GPTConfig(vocab_size=V, rotary=True, bias=False, norm="rmsnorm", norm_affine=False, tie_embeddings=False)
     assert parameter_count(modern) == 2 * V * C + L * 12 * C * C  # was counted as GPT-2's, 30% short
+    # Value embeddings: a table and a 12-channel gate per head in every other block (6 of 12).
+    with_tables = GPTConfig(**{**modern.__dict__, "value_embeddings": True})
+    assert parameter_count(with_tables) - parameter_count(modern) == 6 * (V * C + 12 * 12)
 
 
 def test_the_docs_table_is_the_computed_one():

@@ -1,7 +1,8 @@
 """The modern switches (docs/modern.md): GPT-2 is untouched by them, and with them on the model
 compiles without graph breaks, samples from its cache what its forward gives, counts its FLOPs,
-groups its parameters for Muon and exports to safetensors (and not to Hugging Face GPT-2)."""
+groups its parameters for Muon (value embeddings with the embeddings) and exports to safetensors (and not to Hugging Face GPT-2)."""
 
+import dataclasses
 import hashlib
 
 import pytest
@@ -14,7 +15,7 @@ from gpt_lightning.generation import generate
 from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.interop.pretrained import export_hf
 from gpt_lightning.interop.weights import load_gpt
-from gpt_lightning.model import GPT, GPTConfig
+from gpt_lightning.model import GPT, VALUE_GATE_CHANNELS, GPTConfig
 from gpt_lightning.scaling.flops import training_flops
 from gpt_lightning.training.optimizers import build_optimizer, group_settings
 
@@ -22,7 +23,8 @@ from conftest import REPO
 
 SHAPE = dict(block_size=16, vocab_size=128, n_layer=2, n_head=2, n_embd=32)
 MODERN = GPTConfig(**SHAPE, bias=False, rotary=True, norm="rmsnorm", norm_affine=False, qk_norm=True,
-                   activation="relu2", tie_embeddings=False, zero_init_proj=True, logit_softcap=15.0)
+                   activation="relu2", tie_embeddings=False, zero_init_proj=True, logit_softcap=15.0,
+                   value_embeddings=True)
 
 
 def digest(model: torch.nn.Module) -> str:
@@ -62,12 +64,35 @@ def test_the_modern_model_has_its_layers_and_no_others():
     assert logits.abs().max() < 15.0  # the softcap
 
 
+@pytest.mark.parametrize("n_layer, with_value_embedding", [(2, [1]), (3, [0, 2]), (4, [1, 3])])
+def test_value_embeddings_are_in_every_other_block_counting_back_from_the_last(n_layer, with_value_embedding):
+    model = GPT(GPTConfig(**{**SHAPE, "n_layer": n_layer}, value_embeddings=True))
+    attns = [block.attn for block in model.transformer.h]
+    assert [i for i, attn in enumerate(attns) if attn.value_embedding is not None] == with_value_embedding
+    for i in with_value_embedding:
+        assert attns[i].value_embedding.weight.shape == (128, 32) and attns[i].value_gate.weight.shape == (2, 12)
+        gate = attns[i].value_gate.weight
+        assert 0 <= gate.min() and gate.max() <= 0.02 and gate.std() > 0  # nanochat's U(0, 0.02): gates start at ~1.5
+        assert 0.01 < attns[i].value_embedding.weight.std() < 0.03  # drawn as the value weights, N(0, 0.02)
+    # They reach the output: zeroing one table changes the logits.
+    idx = torch.randint(0, 128, (1, 16))
+    before = model(idx)[0]
+    with torch.no_grad():
+        attns[with_value_embedding[-1]].value_embedding.weight.zero_()
+    assert not torch.allclose(model(idx)[0], before)
+
+
 def test_the_modern_model_compiles_without_graph_breaks():
     model = GPT(MODERN)
     idx = torch.randint(0, 128, (2, 16))
     explanation = torch._dynamo.explain(model)(idx, idx)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
+    # compile_scope blocks: each block alone, with a value embedding (block 1) and without (block 0).
+    x = torch.randn(2, 16, 32)
+    for block in model.transformer.h:
+        explanation = torch._dynamo.explain(block)(x, idx)
+        assert explanation.graph_break_count == 0, explanation.break_reasons
 
 
 def test_greedy_cached_tokens_equal_the_uncached_forward_past_block_size():
@@ -80,9 +105,14 @@ def test_greedy_cached_tokens_equal_the_uncached_forward_past_block_size():
     torch.testing.assert_close(model.logits_at(idx, positions), model(idx)[0].reshape(18, -1)[positions])
 
 
-def test_flops_count_the_same_matmuls_as_gpt2_of_the_shape():
+def test_flops_count_gpt2_s_matmuls_of_the_shape_and_the_value_gates():
     # Rotary, norms, ReLU^2 and the softcap are elementwise: the matmuls, attention's included, are GPT-2's.
-    assert training_flops(MODERN, 2, 16) == training_flops(GPTConfig(**SHAPE), 2, 16) > 0
+    without_value_embeddings = dataclasses.replace(MODERN, value_embeddings=False)
+    assert training_flops(without_value_embeddings, 2, 16) == training_flops(GPTConfig(**SHAPE), 2, 16) > 0
+    # A value embedding is a lookup, not a matmul; its gate (12 -> n_head, block 1 only) is one: 2 FLOPs
+    # per multiply-add forward, twice that backward (input and weight gradients).
+    gate = 6 * (2 * 16) * VALUE_GATE_CHANNELS * 2
+    assert training_flops(MODERN, 2, 16) == training_flops(without_value_embeddings, 2, 16) + gate
 
 
 def test_muon_takes_the_blocks_matrices_and_the_embedding_and_head_get_their_own_rates():
@@ -94,9 +124,14 @@ def test_muon_takes_the_blocks_matrices_and_the_embedding_and_head_get_their_own
                                                              if k not in ("optimizer", "tie_embeddings")})
     groups = {g["name"]: g for g in optimizer.param_groups}
     assert list(groups) == ["muon", "embedding", "head", "adamw_no_decay"]
-    assert groups["embedding"]["params"] == [model.transformer.wte.weight] and groups["embedding"]["lr"] == 0.1
+    # The value embedding (block 1) is an embedding: AdamW at the embedding's rate, not Muon.
+    value_embedding = model.transformer.h[1].attn.value_embedding.weight
+    assert groups["embedding"]["params"] == [model.transformer.wte.weight, value_embedding]
+    assert groups["embedding"]["lr"] == 0.1
     assert groups["head"]["params"] == [model.lm_head.weight] and groups["head"]["lr"] == 0.004
-    assert len(groups["muon"]["params"]) == 4 * 2  # c_attn, attn.c_proj, c_fc, mlp.c_proj per block
+    # c_attn, attn.c_proj, c_fc, mlp.c_proj per block, and block 1's value gate (a matrix, Muon's in nanochat)
+    assert len(groups["muon"]["params"]) == 4 * 2 + 1
+    assert any(p is model.transformer.h[1].attn.value_gate.weight for p in groups["muon"]["params"])
     assert [s["lr"] for s in group_settings(hparams)] == [g["lr"] for g in optimizer.param_groups]
     adamw = build_optimizer(model, "adamw", fused=None, **{k: v for k, v in hparams.items()
                                                           if k not in ("optimizer", "tie_embeddings")})
@@ -113,6 +148,7 @@ def test_the_preset_trains_exports_to_safetensors_and_refuses_hf(tmp_path, small
     (ckpt,) = tmp_path.glob("modern-tiny-cpu/version_0/checkpoints/last.ckpt")
     model = gpt_from_checkpoint(ckpt).eval()
     assert model.config.rotary and not model.config.tie_embeddings  # recorded in the checkpoint
+    assert model.config.value_embeddings and model.transformer.h[0].attn.value_embedding is not None  # 1 layer: the last
     main(["export", "--ckpt_path", str(ckpt), "--out", str(tmp_path / "w.safetensors")])
     loaded = load_gpt(tmp_path / "w.safetensors").eval()
     assert loaded.config == model.config

@@ -2,7 +2,8 @@
 and the meta-device build that goes with it (no rank allocates or initializes the whole model).
 
 Each ``Block`` becomes one FSDP unit (its parameters are all-gathered just before it runs and freed
-after), then the root takes what is left: the embeddings (tied to the LM head), the final LayerNorm.
+after; a block's value embedding and gate, ``value_embeddings``, are its own and go with it), then
+the root takes what is left: the embeddings (tied to the LM head), the final LayerNorm.
 Parameters, gradients and AdamW's moments are then split across ranks instead of copied to each.
 ``fully_shard`` works in place, so ``state_dict`` keys stay ``transformer.h.N...``.
 """

@@ -44,7 +44,7 @@ class GPTLightningModule(LightningModule):
         dropout: dropout probability (0 for short runs).
         bias: biases in Linear and LayerNorm layers, as in GPT-2.
         rotary, rotary_base, norm, norm_affine, qk_norm, activation, tie_embeddings, zero_init_proj,
-            logit_softcap: the modern switches, each GPT-2's by default (``GPTConfig`` says what each does
+            logit_softcap, value_embeddings: the modern switches, each GPT-2's by default (``GPTConfig`` says what each does
             and why; docs/modern.md; ``configs/modern-tiny-cpu.yaml`` turns them on).
         optimizer: "adamw": AdamW on every weight. "muon": ``torch.optim.Muon`` (torch >= 2.9) on the
             blocks' 2-D matrices (attention and MLP weights), AdamW (``learning_rate``, ...) on the
@@ -111,6 +111,7 @@ class GPTLightningModule(LightningModule):
         tie_embeddings: bool = DEFAULT_CONFIG.tie_embeddings,
         zero_init_proj: bool = DEFAULT_CONFIG.zero_init_proj,
         logit_softcap: float | None = DEFAULT_CONFIG.logit_softcap,
+        value_embeddings: bool = DEFAULT_CONFIG.value_embeddings,
         optimizer: Literal["adamw", "muon"] = "adamw",
         learning_rate: float = 1e-3,
         weight_decay: float = 0.01,

@@ -36,8 +36,9 @@ UNTIED_GROUPS = ("embedding", "head")
 
 
 def is_embedding(name: str) -> bool:
-    """Whether ``name`` is an input embedding table (``transformer.wte``, ``transformer.wpe``)."""
-    return name.startswith(("transformer.wte.", "transformer.wpe."))
+    """Whether ``name`` is an input embedding table (``transformer.wte``, ``transformer.wpe``, and the
+    blocks' value embeddings ``transformer.h.N.attn.value_embedding``: looked up by token, not multiplied)."""
+    return name.startswith(("transformer.wte.", "transformer.wpe.")) or ".attn.value_embedding." in name
 
 
 def is_head(name: str) -> bool:
@@ -47,9 +48,10 @@ def is_head(name: str) -> bool:
 
 def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
     """Whether Muon updates ``param``: a 2-D weight inside a transformer block (``c_attn``,
-    ``attn.c_proj``, ``c_fc``, ``mlp.c_proj``). The embeddings (and the head tied to ``wte``), the
-    LayerNorm gains and the biases stay on AdamW, as in Keller Jordan's recipe."""
-    return name.startswith("transformer.h.") and param.dim() == 2
+    ``attn.c_proj``, ``c_fc``, ``mlp.c_proj``, a value embedding's gate as in nanochat). The embeddings
+    (the blocks' value embeddings too, and the head tied to ``wte``), the LayerNorm gains and the
+    biases stay on AdamW, as in Keller Jordan's recipe."""
+    return name.startswith("transformer.h.") and param.dim() == 2 and not is_embedding(name)
 
 
 def require_muon() -> None:
