@@ -102,9 +102,11 @@ MODERN_SWITCHES = ("rotary", "norm", "norm_affine", "qk_norm", "activation", "ti
 
 
 def modern_switches_on(config: GPTConfig) -> list[str]:
-    """The modern switches ``config`` sets away from GPT-2's defaults: what Hugging Face GPT-2 cannot hold."""
+    """The modern switches ``config`` sets away from GPT-2's defaults that Hugging Face GPT-2 cannot
+    hold (``zero_init_proj`` changes only the starting weights, not the layout: not one of them)."""
     default = GPTConfig()
-    return [name for name in MODERN_SWITCHES if getattr(config, name) != getattr(default, name)]
+    return [name for name in MODERN_SWITCHES
+            if name != "zero_init_proj" and getattr(config, name) != getattr(default, name)]
 
 
 @dataclass

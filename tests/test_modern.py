@@ -169,3 +169,9 @@ def test_a_switch_with_init_from_or_an_untied_rate_on_a_tied_head_is_refused_in_
         GPTLightningModule(**SHAPE, embedding_learning_rate=0.3)
     with pytest.raises(UserError, match="model.head_learning_rate must be > 0"):
         GPTLightningModule(**SHAPE, tie_embeddings=False, head_learning_rate=0.0)
+
+
+def test_zero_initialized_projections_alone_still_export_to_hugging_face(tmp_path):
+    model = GPT(GPTConfig(**SHAPE, zero_init_proj=True))
+    export_hf(model, tmp_path / "hf")  # only the start differs from GPT-2: the layout is GPT-2's
+    assert (tmp_path / "hf" / "config.json").is_file()
