@@ -85,3 +85,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+def no_room_message(path: Path, needed: int, free: int, estimated: bool = False) -> str:
+    """The one line of a save that the disk has no room for: where, how many bytes, what to do."""
+    bytes_needed = f"about {needed:,} bytes needed, the previous one's size" if estimated else f"{needed:,} bytes needed"
+    return (f"Cannot save the checkpoint {path}: its folder {path.parent} has no room for it ({bytes_needed}, "
+            f"{free:,} free); the previous checkpoint there is kept. Free some space, or save to a disk with room "
+            "(--checkpoint.dirpath).")

@@ -180,17 +180,12 @@ def kill_during_saves(args: list[str], ckpt: Path, tmp_path: Path, kills: int) -
     assert orphans_in(tmp_path / "tmpdir") == []  # nothing orphaned in $TMPDIR
 
 
-def test_a_kill_at_any_moment_of_a_save_leaves_last_ckpt_whole(small_disk, tmp_path):
-    logs = small_disk("logs", "128m")
-    kill_during_saves(["--trainer.logger.init_args.save_dir", str(logs)], logs / "checkpoints" / "last.ckpt", tmp_path, 1)
-
-
 @pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")
-def test_the_modern_model_killed_during_a_save_resumes_from_last_ckpt(small_disk, tmp_path):
-    """The modern switches (docs/modern.md) with Muon: SIGKILLed at a random moment of its saves, then
-    the same command with --ckpt_path resumes its last.ckpt (architecture, Muon's and the untied
-    groups' state) and trains on. A checkpoint is about 58 MB: the head and a value embedding are
-    tables as large as the embedding, each with its AdamW moments."""
+def test_a_kill_at_any_moment_of_a_save_leaves_last_ckpt_whole_and_it_resumes(small_disk, tmp_path):
+    """SIGKILLed at a random moment of its saves, the run leaves a whole last.ckpt, which the same
+    command with --ckpt_path resumes and trains on. The run is the modern model with Muon (docs/modern.md),
+    the largest file checkpoint of the suite (about 58 MB: the head and a value embedding are tables
+    as large as the embedding, each with its AdamW moments), and its architecture and groups resume."""
     logs = small_disk("logs", "160m")  # room for two checkpoints (the one written beside the old)
     ckpt = logs / "checkpoints" / "last.ckpt"
     modern = [*MODERN_FLAGS, "--model.optimizer", "muon"]

@@ -36,22 +36,26 @@ def fit_args(small_text, tmp_path, max_steps=6, log_every_n_steps=1):
     ]
 
 
+# ddp_run's job on 2 processes, which the torchrun restart below runs again.
+MODERN_MUON_JOB = ["--trainer.devices", "2", "--model.optimizer", "muon", "--trainer.gradient_clip_val", "1.0", *MODERN_FLAGS,
+                   "--model.embedding_learning_rate", "0.1", "--model.head_learning_rate", "0.004"]
+
+
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory, shakespeare):
     """One launch under Lightning's DDP launcher (2 processes, 8 steps, logging every 4th), whose
     outputs the tests below read: every rank's windows, losses and weights, and the barriers per
     step. It trains the modern model (configs/modern-tiny-cpu.yaml's switches, value embeddings
-    included) with Muon and the untied embedding's and head's own rates; the torchrun launch keeps
-    GPT-2 and AdamW, as do tests/test_fsdp.py's DDP run and the README's ddp-2-cpu command."""
+    included) with Muon and the untied embedding's and head's own rates, as the torchrun restart
+    does; GPT-2 under DDP: the torchrun two-node launch, tests/test_fsdp.py's DDP run and the
+    README's ddp-2-cpu command."""
     tmp_path = tmp_path_factory.mktemp("ddp")
     small_text = tmp_path / "small.txt"
     small_text.write_text(shakespeare[:50_000])
     counter = {"class_path": "host_reads.BarrierCounter", "init_args": {"out": str(tmp_path / "barriers.json")}}
     args = fit_args(small_text, tmp_path, max_steps=8, log_every_n_steps=4)
-    result = run_cli(*args, "--trainer.devices", "2", f"--trainer.callbacks+={json.dumps(counter)}",
-                     "--checkpoint.every_n_train_steps", "1000", "--model.optimizer", "muon",
-                     "--trainer.gradient_clip_val", "1.0", *MODERN_FLAGS, "--model.embedding_learning_rate", "0.1",
-                     "--model.head_learning_rate", "0.004", cwd=tmp_path, env_extra=ENV)
+    result = run_cli(*args, *MODERN_MUON_JOB, f"--trainer.callbacks+={json.dumps(counter)}",
+                     "--checkpoint.every_n_train_steps", "1000", cwd=tmp_path, env_extra=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     return tmp_path, small_text, result
 
@@ -127,8 +131,7 @@ def test_torchrun_max_restarts_resumes_after_a_rank_dies(ddp_run, tmp_path):
     kill = {"class_path": "ddp_probe.KillRank", "init_args": {"rank": 1, "step": 5}}
     launch = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-         "-m", "gpt_lightning", *fit_args(small_text, tmp_path, max_steps=8, log_every_n_steps=4),
-         "--trainer.devices", "2", "--model.optimizer", "muon", "--trainer.gradient_clip_val", "1.0",
+         "-m", "gpt_lightning", *fit_args(small_text, tmp_path, max_steps=8, log_every_n_steps=4), *MODERN_MUON_JOB,
          "--checkpoint.every_n_train_steps", "2", "--ckpt_path", "last", f"--trainer.callbacks+={json.dumps(kill)}"],
         cwd=tmp_path, env={**os.environ, **ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
         capture_output=True, text=True, timeout=300,

@@ -18,8 +18,7 @@ from typing import Any
 
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from gpt_lightning.atomic import sync_folder
-from gpt_lightning.training.checkpoint_io import no_room_message
+from gpt_lightning.atomic import no_room_message, sync_folder
 from gpt_lightning.errors import UserError
 from gpt_lightning.scaling.dead_rank import PROCESS_GROUP_TIMEOUT
 

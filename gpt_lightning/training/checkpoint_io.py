@@ -23,7 +23,7 @@ from fsspec.implementations.local import LocalFileSystem
 from lightning.pytorch import Trainer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from gpt_lightning.atomic import atomic_output, remove_leftovers
+from gpt_lightning.atomic import atomic_output, no_room_message, remove_leftovers
 from gpt_lightning.errors import UserError
 
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
@@ -63,14 +63,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 raise
             free = shutil.disk_usage(local.parent).free  # measured after the partial file was removed
             raise UserError(no_room_message(local, len(data), free)) from None
-
-
-def no_room_message(path: Path, needed: int, free: int, estimated: bool = False) -> str:
-    """The one line of a save that the disk has no room for: where, how many bytes, what to do."""
-    bytes_needed = f"about {needed:,} bytes needed, the previous one's size" if estimated else f"{needed:,} bytes needed"
-    return (f"Cannot save the checkpoint {path}: its folder {path.parent} has no room for it ({bytes_needed}, "
-            f"{free:,} free); the previous checkpoint there is kept. Free some space, or save to a disk with room "
-            "(--checkpoint.dirpath).")
 
 
 def _local_path(path: str | Path) -> Path | None:
