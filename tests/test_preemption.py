@@ -117,6 +117,7 @@ def test_a_sigterm_during_the_sanity_check_exits_143_with_nothing_to_save(tmp_pa
     started.send_signal(signal.SIGTERM)
     err = finish(started)
     assert started.returncode == 143, err[-3000:]
+    assert "SIGTERM received; stopping before the first training step." in err
     assert "stopped by SIGTERM before this run trained a step: nothing new to save" in err
     assert not list(tmp_path.rglob("*.ckpt"))
 

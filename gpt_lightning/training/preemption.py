@@ -79,8 +79,9 @@ class Preemption(Callback):
             raise KeyboardInterrupt  # Ctrl-C twice: stop now, without a checkpoint
         if not self.signum:
             self.signum = signum
-            print(f"gpt-lightning: {signal.Signals(signum).name} received; saving a checkpoint at the end of "
-                  f"this optimizer step, then stopping.", file=sys.stderr, flush=True)
+            then = ("stopping before the first training step" if self._step < 0 else
+                    "saving a checkpoint at the end of this optimizer step, then stopping")
+            print(f"gpt-lightning: {signal.Signals(signum).name} received; {then}.", file=sys.stderr, flush=True)
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._listen(trainer)
