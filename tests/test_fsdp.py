@@ -3,7 +3,11 @@
 Lightning documents ModelParallelStrategy for GPUs, but its FSDP2 path runs on a CPU mesh too, so
 everything but NCCL and speed is tested here: the plan shards every Block, compiled regions and
 activation checkpointing compose with it, sharded checkpoints resume and load, and 1, 2 and 4
-processes (HSDP) train what DDP trains, 2 micro-batches a step, each rank's collectives counted. FSDP2 over gloo has had a gradient-averaging bug upstream
+processes (HSDP) train what DDP trains, 2 micro-batches a step, each rank's collectives counted. Those
+2- and 4-process runs train the modern model (every switch on, value embeddings included, with AdamW
+and the untied embedding's and head's own rates: Muon is refused under FSDP2); GPT-2 runs on 2 FSDP2
+processes in the NaN test here and in the README's fsdp2-2-cpu command (test_configs_as_written).
+FSDP2 over gloo has had a gradient-averaging bug upstream
 (gradients summed, not averaged, over ranks); AdamW hides a constant gradient scale from the loss
 for a few steps, so every comparison here also checks the logged gradient norm, which would double.
 """
@@ -27,8 +31,9 @@ from gpt_lightning.cli import main
 from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.scaling.sharding import shard_gpt, sharding_mesh
+from gpt_lightning.training.optimizers import is_embedding, is_head
 
-from conftest import REPO, TINY_MODEL
+from conftest import MODERN_FLAGS, REPO, TINY_MODEL
 from test_bad_input import NaNAtStep
 from test_cli import run_cli
 
@@ -42,6 +47,10 @@ VALIDATE = ["--data.val_fraction", "0.1", "--trainer.limit_val_batches", "1", "-
             "--model.val_sample_tokens", "4"]
 
 
+# The modern model of configs/modern-tiny-cpu.yaml, with AdamW: its rates for the untied embedding and head.
+RATES = {"embedding": 0.1, "head": 0.004, "rest": 1e-3}  # the last: model.learning_rate's default
+MODERN = [*MODERN_FLAGS, "--model.embedding_learning_rate", str(RATES["embedding"]),
+          "--model.head_learning_rate", str(RATES["head"])]
 # Two micro-batches per optimizer step: what every GPU recipe does, and where FSDP2 reduces.
 ACCUMULATE = ["--trainer.accumulate_grad_batches", "2"]
 ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}  # the probes' callbacks
@@ -88,11 +97,11 @@ def last_checkpoint(workdir, name):
 
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory, shakespeare):
-    """The reference: 2 DDP processes, eager, 2 rows each, 2 micro-batches a step, 4 steps."""
+    """The reference: 2 DDP processes, eager, 2 rows each, 2 micro-batches a step, 4 steps, the modern model."""
     workdir = tmp_path_factory.mktemp("fsdp")
     (workdir / "small.txt").write_text(shakespeare[:50_000])
     fit(workdir, workdir / "small.txt", "ddp", "--trainer.strategy", "ddp", "--trainer.devices", "2",
-        "--data.batch_size", "2", "--trainer.max_steps", "4", *ACCUMULATE, *VALIDATE, counting(workdir, "ddp"))
+        "--data.batch_size", "2", "--trainer.max_steps", "4", *MODERN, *ACCUMULATE, *VALIDATE, counting(workdir, "ddp"))
     return workdir
 
 
@@ -104,7 +113,11 @@ def assert_trains_like_ddp(workdir, name):
     weights, reference = gpt_from_checkpoint(last_checkpoint(workdir, name)).state_dict(), gpt_from_checkpoint(last_checkpoint(workdir, "ddp")).state_dict()
     assert weights.keys() == reference.keys()
     for key in reference:
-        torch.testing.assert_close(weights[key], reference[key], rtol=0, atol=1e-5, msg=key)
+        # Within 2% of one AdamW step at the weight's own rate: AdamW's m / sqrt(v) turns the summation
+        # order's last bits into part of a step for rows whose gradient is near zero: seen here, the
+        # embeddings (rate 0.1) differ by ~1e-4 where the matrices (1e-3) differ by ~1e-6.
+        rate = RATES["embedding" if is_embedding(key) else "head" if is_head(key) else "rest"]
+        torch.testing.assert_close(weights[key], reference[key], rtol=0, atol=0.02 * rate, msg=key)
 
 
 def assert_no_flag_all_reduce(workdir, name, ranks):
@@ -146,7 +159,7 @@ def test_two_processes_compiled_and_checkpointed_train_like_ddp(ddp_run):
     workdir = ddp_run
     fit(workdir, workdir / "small.txt", "fsdp", *FSDP, "--trainer.devices", "2", "--data.batch_size", "2",
         "--trainer.max_steps", "4", "--model.compile", "true", "--model.compile_scope", "blocks",
-        "--model.activation_checkpointing", "true", *ACCUMULATE, *VALIDATE, counting(workdir, "fsdp"))
+        "--model.activation_checkpointing", "true", *MODERN, *ACCUMULATE, *VALIDATE, counting(workdir, "fsdp"))
     assert_trains_like_ddp(workdir, "fsdp")
     assert logged(workdir, "fsdp", "val/loss") == pytest.approx(logged(workdir, "ddp", "val/loss"), rel=1e-5)
     assert_no_flag_all_reduce(workdir, "fsdp", 2)
@@ -157,6 +170,8 @@ def test_two_processes_compiled_and_checkpointed_train_like_ddp(ddp_run):
     sharded = last_checkpoint(workdir, "fsdp")
     assert sharded.is_dir() and (sharded / "meta.pt").is_file()  # one shard file per rank
     assert len(list(sharded.glob("*.distcp"))) == 2
+    config = gpt_from_checkpoint(sharded).config  # the modern model, its switches recorded in the shards' meta.pt
+    assert (config.rotary, config.tie_embeddings, config.value_embeddings, config.logit_softcap) == (True, False, True, 15.0)
     # What users do with a checkpoint works on the folder as on a file.
     # (In this process: `sample` and `export` read the folder the same way wherever they run.)
     main(["sample", "--ckpt_path", str(sharded), "--max_new_tokens", "5", "--device", "cpu"])
@@ -169,7 +184,7 @@ def test_four_processes_on_a_two_by_two_mesh_train_like_ddp(ddp_run):
     workdir = ddp_run
     fit(workdir, workdir / "small.txt", "hsdp", *FSDP, "--trainer.strategy.init_args.data_parallel_size", "2",
         "--trainer.strategy.init_args.tensor_parallel_size", "2", "--trainer.devices", "4", "--data.batch_size", "1",
-        "--trainer.max_steps", "4", *ACCUMULATE, *VALIDATE, counting(workdir, "hsdp"))
+        "--trainer.max_steps", "4", *MODERN, *ACCUMULATE, *VALIDATE, counting(workdir, "hsdp"))
     assert_trains_like_ddp(workdir, "hsdp")  # same 4 rows a micro-batch as 2 ranks x 2 rows
     assert_no_flag_all_reduce(workdir, "hsdp", 4)
     # Across the replicas ("nodes") once per optimizer step, for each of the 3 units; within a
