@@ -1,4 +1,5 @@
-"""Shared fixtures: a private token cache for the whole session, small texts, tiny configs."""
+"""Shared fixtures: a private token cache for the whole session, small texts, tiny configs; the
+order the test files run in."""
 
 from __future__ import annotations
 
@@ -17,6 +18,35 @@ TINY_MODEL = dict(n_layer=2, n_head=2, n_embd=32, compile=False)
 MODERN_FLAGS = ["--model.bias", "false", "--model.rotary", "true", "--model.norm", "rmsnorm", "--model.norm_affine", "false",
                 "--model.qk_norm", "true", "--model.activation", "relu2", "--model.tie_embeddings", "false",
                 "--model.zero_init_proj", "true", "--model.logit_softcap", "15.0", "--model.value_embeddings", "true"]
+
+
+# The slowest test files (seconds of one worker, measured on 2 cores from an empty compile cache), run
+# first: with `-n auto --dist loadfile` the small files then fill in at the end and both workers end
+# together. xdist's own order (the files with most tests first) left the one-test GPU-run smoke and
+# the README walkthrough for last, with one core idle for a minute.
+SLOWEST_FIRST = (
+    "test_configs_as_written.py",  # 173 s: every config compiled as written
+    "test_fsdp.py",  # 165 s: 2- and 4-process FSDP2
+    "test_gpu_run.py",  # 84 s: benchmarks/gpu_run.sh --dry-run
+    "test_readme.py",  # 81 s
+    "test_ddp.py",  # 80 s: torchrun, restarts
+    "test_cli.py",  # 63 s
+    "test_preemption.py",  # 54 s: signals to DDP and FSDP2 ranks
+    "test_dead_rank.py",  # 46 s, 30 of them waiting on a process-group timeout
+    "test_benchmarks.py",  # 46 s
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep the order below
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    missing = set(SLOWEST_FIRST) - {path.name for path in Path(__file__).parent.glob("test_*.py")}
+    assert not missing, f"conftest.SLOWEST_FIRST names files that are gone: {sorted(missing)}"
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the others keep their order
 
 
 @pytest.fixture(scope="session", autouse=True)
