@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import torch
 import yaml
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
+from lightning.pytorch.callbacks import Checkpoint, LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -153,6 +153,16 @@ def _without_slurm_requeue(plugins: Any) -> list[Any]:
     if not any(isinstance(p, ClusterEnvironment) for p in plugins):
         plugins.append(SLURMEnvironment(auto_requeue=False))
     return plugins
+
+
+def _put_preemption_last(trainer: Trainer) -> None:
+    """``Preemption`` (SIGTERM / Ctrl-C: ``last.ckpt`` at the step reached, exit 143 / 130), the user's
+    or ours, after every other callback Lightning appended (the learning-rate and throughput monitors
+    see the stop step), before the checkpoint callbacks, which Lightning runs last."""
+    preemption = next((c for c in trainer.callbacks if isinstance(c, Preemption)), None) or Preemption()
+    others = [c for c in trainer.callbacks if c is not preemption]
+    at = next((i for i, c in enumerate(others) if isinstance(c, Checkpoint)), len(others))
+    trainer.callbacks = [*others[:at], preemption, *others[at:]]
 
 
 def _is_model_parallel(strategy: Any) -> bool:
@@ -315,7 +325,7 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The trainer, with our validation samples, step-counting progress bar and FLOPs summary
-        unless the user turned those off or brought their own."""
+        unless the user turned those off or brought their own, and ``Preemption``."""
         trainer_config = self.config_section("trainer", default={})
         callbacks = list(kwargs.pop("callbacks", None) or trainer_config.get("callbacks") or [])
         if not any(isinstance(c, ValidationSamples) for c in callbacks):
@@ -324,15 +334,15 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
             callbacks.append(StepProgressBar())
         if trainer_config.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
             callbacks.append(TrainingFlopsSummary())
-        if not any(isinstance(c, Preemption) for c in callbacks):
-            callbacks.append(Preemption())  # SIGTERM / Ctrl-C: last.ckpt at the step reached, exit 143 / 130
         if SLURMEnvironment.detect() and not TorchElasticEnvironment.detect():  # torchrun in an allocation: its ranks
             kwargs["plugins"] = _without_slurm_requeue(trainer_config.get("plugins"))
         try:
-            return super().instantiate_trainer(callbacks=callbacks, **kwargs)
+            trainer = super().instantiate_trainer(callbacks=callbacks, **kwargs)
         except (ValueError, TypeError, ModuleNotFoundError, RuntimeError) as err:
             # Trainer() only validates the trainer settings it was given: the user's.
             raise UserError(f"The trainer settings are not usable here: {err}") from None
+        _put_preemption_last(trainer)
+        return trainer
 
     def before_fit(self) -> None:
         trainer = self.trainer

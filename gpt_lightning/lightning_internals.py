@@ -24,6 +24,8 @@ Lightning:
   flag and reads it on the host before every micro-batch (a collective and a sync each). No setting
   turns it off; ``training/preemption.py`` replaces it on the loop instance with a no-op, as it
   agrees on stopping itself, once per optimizer step.
+- ``trainer.strategy._timeout``: the timeout a DDP / FSDP / model-parallel strategy gave its process
+  group; ``Preemption``'s side group waits as long (no public property says it).
 - ``lightning_utilities.core.rank_zero.log``: the logger rank-zero messages go through, which the CLI
   filters (``quiet_lightning_console``); a module-level name, not exported.
 
@@ -47,11 +49,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+from datetime import timedelta
 from typing import Any, Callable
 
 import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.strategies import DDPStrategy
 
 
 def batches_that_stepped(trainer: Trainer) -> int:
@@ -71,6 +75,11 @@ def batches_started(trainer: Trainer) -> int:
 def skip_sigterm_broadcast(trainer: Trainer) -> None:
     """Lightning's per-micro-batch SIGTERM broadcast and host read, off for this trainer's fit."""
     trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
+
+
+def process_group_timeout(trainer: Trainer) -> timedelta | None:
+    """The timeout of the strategy's process group; None where the strategy has none."""
+    return getattr(trainer.strategy, "_timeout", None)
 
 
 def format_summary_table(*args: Any) -> str:
@@ -154,6 +163,7 @@ CHECKS: dict[str, Callable[[], bool]] = {
         getattr(getattr(Trainer(logger=False).fit_loop.epoch_loop, "batch_progress", None), "current", None), "ready"),
     "fit_loop.epoch_loop._broadcast_sigterm_tensor": lambda: callable(
         getattr(Trainer(logger=False).fit_loop.epoch_loop, "_broadcast_sigterm_tensor", None)),
+    "strategy._timeout": lambda: getattr(DDPStrategy(timeout=timedelta(seconds=7)), "_timeout", None) == timedelta(seconds=7),
     "model_summary._format_summary_table": lambda: _present(
         __import__("lightning.pytorch.utilities.model_summary.model_summary", fromlist=["_"]), "_format_summary_table"),
     "LightningCLI._parse_ckpt_path": lambda: _present(LightningCLI, "_parse_ckpt_path"),

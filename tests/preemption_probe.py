@@ -1,7 +1,8 @@
-"""A callback the preemption tests attach through the CLI: each rank appends ``global_step batch_idx``
-to a file as every micro-batch starts (the test signals the process when it sees a chosen one), then
-waits a little, so that a signal sent then lands inside that micro-batch; the sanity check's batches
-likewise, to ``rank{N}-sanity.log``."""
+"""Callbacks the preemption tests attach through the CLI. ``MicroBatchLog``: each rank appends
+``global_step batch_idx pid`` to a file as every micro-batch starts (the test signals the process when
+it sees a chosen one), then waits a little, so that the signal lands inside that micro-batch; the
+sanity check's batches likewise, to ``rank{N}-sanity.log``. ``HoldAt``: each rank waits at a chosen
+moment of the fit's start until the test lets it go, and records how the fit ended."""
 
 import os
 import time
@@ -27,3 +28,43 @@ class MicroBatchLog(Callback):
             with open(self.out_dir / f"rank{trainer.global_rank}-sanity.log", "a") as f:
                 f.write(f"{batch_idx} {os.getpid()}\n")
             time.sleep(self.pause)
+
+
+class HoldAt(Callback):
+    """At ``moment`` (``restore``: the checkpoint's restore; ``sanity``: the sanity check's first
+    batch) each rank writes its pid to ``out_dir/{moment}-rank{N}`` and waits until ``out_dir/go``
+    exists, so that a signal sent meanwhile lands there. ``exit-rank{N}`` records the exception the
+    fit ended with and its exit code."""
+
+    def __init__(self, out_dir: str, moment: str) -> None:
+        self.out_dir = Path(out_dir)
+        self.moment = moment
+
+    def _hold(self, trainer) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / f"{self.moment}-rank{trainer.global_rank}").write_text(str(os.getpid()))
+        deadline = time.monotonic() + 120
+        while not (self.out_dir / "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint):
+        if self.moment == "restore":
+            self._hold(trainer)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if self.moment == "sanity" and trainer.sanity_checking and batch_idx == 0:
+            self._hold(trainer)
+
+    def on_exception(self, trainer, pl_module, exception):
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        record = f"{type(exception).__name__} {getattr(exception, 'code', None)}"
+        (self.out_dir / f"exit-rank{trainer.global_rank}").write_text(record)
+
+
+class NoGlooInterface(Callback):
+    """Names a network interface that does not exist for gloo once the run's own process group is
+    up: the next gloo group (``Preemption``'s) cannot be formed, as on a host whose name resolves to
+    no address the other nodes reach."""
+
+    def setup(self, trainer, pl_module, stage):
+        os.environ["GLOO_SOCKET_IFNAME"] = "nonexistent0"

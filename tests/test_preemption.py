@@ -14,9 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from gpt_lightning import GPTLightningModule, Preempted, Preemption, TokenStreamDataModule
 from gpt_lightning.cli import main
 
-from conftest import REPO
+from conftest import REPO, TINY_MODEL
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
 # configs/tiny-cpu.yaml (bf16-mixed) shrunk in size and steps; 3 micro-batches of 2 x 16 a step.
@@ -96,12 +100,61 @@ def test_ctrl_c_mid_accumulation_saves_the_step_and_the_same_command_resumes_exa
     ckpt = last_ckpt(tmp_path, "job", 0)
     assert f"stopped by {signal.Signals(signum).name} at step 3; saved {ckpt}" in err
     assert load(ckpt)["global_step"] == 3  # the step in flight finished (its third micro-batch ran) and was saved
+    # The stopped segment's throughput, its last step included (Preemption runs after the monitor).
+    assert json.loads((tmp_path / "job" / "version_0" / "throughput.json").read_text())["measured_steps"] == 3
     main(job)  # the job's requeue: the very same command
     resumed = load(last_ckpt(tmp_path, "job", 1))
     expected = load(uninterrupted)
     assert resumed["global_step"] == expected["global_step"] == 6
     differ = [k for k in expected["state_dict"] if not torch.equal(expected["state_dict"][k], resumed["state_dict"][k])]
     assert not differ, differ
+
+
+class SignalDuringSave(Callback):
+    """Sends SIGTERM to this process while the checkpoint of step ``step`` is saved; lists the steps saved."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.saves = step, []
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        self.saves.append(trainer.global_step)
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_reused_preemption_does_not_save_a_step_twice_and_forgets_its_stop(tmp_path, small_text):
+    """A plain Trainer, as in a notebook. A SIGTERM during the periodic save of step 2 stops there,
+    without writing step 2 again (before: a second full save at step 3, inside the grace period).
+    The handlers go back to what they were; the same callback in a second fit trains (before: it
+    stopped that fit at once)."""
+    preemption, heard = Preemption(), []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: heard.append(signum))
+
+    def fit(*callbacks):
+        checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_last=True, save_top_k=0)
+        trainer = Trainer(accelerator="cpu", max_steps=4, logger=False, limit_val_batches=0, enable_progress_bar=False,
+                          enable_model_summary=False, callbacks=[*callbacks, preemption, checkpoint])
+        trainer.fit(GPTLightningModule(**TINY_MODEL, block_size=32), TokenStreamDataModule(str(small_text), batch_size=2,
+                                                                                             block_size=32))
+        return trainer
+
+    try:
+        probe = SignalDuringSave(step=2)
+        with pytest.raises(Preempted) as stopped:
+            fit(probe)
+        assert (stopped.value.code, stopped.value.step, stopped.value.ckpt_path) == (143, 2, str(tmp_path / "last.ckpt"))
+        assert probe.saves == [2]
+        assert load(tmp_path / "last.ckpt")["global_step"] == 2
+        os.kill(os.getpid(), signal.SIGINT)  # the fit is over: the handler from before it hears this
+        time.sleep(0.01)
+        assert heard == [signal.SIGINT]
+        assert fit().global_step == 4
+        assert signal.getsignal(signal.SIGINT) is not preemption._handle
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        assert heard == [signal.SIGINT] * 2
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_sigterm_during_the_sanity_check_exits_143_with_nothing_to_save(tmp_path):
@@ -122,22 +175,76 @@ def test_a_sigterm_during_the_sanity_check_exits_143_with_nothing_to_save(tmp_pa
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
-def test_a_sigterm_to_one_ddp_rank_stops_both_at_one_step_with_no_per_micro_batch_sync(tmp_path):
+# Two DDP processes (gloo), one micro-batch of 2 x 16 tokens per rank and step.
+DDP2 = [*TINY, "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.precision", "32-true",
+        "--data.tokens_per_step", "64", "--trainer.max_steps", "3"]
+
+
+@pytest.fixture(scope="module")
+def step_1(tmp_path_factory) -> Path:
+    """A checkpoint at step 1 to resume from, made once, on one process."""
+    root = tmp_path_factory.mktemp("step1")
+    main([*TINY, "--data.tokens_per_step", "64", "--trainer.max_steps", "1", "--trainer.logger.init_args.save_dir",
+          str(root), "--trainer.logger.init_args.name", "s1"])
+    return last_ckpt(root, "s1", 0)
+
+
+@pytest.mark.parametrize("moment", ["restore", "sanity"])
+@pytest.mark.parametrize("ranks", [(0,), (1,), (0, 1)], ids=["rank0", "rank1", "both"])
+def test_a_sigterm_while_ddp_ranks_start_stops_every_rank_at_train_start(tmp_path, step_1, moment, ranks):
+    """Each rank is held at the moment (the probe) while the test signals some of them. Before, a
+    signal during the restore killed that rank (no handler yet: the job exited 137, or rank 0's death
+    left rank 1 hanging), and one during the sanity check stopped only the rank that got it."""
+    hold = {"class_path": "preemption_probe.HoldAt", "init_args": {"out_dir": str(tmp_path / "hold"), "moment": moment}}
+    at = (["--ckpt_path", str(step_1)] if moment == "restore" else
+          ["--trainer.limit_val_batches", "1", "--trainer.num_sanity_val_steps", "1"])
+    started = launch([*DDP2, *at, "--trainer.logger.init_args.save_dir", str(tmp_path),
+                      f"--trainer.callbacks+={json.dumps(hold)}"], cwd=tmp_path)
+    marks = [tmp_path / "hold" / f"{moment}-rank{rank}" for rank in range(2)]
+    deadline = time.monotonic() + 300
+    while not all(mark.exists() for mark in marks) and started.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for rank in ranks:
+        os.kill(int(marks[rank].read_text()), signal.SIGTERM)
+    time.sleep(0.3)  # handled while held
+    (tmp_path / "hold" / "go").touch()
+    released = time.monotonic()
+    err = finish(started, within=60)
+    assert started.returncode == 143, err[-3000:]
+    assert time.monotonic() - released < 30
+    assert err.count("stopped by SIGTERM before this run trained a step: nothing new to save") == 1, err[-3000:]
+    for rank in ranks:
+        assert f"SIGTERM received (rank {rank}); stopping before the first training step." in err
+    assert [(tmp_path / "hold" / f"exit-rank{rank}").read_text() for rank in range(2)] == ["Preempted 143"] * 2
+
+
+@pytest.mark.parametrize("side_group", [True, False], ids=["side-group", "no-side-group"])
+def test_a_sigterm_to_one_ddp_rank_stops_both_at_one_step_with_no_per_micro_batch_sync(tmp_path, side_group):
     """2 processes (gloo), 2 micro-batches a step, SIGTERM to rank 1 only (Lightning's launcher's child).
     Both stop at the same optimizer step, one consistent last.ckpt is written, rank 0 exits 143; and no
     step broadcasts or reads anything back: one CPU all-reduce of the stop flag per optimizer step.
-    Lightning alone broadcast a flag and read it on the host at every micro-batch, and exited 0."""
+    Lightning alone broadcast a flag and read it on the host at every micro-batch, and exited 0.
+    Where gloo cannot form Preemption's own group, the run says so in one line and agrees over its
+    default group (before, it ended at train start with gloo's traceback)."""
     counter = {"class_path": "host_reads.CollectiveCounter", "init_args": {"out_dir": str(tmp_path / "counts")}}
     job = [*TINY, "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.precision", "32-true",
            "--data.tokens_per_step", "128", "--trainer.max_steps", "20", "--trainer.log_every_n_steps", "1000",
            "--checkpoint.every_n_train_steps", "1000", "--trainer.logger.init_args.save_dir", str(tmp_path),
            "--trainer.logger.init_args.name", "job", "--ckpt_path", "last", probe(tmp_path / "steps"),
            f"--trainer.callbacks+={json.dumps(counter)}"]
+    if not side_group:
+        job.append(f"--trainer.callbacks+={json.dumps({'class_path': 'preemption_probe.NoGlooInterface'})}")
     started = launch(job, cwd=tmp_path)
     signal_during(started, tmp_path / "steps" / "rank1.log", step=3, micro=1, signum=signal.SIGTERM,
                   pid_of=lambda pid: pid, per_step=2)
     err = finish(started)
     assert started.returncode == 143, err[-3000:]
+    fallback = [line for line in err.splitlines() if "could not form the CPU (gloo) group" in line]
+    if side_group:
+        assert not fallback
+    else:
+        assert len(fallback) == 1 and "Unable to find address for: nonexistent0" in fallback[0], err[-3000:]
+        assert "agreeing over the run's own process group instead" in fallback[0]
     records = [json.loads((tmp_path / "counts" / f"rank{r}.json").read_text()) for r in range(2)]
     # Flags posted at the end of step 3 (global_step 4) are read at the end of the next: both stop there.
     assert [r["steps"] for r in records] == [5, 5]

@@ -319,6 +319,10 @@ class ThroughputMonitor(Callback):
             path = Path(log_dir) / self.filename
             atomic_write_bytes(path, (json.dumps(s, indent=2) + "\n").encode())
 
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, SystemExit) and getattr(self, "_step_index", 0):  # stopped on a signal (Preempted)
+            self.on_train_end(trainer, pl_module)  # every rank stops at the same step: the summary's reduces match
+
     # --- arithmetic ------------------------------------------------------------------------------
     def _measure_flops_per_token(self, pl_module: LightningModule, batch: Any, tokens: int) -> float | None:
         flops = self.flops_per_batch

@@ -2,10 +2,9 @@
 flight, save ``last.ckpt`` there, and stop with exit code 143 (SIGTERM) or 130 (SIGINT).
 
 Lightning 2.6 alone turns SIGTERM into a ``SystemExit(0)`` at the next batch with no checkpoint, and
-under DDP broadcasts a flag and reads it on the host before every micro-batch. This callback replaces
-Lightning's handler for the fit (Lightning restores the previous handlers when the fit ends), turns
-that per-micro-batch broadcast off, and agrees between ranks once per optimizer step over a CPU (gloo)
-process group of its own: no device work and no device-to-host read.
+under DDP broadcasts a flag and reads it on the host before every micro-batch. This callback handles
+the signals from the fit's ``setup`` on, turns that broadcast off, and agrees between ranks once per
+optimizer step over a CPU (gloo) process group of its own: no device work and no device-to-host read.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from types import FrameType
 from typing import Any
 
@@ -23,22 +23,24 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from gpt_lightning.lightning_internals import skip_sigterm_broadcast
+from gpt_lightning.lightning_internals import process_group_timeout, skip_sigterm_broadcast
+from gpt_lightning.scaling.dead_rank import PROCESS_GROUP_TIMEOUT
 
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# How long a rank whose side group failed at once waits before agreeing over the default group, so
+# that ranks still waiting in the group's creation (up to its timeout) get there before it gives up.
+_FAILED_EARLY_WAIT_S = 5.0
 
 
 class Preempted(SystemExit):
-    """Raised out of ``trainer.fit`` once the checkpoint is saved. Uncaught, the process exits with
-    ``code`` = 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), as a process the signal
-    had killed reports it, so a job script can tell a stop from a finished run and requeue.
+    """Raised out of ``trainer.fit`` once the checkpoint is saved; exit code 128 + the signal's number
+    (143 for SIGTERM, 130 for SIGINT), so a job script can tell a stop from a finished run.
 
     Args:
         signum: the signal that stopped the run.
-        ckpt_path: the checkpoint saved at the step reached; None when the signal came before this
-            fit trained a step (there was nothing new to save).
+        ckpt_path: the checkpoint of the step reached; None when no step was trained.
         step: that step (``trainer.global_step``).
     """
 
@@ -48,17 +50,14 @@ class Preempted(SystemExit):
 
 
 class Preemption(Callback):
-    """Saves ``last.ckpt`` at the end of the optimizer step during which SIGTERM or SIGINT arrived
-    (a signal mid-accumulation lets that step's remaining micro-batches run first, so the resume is
-    exact), then raises ``Preempted``. A second Ctrl-C interrupts at once, as without this callback.
+    """Saves ``last.ckpt`` at the end of the optimizer step during which SIGTERM or SIGINT arrived,
+    then raises ``Preempted``. A second Ctrl-C interrupts at once.
 
-    With several processes a signal may reach every rank or only one: each rank posts its flag in a
-    non-blocking all-reduce (MAX) at the end of every optimizer step and reads the result at the end
-    of the next one, so all ranks stop at the same step, one step after the signal, without waiting.
-    A signal before the first step (the checkpoint's restore, the sanity check) stops the run at
-    train start with nothing saved. One during a validation is acted on at the end of the next
-    optimizer step; the validation due at the step where the run stops is not redone by the resume.
-    List it after your other callbacks, so they see the saved step's ``on_train_batch_end`` too.
+    A signal during the checkpoint's restore or the sanity check is recorded, and the run stops at
+    train start with nothing saved; with several processes the ranks agree at each step's end and
+    stop one step later, all at the same one. A signal during a save of the step just trained stops
+    the run there without saving it again. List it after your other callbacks, so they see the
+    saved step's ``on_train_batch_end`` too.
 
     Args:
         dirpath: folder of the ``last.ckpt`` written; default: that of the trainer's
@@ -67,80 +66,186 @@ class Preemption(Callback):
 
     def __init__(self, dirpath: str | None = None) -> None:
         self.dirpath = dirpath
-        self.signum = 0  # the first stop signal received by this process, 0: none
-        self._step = -1
-        self._group: Any = None
-        self._flag = np.zeros(1, dtype=np.int32)  # shared with the all-reduce's CPU tensor: read without a dispatch
-        self._pending: Any = None
+        self.signum = 0  # the first stop signal this process received during the fit, 0: none
+        self._previous: dict[int, Any] = {}  # the handlers ours replaced, put back when the fit ends
+        self._armed = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.signum = 0
+        self._announced = False
+        self._step = -1  # the optimizer step last seen ending; -1 before training starts
+        self._between_steps = False  # an optimizer step has just ended and the next not yet started
+        self._saved_step = -1  # the step of the last checkpoint saved between steps
+        self._several = False  # whether the ranks agree (several processes)
+        self._group: Any = None  # the gloo side group; None: the default group
+        self._flag = np.zeros(1, dtype=np.int32)  # shared with the CPU flag tensor: read without a dispatch
+        self._flag_tensor = torch.from_numpy(self._flag)
+        self._pending: Any = None  # the all-reduce posted at the end of the last step
 
     # --- signals ------------------------------------------------------------------------------------
-    def _handle(self, signum: int, _: FrameType | None) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        """Only records: the loop says so and acts (a write here could meet tqdm's mid-line)."""
+        if not self._armed:  # the fit is over (Lightning put this handler back): the previous one's turn
+            previous = self._previous.get(signum) or signal.SIG_DFL
+            signal.signal(signum, previous)
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)
+            return
         if signum == signal.SIGINT and self.signum == signal.SIGINT:
             raise KeyboardInterrupt  # Ctrl-C twice: stop now, without a checkpoint
-        if not self.signum:
-            self.signum = signum
-            then = ("stopping before the first training step" if self._step < 0 else
-                    "saving a checkpoint at the end of this optimizer step, then stopping")
-            print(f"gpt-lightning: {signal.Signals(signum).name} received; {then}.", file=sys.stderr, flush=True)
+        self.signum = self.signum or signum
+
+    def _install(self) -> None:
+        for signum in STOP_SIGNALS:
+            try:
+                previous = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread: signals cannot be handled here
+                continue
+            if previous != self._handle and not self._armed:
+                self._previous[signum] = previous
+
+    def _release(self) -> None:
+        self._armed = False
+        for signum, previous in self._previous.items():
+            if signal.getsignal(signum) == self._handle:
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit":  # before the checkpoint's restore
+            self._reset()
+            self._install()
+            self._armed = True
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._release()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._release()
+
+    def _listen(self, trainer: Trainer) -> None:
+        """Ours again in place of Lightning's handler, registered after the restore (which would end
+        the fit with exit code 0, and under DDP broadcast from inside the handler)."""
+        if trainer.received_sigterm and not self.signum:
+            self.signum = signal.SIGTERM
+        self._install()
+
+    def _announce(self, trainer: Trainer, in_step: bool = True) -> None:
+        """Says once, from the loop, what the recorded signal will do."""
+        if not self.signum or self._announced:
+            return
+        self._announced = True
+        which = ["this", "the next", "the one after next"][int(not in_step) + int(self._several)]
+        then = ("stopping before the first training step" if self._step < 0 else
+                f"saving a checkpoint at the end of {which} optimizer step, then stopping")
+        rank = f" (rank {trainer.global_rank})" if trainer.world_size > 1 else ""
+        print(f"gpt-lightning: {signal.Signals(self.signum).name} received{rank}; {then}.", file=sys.stderr, flush=True)
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._listen(trainer)
-        if self.signum:  # Lightning's handler took it: its evaluation loop would exit 0 at the first batch
-            self._stop(trainer, self.signum, save=False)
+        self._announce(trainer)
 
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._listen(trainer)
-        self._step = trainer.global_step
-        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
-            skip_sigterm_broadcast(trainer)
-            self._group = dist.new_group(backend="gloo")  # every rank calls it, in the same order
-            self._pending = None
-        signum = self._agreed_now()
-        if signum:  # during the sanity check or the restore: no step of this fit to save
-            self._stop(trainer, signum, save=False)
-
-    def _listen(self, trainer: Trainer) -> None:
-        """Our handlers in place of Lightning's (registered just before the sanity check), which would
-        end the fit with exit code 0 and no checkpoint; a SIGTERM Lightning's handler caught counts."""
-        if trainer.received_sigterm and not self.signum:
-            self.signum = signal.SIGTERM
-        for signum in STOP_SIGNALS:
-            try:
-                signal.signal(signum, self._handle)
-            except ValueError:  # not the main thread: signals cannot be handled here
-                pass
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._announce(trainer, in_step=False)
 
     # --- agreeing and stopping ----------------------------------------------------------------------
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._listen(trainer)
+        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+            skip_sigterm_broadcast(trainer)
+            self._several = True
+            self._group = self._side_group(trainer)
+            if self._group is None and trainer.strategy.root_device.type != "cpu":
+                self._flag_tensor = torch.zeros(1, dtype=torch.int32, device=trainer.strategy.root_device)
+        signum = self._agreed_now()  # every rank, whatever it received before this point
+        self._announce(trainer)
+        self._step = trainer.global_step
+        if signum:
+            self._stop(trainer, signum, save=False)
+
+    def _side_group(self, trainer: Trainer) -> Any:
+        """A gloo group for the per-step flag, with the run's timeout; None, said in one line, where
+        a rank cannot form it (gloo finds no usable interface): the default group is used then."""
+        timeout = process_group_timeout(trainer) or PROCESS_GROUP_TIMEOUT
+        trainer.strategy.barrier("preemption-group")  # every rank starts waiting for the others together
+        started, group, error = time.monotonic(), None, None
+        try:
+            group = dist.new_group(backend="gloo", timeout=timeout)
+        except RuntimeError as err:  # DistError included
+            error = err
+            if time.monotonic() - started < timeout.total_seconds() / 2:
+                time.sleep(_FAILED_EARLY_WAIT_S)  # others may still be waiting for this rank
+        world, rank = trainer.world_size, trainer.global_rank
+        # The reporter: the lowest rank that failed of itself, else the lowest that failed waiting.
+        key = 2 * world if error is None else (world if isinstance(error, dist.DistStoreError) else 0) + rank
+        agreed = torch.tensor([key], dtype=torch.int64, device=trainer.strategy.root_device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # once: a host read at train start
+        if int(agreed.item()) == 2 * world:
+            return group
+        if error is not None and int(agreed.item()) == key:
+            reason = " ".join(str(error).split())[:300]
+            print(f"gpt-lightning: rank {rank} could not form the CPU (gloo) group that agrees on stopping "
+                  f"({type(error).__name__}: {reason}); agreeing over the run's own process group instead "
+                  "(one small all-reduce and host read per optimizer step). Set GLOO_SOCKET_IFNAME to the "
+                  "network interface the nodes reach each other by (docs/resume.md).", file=sys.stderr, flush=True)
+        return None
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._announce(trainer)
+        if self._between_steps and self._just_saved(trainer):  # a save has brought every rank here
+            signum = self._agreed_now()
+            if signum:
+                self._stop(trainer, signum)
+        self._between_steps = False
+
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        self._announce(trainer)
         if trainer.global_step == self._step:
             return  # mid-accumulation: the optimizer step is not done yet
         self._step = trainer.global_step
-        signum = self._agreed_signal()
+        self._between_steps = True
+        signum = self._agreed_now() if self._just_saved(trainer) else self._agreed_signal()
         if signum:
             self._stop(trainer, signum)
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        between = self._between_steps or 0 <= self._step != trainer.global_step  # a callback before this one
+        self._saved_step = trainer.global_step if between else -1
+
+    def _post(self) -> None:
+        if self._flag_tensor.is_cpu:
+            self._flag[0] = self.signum
+        else:
+            self._flag_tensor.fill_(self.signum)
+        self._pending = dist.all_reduce(self._flag_tensor, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+
+    def _read(self) -> int:
+        self._pending.wait()
+        self._pending = None
+        return int(self._flag[0]) if self._flag_tensor.is_cpu else int(self._flag_tensor.item())
 
     def _agreed_signal(self) -> int:
         """The signal every rank acts on now: this process's own with one process; with several, the
         largest posted by any rank at the previous optimizer step (the all-reduce had a step to run)."""
-        if self._group is None:
+        if not self._several:
             return self.signum
-        agreed = 0
-        if self._pending is not None:
-            self._pending.wait()
-            agreed = int(self._flag[0])
-        self._flag[0] = self.signum
-        self._pending = dist.all_reduce(torch.from_numpy(self._flag), op=dist.ReduceOp.MAX, group=self._group,
-                                        async_op=True)
+        agreed = self._read() if self._pending is not None else 0
+        self._post()
         return agreed
 
     def _agreed_now(self) -> int:
-        """The largest signal any rank has received, waiting for every rank: once, at train start."""
-        if self._group is None:
+        """The largest signal any rank has received, waiting for every rank."""
+        if not self._several:
             return self.signum
-        flag = torch.tensor([self.signum], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
-        return int(flag.item())  # a CPU tensor: no device read
+        if self._pending is not None:
+            self._read()
+        self._post()
+        return self._read()
 
     def last_path(self, trainer: Trainer) -> str:
         """Where the checkpoint goes: ``last.ckpt`` beside the trainer's ``ModelCheckpoint`` files."""
@@ -151,9 +256,16 @@ class Preemption(Callback):
                 return os.path.join(callback.dirpath, callback.CHECKPOINT_NAME_LAST + callback.FILE_EXTENSION)
         return os.path.join(trainer.default_root_dir, "checkpoints", "last.ckpt")
 
+    def _just_saved(self, trainer: Trainer) -> bool:
+        """Whether a ``ModelCheckpoint`` has just written this step to ``last_path``."""
+        path = os.path.abspath(self.last_path(trainer))
+        return self._saved_step == trainer.global_step and any(
+            isinstance(c, ModelCheckpoint) and c.last_model_path and os.path.abspath(c.last_model_path) == path
+            for c in trainer.checkpoint_callbacks)
+
     def _stop(self, trainer: Trainer, signum: int, save: bool = True) -> None:
         path = self.last_path(trainer) if save else None
-        if path is not None:
+        if path is not None and not self._just_saved(trainer):
             trainer.save_checkpoint(path, weights_only=False)  # every rank: a collective under FSDP2
         if trainer.is_global_zero:
             name = signal.Signals(signum).name
@@ -167,5 +279,4 @@ class Preemption(Callback):
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._pending is not None:  # every rank posted the same number of flags: this returns
-            self._pending.wait()
-            self._pending = None
+            self._read()
