@@ -85,7 +85,7 @@ class Preemption(Callback):
 
     # --- signals ------------------------------------------------------------------------------------
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        """Only records: the loop says so and acts (a write here could meet tqdm's mid-line)."""
+        """Only records; the loop prints and acts (a write to stderr here can fail when it interrupts tqdm's)."""
         if not self._armed:  # the fit is over (Lightning put this handler back): the previous one's turn
             previous = self._previous.get(signum) or signal.SIG_DFL
             signal.signal(signum, previous)
@@ -190,7 +190,7 @@ class Preemption(Callback):
             reason = " ".join(str(error).split())[:300]
             print(f"gpt-lightning: rank {rank} could not form the CPU (gloo) group that agrees on stopping "
                   f"({type(error).__name__}: {reason}); agreeing over the run's own process group instead "
-                  "(one small all-reduce and host read per optimizer step). Set GLOO_SOCKET_IFNAME to the "
+                  "(under NCCL, one small all-reduce and host read per optimizer step). Set GLOO_SOCKET_IFNAME to the "
                   "network interface the nodes reach each other by (docs/resume.md).", file=sys.stderr, flush=True)
         return None
 
