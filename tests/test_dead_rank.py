@@ -11,6 +11,10 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+from lightning.pytorch import Callback
 
 from gpt_lightning.lightning_cli import GPTLightningCLI
 
@@ -59,14 +63,76 @@ def test_a_strategy_by_name_waits_10_minutes_and_a_timeout_given_wins(in_process
         assert cli.trainer.strategy._timeout == expected, strategy  # what init_process_group gets
 
 
-def test_a_launch_that_fails_by_itself_is_not_blamed_on_another_rank():
+# What the collectives raise, in the shapes torch and gloo give them. A gone peer: gloo a moment after
+# a rank was SIGKILLed (as measured), gloo at the timeout of a rank that hangs, NCCL's remote error.
+GLOO_CLOSED = "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:51911. " \
+              "This is typically caused by a remote worker crashing. Check the logs of the remote worker before reporting an error."
+GLOO_TIMED_OUT = "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 30000ms for recv operation to complete"
+NCCL = "NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, {}, NCCL version 2.26.2\n{}\nLast error:\n{}"
+
+
+def real_errors():
+    """Errors of a broken run, not of a gone peer: each must keep its traceback."""
+    import torch
     import torch.distributed as dist
 
-    from gpt_lightning.scaling.dead_rank import peer_went_away, went_away_message
+    try:  # rank 0's store at startup, the other rank never joining: raised for real
+        dist.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, timeout=timedelta(seconds=1), wait_for_workers=True)
+    except dist.DistStoreError as err:
+        startup = err
+    return [
+        dist.DistBackendError(NCCL.format("invalid usage (run with NCCL_DEBUG=WARN for details)",
+                                          "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.",
+                                          "Invalid config blocking attribute value -2147483648")),
+        dist.DistBackendError(NCCL.format("unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+                                          "ncclUnhandledCudaError: Call to CUDA function failed.", "Cuda failure 2 'out of memory'")),
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.53 GiB. GPU 0 has a total capacity of 79.10 GiB of "
+                               "which 1.02 GiB is free. Of the allocated memory 75.20 GiB is allocated by PyTorch."),
+        startup,
+        dist.DistNetworkError("The server socket has failed to listen on any local network address. port: 29500, "
+                              "useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"),
+        RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:144] connect [127.0.1.1]:40523: Connection refused"),
+    ]
 
-    taken = dist.DistNetworkError("The server socket has failed to listen on any local network address. "
-                                  "port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
-    assert not peer_went_away(taken)  # its own traceback says what to fix
-    gone = dist.DistBackendError("NCCL communicator was aborted on rank 0.\nmore")
-    assert peer_went_away(gone)
-    assert "(DistBackendError: NCCL communicator was aborted on rank 0.)" in went_away_message(gone)
+
+def test_real_errors_keep_their_traceback_even_after_training_started(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    from gpt_lightning.scaling.dead_rank import PeerGoneReport, exit_if_peer_went_away, peer_went_away
+
+    errors = real_errors()
+    assert "1/2 clients joined" in str(errors[3])
+    trainer = SimpleNamespace(log_dir=str(tmp_path), default_root_dir=str(tmp_path), global_rank=0)
+    report = PeerGoneReport()
+    report.on_train_start(trainer, None)
+    report.on_train_batch_end(trainer, None)  # a step trained: only what a gone peer raises is told in one line
+    monkeypatch.setattr(os, "_exit", lambda code: pytest.fail(f"os._exit({code})"))
+    for err in errors:
+        assert not peer_went_away(err), err
+        report.on_exception(trainer, None, err)
+        exit_if_peer_went_away(err)  # returns: the CLI raises it again, with its traceback
+    assert not list(tmp_path.iterdir())
+    gone = [RuntimeError(GLOO_CLOSED), RuntimeError(GLOO_TIMED_OUT),
+            dist.DistBackendError(NCCL.format("remote process exited or there was a network error",
+                                              "ncclRemoteError: A call failed possibly due to a network error or a remote "
+                                              "process exiting prematurely.", "socketProgress: Connection closed by remote peer"))]
+    assert all(peer_went_away(err) for err in gone)
+
+
+class RaiseAt(Callback):
+    """Raises gloo's error for a killed peer at train start (before the first step), as a collective would."""
+
+    def on_train_start(self, trainer, pl_module):
+        raise RuntimeError(GLOO_CLOSED)
+
+
+def test_a_gone_peer_before_the_first_step_keeps_its_traceback(small_text, tmp_path, monkeypatch):
+    from gpt_lightning.cli import main
+
+    monkeypatch.setattr(os, "_exit", lambda code: pytest.fail(f"os._exit({code})"))
+    monkeypatch.chdir(tmp_path)
+    args = fit_args(small_text, tmp_path, max_steps=2)
+    args[args.index("--trainer.strategy") + 1] = "auto"
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        main([*args, "--trainer.devices", "1", f"--trainer.callbacks+={json.dumps({'class_path': 'test_dead_rank.RaiseAt'})}"])
+    assert not list(tmp_path.rglob("error-rank*"))
