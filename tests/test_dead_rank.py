@@ -7,6 +7,7 @@ on several devices) waits 10 minutes, not Lightning's 30. (A rank SIGKILLed, und
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -48,6 +49,9 @@ def test_the_survivor_of_a_rank_that_hangs_stops_at_the_timeout_given_in_one_lin
     last = log.strip().splitlines()[-1]
     assert last.startswith("gpt-lightning: error: another rank of this run went away"), last
     assert "--ckpt_path last" in last
+    error_file = tmp_path / "tb" / "tiny-cpu" / "version_0" / "error-rank0.txt"  # the run's log directory
+    assert f"the whole error is in {error_file})" in last
+    assert "Traceback" in error_file.read_text() and "Timed out waiting" in error_file.read_text()
 
 
 def test_a_strategy_by_name_waits_10_minutes_and_a_timeout_given_wins(in_process_group):
@@ -136,3 +140,52 @@ def test_a_gone_peer_before_the_first_step_keeps_its_traceback(small_text, tmp_p
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
         main([*args, "--trainer.devices", "1", f"--trainer.callbacks+={json.dumps({'class_path': 'test_dead_rank.RaiseAt'})}"])
     assert not list(tmp_path.rglob("error-rank*"))
+
+
+# Two ranks as a launcher starts them, joining together (so that the timeout can be short); local rank 0
+# prepares the data for longer than the process group's timeout, as a large text's tokenizing does.
+SLOW_PREPARE = """
+import os, sys, time
+from datetime import timedelta
+from pathlib import Path
+from lightning.pytorch import Trainer
+from lightning.pytorch.strategies import DDPStrategy
+from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.training.module import GPTLightningModule
+
+TIMEOUT = 3
+
+class SlowPrepare(TokenStreamDataModule):
+    def prepare_data(self):
+        time.sleep(TIMEOUT + 2)
+        super().prepare_data()
+        (out / "prepared").write_text(str(time.time()))
+
+out, rank = Path(sys.argv[1]), int(os.environ["LOCAL_RANK"])
+(out / f"ready{rank}").touch()
+while not all((out / f"ready{r}").exists() for r in range(2)):
+    time.sleep(0.05)
+trainer = Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=TIMEOUT)), max_steps=1,
+                  limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False)
+model = GPTLightningModule(n_layer=1, n_head=2, n_embd=32, compile=False, block_size=32, val_sample_tokens=0)
+trainer.fit(model, SlowPrepare(data_path=sys.argv[2], batch_size=2, block_size=32, cache_dir=str(out / "cache")))
+(out / f"trained{rank}").write_text(str(trainer.global_step))
+"""
+
+
+def test_ranks_wait_for_the_data_to_be_prepared_longer_than_the_timeout(small_text, tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    ranks = [
+        subprocess.Popen([sys.executable, "-c", SLOW_PREPARE, str(tmp_path), str(small_text)], cwd=tmp_path,
+                         env={**os.environ, **ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2",
+                              "NODE_RANK": "0", "LOCAL_RANK": str(rank)},
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in range(2)
+    ]
+    logs = [rank.communicate(timeout=300)[0] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], logs[0][-2000:] + logs[1][-2000:]
+    assert (tmp_path / "prepared").exists()  # rank 1 waited through it, past the 3 s timeout
+    assert [(tmp_path / f"trained{r}").read_text() for r in range(2)] == ["1", "1"]
