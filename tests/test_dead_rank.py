@@ -1,8 +1,7 @@
-"""A rank that stops answering (a deadlock, a stuck device) in a 2-process gloo job on the CPU: the
-survivor stops at the process group's timeout, which the user sets, with one line that says a rank
-went away and how to resume. Without one, a strategy named on the command line (``ddp``, or ``auto``
-on several devices) waits 10 minutes, not Lightning's 30. (A rank SIGKILLed, under torchrun with
---max-restarts: tests/test_ddp.py.)"""
+"""The survivors of a rank that went away, in 2-process gloo jobs on the CPU: a rank that stops answering
+ends the other at the timeout the user sets, in one line naming a file with the whole error (a killed
+rank under torchrun --max-restarts: tests/test_ddp.py). Real errors, and any failure before the first
+training step, keep their traceback. Ranks wait through a ``prepare_data`` longer than the timeout."""
 
 import json
 import os
@@ -106,11 +105,12 @@ def test_real_errors_keep_their_traceback_even_after_training_started(tmp_path, 
 
     errors = real_errors()
     assert "1/2 clients joined" in str(errors[3])
-    trainer = SimpleNamespace(log_dir=str(tmp_path), default_root_dir=str(tmp_path), global_rank=0)
+    trainer = SimpleNamespace(log_dir=str(tmp_path), default_root_dir=str(tmp_path), global_rank=0, global_step=0)
     report = PeerGoneReport()
     report.on_train_start(trainer, None)
+    trainer.global_step = 1
     report.on_train_batch_end(trainer, None)  # a step trained: only what a gone peer raises is told in one line
-    monkeypatch.setattr(os, "_exit", lambda code: pytest.fail(f"os._exit({code})"))
+    monkeypatch.setattr(os, "_exit", exit_now)
     for err in errors:
         assert not peer_went_away(err), err
         report.on_exception(trainer, None, err)
@@ -120,7 +120,19 @@ def test_real_errors_keep_their_traceback_even_after_training_started(tmp_path, 
             dist.DistBackendError(NCCL.format("remote process exited or there was a network error",
                                               "ncclRemoteError: A call failed possibly due to a network error or a remote "
                                               "process exiting prematurely.", "socketProgress: Connection closed by remote peer"))]
-    assert all(peer_went_away(err) for err in gone)
+    for err in gone:
+        assert peer_went_away(err), err
+        try:
+            raise err
+        except RuntimeError as raised:
+            report.on_exception(trainer, None, raised)
+            with pytest.raises(SystemExit, match="1"):
+                exit_if_peer_went_away(raised)
+        assert f"{type(err).__name__}: {str(err).splitlines()[0]}" in (tmp_path / "error-rank0.txt").read_text()
+
+
+def exit_now(code):
+    raise SystemExit(code)
 
 
 class RaiseAt(Callback):
@@ -133,7 +145,7 @@ class RaiseAt(Callback):
 def test_a_gone_peer_before_the_first_step_keeps_its_traceback(small_text, tmp_path, monkeypatch):
     from gpt_lightning.cli import main
 
-    monkeypatch.setattr(os, "_exit", lambda code: pytest.fail(f"os._exit({code})"))
+    monkeypatch.setattr(os, "_exit", exit_now)
     monkeypatch.chdir(tmp_path)
     args = fit_args(small_text, tmp_path, max_steps=2)
     args[args.index("--trainer.strategy") + 1] = "auto"

@@ -52,16 +52,17 @@ class PeerGoneReport(Callback):
     ``exit_if_peer_went_away`` then tells it in one line. Attached by the CLI."""
 
     def __init__(self) -> None:
-        self._error_file: Path | None = None  # set once this fit trained a step
-        self._log_dir, self._rank = Path(), 0
+        self._error_file: Path | None = None  # set once this fit completed an optimizer step
+        self._log_dir, self._start_step = Path(), 0
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._error_file = None
         self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)  # every rank is here: a collective is safe
-        self._rank = trainer.global_rank
+        self._start_step = trainer.global_step  # a resumed run's too
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: object) -> None:
-        self._error_file = self._log_dir / f"error-rank{self._rank}.txt"
+        if self._error_file is None and trainer.global_step > self._start_step:
+            self._error_file = self._log_dir / f"error-rank{trainer.global_rank}.txt"
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if self._error_file is not None and peer_went_away(exception):
