@@ -25,7 +25,12 @@
 # On a GPU machine without network, carry .device-wheels/ (made by benchmarks/fetch_device_wheels.sh)
 # along: what is missing (jsonargparse, pytest) is installed from it into
 # .device-site/. GPU_RUN_SMOKE=1 runs the same steps on a CPU with a tiny model (tests/test_gpu_run.py).
+#
+# GPU_RUN_STEPS="bench overhead" runs only the steps named (tests bench generation hellaswag
+# optimizers architectures overhead checks; default all), for a device lent for minutes.
 set -euo pipefail
+steps=" ${GPU_RUN_STEPS:-tests bench generation hellaswag optimizers architectures overhead checks} "
+want() { [[ "$steps" == *" $1 "* ]]; }
 if [ "${1:-}" = "--dry-run" ]; then
     export GPU_RUN_SMOKE=1
 elif [ -n "${1:-}" ]; then
@@ -59,13 +64,16 @@ gpu="$(python3 -c "import torch; print(torch.cuda.get_device_name() if torch.cud
 dest="${OUT:-benchmarks/results}/$gpu"
 mkdir -p "$dest"
 tests_status=0
-python3 -m pytest -q -s -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$dest/gpu_tests.txt" || tests_status=$?
-python3 -m gpt_lightning bench --config configs/gpt2-124m.yaml --runs "${runs[@]}" --also configs/gpt2-124m-fast.yaml \
-    --trainer.logger.init_args.save_dir "$logs" "${extra[@]}"
-
-cp "$logs"/bench/*/bench.json "$logs"/bench/*/bench.png "$dest/"
-python3 benchmarks/generation.py "${generation[@]}" --out "$dest/generation.json"
-python3 benchmarks/hellaswag.py "${hellaswag[@]}" --out "$dest/hellaswag.json"
+if want tests; then
+    python3 -m pytest -q -s -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$dest/gpu_tests.txt" || tests_status=$?
+fi
+if want bench; then
+    python3 -m gpt_lightning bench --config configs/gpt2-124m.yaml --runs "${runs[@]}" --also configs/gpt2-124m-fast.yaml \
+        --trainer.logger.init_args.save_dir "$logs" "${extra[@]}"
+    cp "$logs"/bench/*/bench.json "$logs"/bench/*/bench.png "$dest/"
+fi
+want generation && python3 benchmarks/generation.py "${generation[@]}" --out "$dest/generation.json"
+want hellaswag && python3 benchmarks/hellaswag.py "${hellaswag[@]}" --out "$dest/hellaswag.json"
 
 # 5. AdamW against Muon at the reference shape (GPT-2 124M, B=16, T=1024, WSD), one lockstep pair:
 #    validation loss against tokens and the time per step (benchmarks/optimizers.py, docs/optimizers.md).
@@ -75,7 +83,7 @@ if [ -n "${GPU_RUN_SMOKE:-}" ]; then
     optimizers=(--n_layer 1 --n_head 2 --n_embd 32 --batch_size 2 --block_size 16 --steps 2 --warmup_steps 1
                 --eval_every 1 --eval_batches 1 --adamw_lrs 1e-3 --muon_lrs 0.02)
 fi
-python3 benchmarks/optimizers.py "${optimizers[@]}" --out "$dest"
+want optimizers && python3 benchmarks/optimizers.py "${optimizers[@]}" --out "$dest"
 
 # 5b. GPT-2 against the modern GPT (configs/modern-124m-fineweb.yaml's switches and rates), both with
 #     Muon, at the reference shape, one lockstep pair: tokens to GPT-2 + Muon's final validation loss
@@ -86,7 +94,7 @@ if [ -n "${GPU_RUN_SMOKE:-}" ]; then
     architectures=(--preset configs/modern-124m-fineweb.yaml --n_layer 1 --n_head 2 --n_embd 32 --batch_size 2
                    --block_size 16 --steps 2 --warmup_steps 1 --eval_every 1 --eval_batches 1)
 fi
-python3 benchmarks/architectures.py "${architectures[@]}" --groups "gpt2 muon" "modern muon" --gpt2_muon_lrs 0.02 \
+want architectures && python3 benchmarks/architectures.py "${architectures[@]}" --groups "gpt2 muon" "modern muon" --gpt2_muon_lrs 0.02 \
     --gpt2_muon_adamw_lrs 1.2e-3 --modern_muon_lrs 0.02 --embedding_lrs 0.3 --head_lrs 0.002 --out "$dest"
 
 # 6. Lightning's cost at the reference shape (GPT-2 124M, B=16, T=1024, bf16-mixed): our Trainer loop
@@ -97,7 +105,7 @@ if [ -n "${GPU_RUN_SMOKE:-}" ]; then
     overhead=(--n_layer 1 --n_head 2 --n_embd 32 --batch_size 2 --block_size 32 --steps 8 --warmup 2 --rounds 2
               --log_every 5 --compile false)
 fi
-python3 benchmarks/lightning_overhead.py "${overhead[@]}" --out "$dest/lightning_overhead.json"
+want overhead && python3 benchmarks/lightning_overhead.py "${overhead[@]}" --out "$dest/lightning_overhead.json"
 
 # 7. The GPU path's checks (issue 35). max-autotune-no-cudagraphs is left out here: its autotuning at
 #    this shape takes minutes of the run's 15 (GPU_CHECK_MODES="..." to choose).
@@ -110,7 +118,7 @@ fi
 # Issue 35's other items: the Muon guarded step's peak memory and step time (benchmarks/optimizers.py,
 # 5. above, and gpu_checks' memory figure) and eager bf16 against compiled (bench, 2. above).
 checks_status=0
-python3 benchmarks/gpu_checks.py "${checks[@]}" --out "$dest/gpu_checks.json" || checks_status=$?
+if want checks; then python3 benchmarks/gpu_checks.py "${checks[@]}" --out "$dest/gpu_checks.json" || checks_status=$?; fi
 
 echo "results in $dest"
 [ "$tests_status" -ne 0 ] || tests_status=$checks_status

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 from gpt_lightning.errors import UserError
@@ -54,16 +53,10 @@ def main(args: list[str] | None = None) -> None:
         print(f"gpt-lightning: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     except RuntimeError as err:  # a collective failed: another rank may have gone away
-        from gpt_lightning.scaling.dead_rank import peer_went_away, went_away_message
+        from gpt_lightning.scaling.dead_rank import exit_if_peer_went_away
 
-        if not peer_went_away(err):
-            raise
-        print(f"gpt-lightning: error: {went_away_message(err)}", file=sys.stderr, flush=True)
-        # Not SystemExit: at exit the process groups' destructors join threads still waiting on the
-        # rank that went away (a gloo group's for up to its 30-minute timeout), and Lightning's
-        # atexit destroys NCCL's. Lightning's teardown has run; nothing is left to save.
-        sys.stdout.flush()
-        os._exit(1)
+        exit_if_peer_went_away(err)  # one line and exit 1 for a peer gone after training started
+        raise
     except OSError as err:
         # A path that cannot be read or written (a file where a folder should be, no permission):
         # the system's words and the path, one line. Anything else keeps its traceback.

@@ -31,7 +31,7 @@ from gpt_lightning.lightning_internals import (
 from gpt_lightning.observing.console import StepProgressBar, TrainingFlopsSummary
 from gpt_lightning.observing.samples import ValidationSamples
 from gpt_lightning.observing.throughput import ThroughputMonitor
-from gpt_lightning.scaling.dead_rank import shorten_strategy_timeouts
+from gpt_lightning.scaling.dead_rank import PeerGoneReport, shorten_strategy_timeouts
 from gpt_lightning.scaling.swapped_checkpoints import put_back_swapped_aside
 from gpt_lightning.training.module import GPTLightningModule
 from gpt_lightning.training.preemption import Preemption
@@ -328,6 +328,7 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
         unless the user turned those off or brought their own, and ``Preemption``."""
         trainer_config = self.config_section("trainer", default={})
         callbacks = list(kwargs.pop("callbacks", None) or trainer_config.get("callbacks") or [])
+        callbacks.append(PeerGoneReport())  # a rank gone after the first step: one line from the CLI
         if not any(isinstance(c, ValidationSamples) for c in callbacks):
             callbacks.append(ValidationSamples())  # --model.val_sample_tokens sets it (0: off)
         if trainer_config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):

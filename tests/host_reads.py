@@ -54,7 +54,9 @@ class SyncDebugProbe(Callback):
     step between logging intervals raises, through ``torch.cuda.set_sync_debug_mode("error")``.
 
     Step k is watched from its batch start to the next step's batch start when neither it nor the
-    step before it ends a logging interval (those read values on purpose), and k > 0.
+    step before it ends a logging interval (those read values on purpose), and k > 0. An epoch's
+    end stops the watch: Lightning's LearningRateMonitor copies the rates to the device once at
+    each epoch's start.
     """
 
     def __init__(self, out: str) -> None:
@@ -70,6 +72,12 @@ class SyncDebugProbe(Callback):
 
     def on_validation_start(self, trainer, pl_module):
         torch.cuda.set_sync_debug_mode("default")
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        torch.cuda.set_sync_debug_mode("default")
+
+    def on_exception(self, trainer, pl_module, exception):
+        torch.cuda.set_sync_debug_mode("default")  # the next test must not inherit "error"
 
     def on_train_end(self, trainer, pl_module):
         torch.cuda.set_sync_debug_mode("default")

@@ -139,6 +139,8 @@ def test_torchrun_max_restarts_resumes_after_a_rank_dies(ddp_run, tmp_path):
     log = launch.stdout + launch.stderr
     assert launch.returncode == 0, log[-3000:]
     assert "gpt-lightning: error: another rank of this run went away, and this one (rank 0 of 2) stopped" in log
+    error_file = tmp_path / "tb" / "tiny-cpu" / "version_0" / "error-rank0.txt"  # the whole error, named by the line
+    assert f"the whole error is in {error_file})" in log and "Traceback" in error_file.read_text(), error_file.read_text()
     first, relaunched = [line for line in log.splitlines() if line.startswith("--ckpt_path last:")]
     assert "starting fresh" in first  # the job's first launch: no last.ckpt yet
     assert relaunched.endswith("tiny-cpu/version_0/checkpoints/last.ckpt"), relaunched

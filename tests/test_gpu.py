@@ -15,6 +15,13 @@ from conftest import REPO
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+@pytest.fixture(autouse=True)
+def sync_debug_mode_reset():
+    """A failed sync check must not leave "error" set for the tests after it."""
+    yield
+    torch.cuda.set_sync_debug_mode("default")
+
+
 def fit_on_cuda(small_text, tmp_path, *extra):
     main([
         "fit", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--trainer.accelerator", "cuda",

@@ -113,7 +113,8 @@ class TokenStreamDataModule(LightningDataModule):
         return Corpus.tiny_shakespeare() if self.data_path is None else Corpus.from_file(self.data_path)
 
     def prepare_data(self) -> None:
-        """Tokenize the text into the cache (once per machine; shard directories need nothing)."""
+        """Tokenize the text into the cache (once per machine; shard directories need nothing). The
+        other ranks wait for it at Lightning's barrier, which has no practical timeout."""
         if not self.is_sharded:
             self._verified_token_file = build_token_cache(self.corpus(), self.cache_dir)
 
@@ -184,15 +185,10 @@ class TokenStreamDataModule(LightningDataModule):
         self._count_validation_interval_in_steps(accumulate)
 
     def _count_validation_interval_in_steps(self, accumulate: int) -> None:
-        """With ``tokens_per_step``, an integer ``trainer.val_check_interval`` counts optimizer steps.
-
-        Lightning counts it in batches, which under accumulation are micro-batches: 250 would mean
-        every 31 steps on one GPU (8 micro-batches a step) and every 250 on eight, and land inside
-        an accumulation. The accumulation here is derived at run time from the world size, so the
-        interval is set in the unit the user can know: it becomes ``interval x accumulate`` batches,
-        the end of an optimizer step, as Lightning's ``GradientAccumulationScheduler`` sets
-        ``accumulate_grad_batches``. The value given is kept per trainer, so a second ``fit`` or a
-        resume does not multiply it again."""
+        """With ``tokens_per_step``, an integer ``trainer.val_check_interval`` counts optimizer steps:
+        it becomes ``interval x accumulate`` batches (Lightning counts micro-batches, and the
+        accumulation depends on the world size). The value given is kept per trainer, so a second
+        ``fit`` or a resume does not multiply it again."""
         trainer = self.trainer
         given = self._validation_steps_given() or trainer.val_check_interval
         if not isinstance(given, int) or isinstance(given, bool):
@@ -321,12 +317,8 @@ class TokenStreamDataModule(LightningDataModule):
 
 
 class ResumableLoader(DataLoader):
-    """A ``DataLoader`` of a ``ResumableStream`` that Lightning saves in checkpoints and restores (its
-    stateful-loader protocol): the epoch and the batches of it that training consumed.
-
-    The position lives here, not in the data module's own checkpoint entry. A checkpoint without it
-    (written before the loader kept a state) resumes where Lightning's own batch count says
-    (``ResumableStream._next_pass``)."""
+    """A ``DataLoader`` whose position in its ``ResumableStream`` (the epoch and the batches of it
+    consumed) Lightning saves in checkpoints and restores, through its stateful-loader protocol."""
 
     def state_dict(self) -> dict[str, Any]:
         return self.dataset.state_dict()

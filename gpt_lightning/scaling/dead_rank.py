@@ -1,58 +1,112 @@
-"""A rank of a multi-process run that went away (killed, out of memory, a lost node): the survivors'
-collective then fails, with gloo a ``RuntimeError`` from its transport a moment later, with NCCL a
-``torch.distributed.DistError`` (or the watchdog's abort) at the process group's timeout. The
-``gpt-lightning`` command turns that failure into one line that says what happened and how to go on
-(``--ckpt_path last``; under torchrun, ``--max-restarts`` relaunches every rank by itself), and sets
-that timeout to ``PROCESS_GROUP_TIMEOUT`` instead of Lightning's 30 minutes."""
+"""A rank of a multi-process run that went away (killed, out of memory, a lost node, hung): the
+others' next collective fails. The ``gpt-lightning`` command ends each survivor with one line that
+says so, names a file holding the full error and says how to resume. Only the errors a gone peer
+raises, after the fit's first optimizer step, are told that way; any other error keeps its traceback.
+The CLI also sets the process group's timeout to ``PROCESS_GROUP_TIMEOUT`` instead of Lightning's 30 minutes."""
 
 from __future__ import annotations
 
 import inspect
 import os
+import sys
+import traceback
 from datetime import timedelta
+from pathlib import Path
 
 import torch.distributed as dist
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.strategies import StrategyRegistry
+
+from gpt_lightning.atomic import atomic_write_bytes
+from gpt_lightning.errors import UserError
 
 # How long a rank waits at a collective for the others before it gives up (what a rank that hangs,
 # or a dead one under NCCL, costs the survivors). Where healthy ranks wait for each other: a first
 # step's compile that takes longer on one rank (GPT-2 XL: minutes), and rank 0 writing a whole DDP
 # checkpoint while the others wait at the barrier after it (GPT-2 large, 9 GB: 1.5 min at 100 MB/s).
+# (A text's tokenizing in ``prepare_data`` is waited for at Lightning's own gloo barrier, not under it.)
 # 10 minutes is torch's own default for NCCL; Lightning's is 30.
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=10)
 
-# What gloo's transport says when the other end of a pair is gone (or stopped answering).
-GLOO_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused",
-                  "Timed out waiting")
-# Failures of the launch itself, not of a peer: their own traceback says what to fix.
-STARTUP_FAILURES = ("EADDRINUSE", "address already in use")
+# What gloo's transport raises (a plain RuntimeError) when the other end of a pair is gone: killed
+# ("Connection closed by peer", as seen with a SIGKILLed rank), or hung past the timeout.
+GLOO_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out waiting")
+# NCCL's error for a peer that exited (ncclRemoteError), raised as a DistBackendError. Verified by reading.
+NCCL_PEER_GONE = ("ncclRemoteError", "remote process exited")
+# Set on an exception by ``PeerGoneReport``: the file its traceback goes to.
+ERROR_FILE_ATTRIBUTE = "gpt_lightning_error_file"
 
 
 def peer_went_away(err: BaseException) -> bool:
-    """Whether ``err`` is a collective failing because another rank is gone."""
-    if isinstance(err, dist.DistError):  # DistBackendError (NCCL), DistNetworkError, DistStoreError
-        return not any(words in str(err) for words in STARTUP_FAILURES)
-    return isinstance(err, RuntimeError) and "gloo" in str(err) and any(words in str(err) for words in GLOO_PEER_GONE)
+    """Whether ``err`` is what a collective raises when another rank is gone (whenever it happened)."""
+    if not isinstance(err, RuntimeError) or (isinstance(err, dist.DistError) and not isinstance(err, dist.DistBackendError)):
+        return False  # the store's and the launch's own errors (DistStoreError, DistNetworkError) included
+    text = str(err)
+    gloo = "gloo/transport" in text and any(words in text for words in GLOO_PEER_GONE)
+    return gloo or (isinstance(err, dist.DistBackendError) and any(words in text for words in NCCL_PEER_GONE))
 
 
-def went_away_message(err: BaseException) -> str:
-    """The survivor's one line: which rank says it, the error's first line, and how to resume."""
+class PeerGoneReport(Callback):
+    """Marks a gone peer's error raised after this fit's first optimizer step (``peer_went_away``) with
+    the file its traceback is to be written to, ``error-rank<N>.txt`` in the run's log directory;
+    ``exit_if_peer_went_away`` then tells it in one line. Attached by the CLI."""
+
+    def __init__(self) -> None:
+        self._error_file: Path | None = None  # set once this fit completed an optimizer step
+        self._log_dir, self._start_step = Path(), 0
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._error_file = None
+        self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)  # every rank is here: a collective is safe
+        self._start_step = trainer.global_step  # a resumed run's too
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: object) -> None:
+        if self._error_file is None and trainer.global_step > self._start_step:
+            self._error_file = self._log_dir / f"error-rank{trainer.global_rank}.txt"
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if self._error_file is not None and peer_went_away(exception):
+            setattr(exception, ERROR_FILE_ATTRIBUTE, self._error_file)
+
+
+def exit_if_peer_went_away(err: BaseException) -> None:
+    """For an error ``PeerGoneReport`` marked: write its traceback to the file, print the one line
+    and exit 1. Returns for any other error, which the caller re-raises with its traceback."""
+    error_file = getattr(err, ERROR_FILE_ATTRIBUTE, None)
+    if error_file is None:
+        return
+    try:
+        atomic_write_bytes(Path(error_file), "".join(traceback.format_exception(err)).encode())
+    except (OSError, UserError) as write_err:  # a full or read-only disk must not hide the line
+        error_file = f"nowhere ({write_err})"
+    print(f"gpt-lightning: error: {went_away_message(err, error_file)}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    # Not SystemExit: at exit the process groups' destructors join threads still waiting on the rank
+    # that went away (a gloo group's for up to its timeout). Lightning's teardown has run already.
+    os._exit(1)
+
+
+def went_away_message(err: BaseException, error_file: object) -> str:
+    """The survivor's one line: which rank says it, the error's first line, where the rest is, and how to resume."""
     rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
     world = os.environ.get("WORLD_SIZE")
+    first_line = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
     return (
         f"another rank of this run went away, and this one (rank {rank}{f' of {world}' if world else ''}) "
-        f"stopped ({type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}): the log of "
-        "the rank that failed says why (killed, out of memory, a lost node). Run the same "
+        f"stopped ({type(err).__name__}: {first_line}; the whole error is in {error_file}): the log of "
+        "the rank that failed says why (killed, out of memory, a lost node, hung). Run the same "
         "command with --ckpt_path last to resume from the last checkpoint (under torchrun, --max-restarts does "
         "this by itself; see docs/resume.md)."
     )
 
 
 def shorten_strategy_timeouts(timeout: timedelta = PROCESS_GROUP_TIMEOUT) -> None:
-    """Give every strategy Lightning builds from a name (``--trainer.strategy ddp``, or ``auto`` on
-    several devices, which becomes ``ddp``) ``timeout`` as its process group's timeout, through
-    Lightning's public registry of names. A strategy given as a class (``--trainer.strategy.class_path
-    DDPStrategy --trainer.strategy.init_args.timeout 0:30:00``) keeps its own. Called by the CLI only."""
+    """Give every strategy Lightning builds from a name (``ddp``, or ``auto`` on several devices)
+    ``timeout`` as its process group's timeout. A strategy given as a class keeps its own. Called by the CLI only.
+
+    Args:
+        timeout: how long a rank waits at a collective for the others.
+    """
     for name, entry in list(StrategyRegistry.items()):
         strategy, init_params = entry["strategy"], entry["init_params"]
         if "timeout" in inspect.signature(strategy).parameters and "timeout" not in init_params:
