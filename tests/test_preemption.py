@@ -1,7 +1,8 @@
 """A scheduler's SIGTERM (or Ctrl-C) during ``gpt-lightning fit``: the run saves ``last.ckpt`` at the
 end of the optimizer step in flight, exits 143 (130), and the same command relaunched ends at the very
 weights of a run never stopped. Real processes and real signals, sent while a chosen micro-batch of
-an accumulated step runs; under DDP to one rank only."""
+an accumulated step runs, or while the ranks of a DDP run restore a checkpoint or run the sanity
+check (to one rank or to both); and a plain Trainer reusing the callback, as in a notebook."""
 
 import json
 import os
