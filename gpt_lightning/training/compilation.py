@@ -16,6 +16,7 @@ import torch
 import torch._inductor
 
 from gpt_lightning.errors import UserError
+from gpt_lightning.lightning_internals import compiled_in_place, inductor_default_cache_dir
 from gpt_lightning.model import GPT
 
 
@@ -60,7 +61,7 @@ def check_cuda_graphs_accumulation(compile: bool, mode: str | None, accumulate: 
 
 def is_compiled(model: GPT) -> bool:
     """Whether the GPT (or, compiled by regions, its blocks) runs through ``torch.compile``."""
-    return any(getattr(module, "_compiled_call_impl", None) is not None for module in (model, model.transformer.h[0]))
+    return any(compiled_in_place(module) for module in (model, model.transformer.h[0]))
 
 
 def evaluation_stance(compile_eval: bool, sanity_checking: bool) -> ContextManager:
@@ -76,15 +77,9 @@ def inductor_cache_dir() -> str:
     configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if configured:
         return os.path.abspath(configured)
-    try:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-    except ImportError:  # older torch kept it beside the other runtime helpers
-        try:
-            from torch._inductor.runtime.runtime_utils import default_cache_dir  # type: ignore[no-redef]
-        except ImportError:
-            default_cache_dir = None  # type: ignore[assignment]
-    if default_cache_dir is not None:
-        return os.path.abspath(default_cache_dir())
+    default = inductor_default_cache_dir()
+    if default is not None:
+        return os.path.abspath(default)
     user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
     return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
 

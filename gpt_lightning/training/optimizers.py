@@ -99,29 +99,44 @@ class MuonWithAdamW(torch.optim.Optimizer):
         return loss
 
     def _muon_step_unless(self, skip: torch.Tensor) -> None:
-        """Muon's step (torch's ``_single_tensor_muon``, same operations and order) one matrix at a time,
-        gated on the device by ``skip``: a skipped step leaves weights and momentum as they were, a
-        taken one is torch's step bit for bit (tests/test_optimizers.py)."""
-        _zeropower_via_newtonschulz, _adjust_lr = muon_math()  # torch's own Muon math
-
-        keep = (~skip).to(torch.bfloat16)  # the update's dtype (Newton-Schulz runs in bfloat16)
         for group in self.muon.param_groups:
-            lr, weight_decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "momentum_buffer" not in state:  # once, as torch's _init_group does
-                    state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-                buf = state["momentum_buffer"]
-                grad = torch.where(skip, buf, p.grad)  # one matrix's worth, freed before the next
-                buf.lerp_(grad, 1 - momentum)
-                update = grad.lerp(buf, momentum) if group["nesterov"] else buf
-                update = _zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
-                update.mul_(keep)  # finite: grad is buf where skipped
-                if weight_decay:  # torch's own product (any dtype), kept where skipped; one matrix at a time
-                    torch.where(skip, p, p * (1 - lr * weight_decay), out=p)
-                p.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+                if p.grad is not None:
+                    muon_matrix_step(p, group, self.state[p], skip)
+
+
+def muon_matrix_step(p: torch.Tensor, group: dict[str, Any], state: dict[str, Any], skip: torch.Tensor | None = None,
+                     chunks: int = 1) -> None:
+    """One matrix's Muon step, torch's ``_single_tensor_muon`` operations in order (bit for bit,
+    tests/test_optimizers.py), with no copy of the weights and no host read.
+
+    Args:
+        p: the matrix, its gradient in ``p.grad``.
+        group: its Muon parameter group (``lr``, ``momentum``, ``ns_coefficients`` ...).
+        state: its optimizer state (the momentum buffer is made here on the first step).
+        skip: a 0-dim bool tensor: True leaves the weights and momentum as they were. None: a plain step.
+        chunks: orthogonalize this many row blocks apart (modded-nanogpt's Q, K, V split;
+            ``benchmarks/optimizers.py --qkv_split``).
+    """
+    zeropower_via_newtonschulz, adjust_lr = muon_math()  # torch's own Muon math
+    lr, weight_decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
+    if "momentum_buffer" not in state:  # once, as torch's _init_group does
+        state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+    buf = state["momentum_buffer"]
+    grad = p.grad if skip is None else torch.where(skip, buf, p.grad)  # skipped: buf, so nothing non-finite gets in
+    buf.lerp_(grad, 1 - momentum)
+    update = grad.lerp(buf, momentum) if group["nesterov"] else buf
+    blocks = [zeropower_via_newtonschulz(u, group["ns_coefficients"], group["ns_steps"], group["eps"])
+              for u in update.chunk(chunks, dim=0)]
+    update = blocks[0] if chunks == 1 else torch.cat(blocks)  # (rows, cols) again
+    if skip is not None:
+        update.mul_((~skip).to(update.dtype))  # finite: grad is buf where skipped
+    if weight_decay:
+        if skip is None:
+            p.mul_(1 - lr * weight_decay)
+        else:  # torch's own product (any dtype), kept where skipped
+            torch.where(skip, p, p * (1 - lr * weight_decay), out=p)
+    p.add_(update, alpha=-adjust_lr(lr, group["adjust_lr_fn"], (p.shape[0] // chunks, *p.shape[1:])))
 
 
 def build_optimizer(
