@@ -148,9 +148,10 @@ class StepTiming:
 
 
 class ThroughputMonitor(Callback):
-    """Post-warm-up tokens/sec, step time and MFU, logged under ``throughput/`` each logging interval;
-    validation, checkpoints and HellaSwag passes not counted. At the end of ``fit`` it prints a summary
-    line and writes ``throughput.json`` into ``trainer.log_dir`` (docs/throughput.md).
+    """Post-warm-up tokens/sec, step time and MFU, logged under ``throughput/``.
+
+    Logged each logging interval, validation, checkpoints and HellaSwag passes not counted; at the end
+    of ``fit`` a summary line and ``throughput.json`` in ``trainer.log_dir`` (docs/throughput.md).
 
     Args:
         warmup_steps: optimizer steps, counted from the start of each ``fit`` (a resumed run
