@@ -178,6 +178,15 @@ def test_the_readme_walkthrough_runs_on_a_cpu(tmp_path, shakespeare, monkeypatch
     example = {"ctx": "The king rose and", "endings": ["spoke.", "wept.", "sat down.", "left the hall."], "label": 0}
     (tmp_path / "hellaswag_val.jsonl").write_text((json.dumps(example) + "\n") * 3)  # its format; the real one is 10,042 lines
     monkeypatch.chdir(tmp_path)
+    from gpt_lightning.commands import bench
+
+    def in_this_process(name, args, cold):  # bench's runs here; tests/test_gpu_run.py launches real children
+        import torch._dynamo
+
+        torch._dynamo.reset()  # as in a new process: nothing compiled yet
+        return {"name": name, "args": args, **bench.train_one(args)}
+
+    monkeypatch.setattr(bench, "run_in_subprocess", in_this_process)
 
     ran = []
     for words in COMMANDS:
