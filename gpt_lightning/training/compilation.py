@@ -50,8 +50,8 @@ def check_cuda_graphs_accumulation(compile: bool, mode: str | None, accumulate: 
         accumulate: micro-batches per optimizer step (``trainer.accumulate_grad_batches``).
         device: the device the model trains on.
     """
-    records_graphs = bool(mode) and torch._inductor.list_mode_options(mode).get("triton.cudagraphs")  # torch's table
-    if compile and accumulate > 1 and device.type == "cuda" and records_graphs:
+    if (compile and accumulate > 1 and device.type == "cuda" and mode
+            and torch._inductor.list_mode_options(mode).get("triton.cudagraphs")):  # torch's table of modes
         raise UserError(
             f"model.compile_mode {mode!r} records CUDA graphs, which accumulate {accumulate} micro-batches' "
             "gradients wrongly: use compile_mode null (default) or 'max-autotune-no-cudagraphs', or one "
