@@ -40,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import lockstep
 from gpt_lightning.model import GPT, GPTConfig
-from gpt_lightning.training.optimizers import build_optimizer
+from gpt_lightning.training.optimizers import build_optimizer, muon_matrix_step
 
 tokens_to_reach = lockstep.tokens_to_reach
 
@@ -75,8 +75,6 @@ class Run(lockstep.Run):
 def split_qkv(optimizer: torch.optim.Optimizer, model: GPT) -> None:
     """Make Muon orthogonalize each of c_attn's Q, K and V blocks on its own (modded-nanogpt), by
     stepping the fused matrix through three views. Measured here only: torch.optim.Muon has no such option."""
-    from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz  # the benchmark's variant only
-
     muon = optimizer.muon
     attn = {id(block.attn.c_attn.weight) for block in model.transformer.h}
     plain_step = muon.step
@@ -89,15 +87,8 @@ def split_qkv(optimizer: torch.optim.Optimizer, model: GPT) -> None:
         group["params"] = kept
         plain_step()
         group["params"] = kept + fused  # the order is only the group's listing
-        m, lr = group["momentum"], group["lr"]
         for p in fused:
-            buf = muon.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
-            buf.lerp_(p.grad, 1 - m)
-            update = p.grad.lerp(buf, m)
-            ortho = torch.cat([_zeropower_via_newtonschulz(u, group["ns_coefficients"], group["ns_steps"], group["eps"])
-                               for u in update.chunk(3, dim=0)])  # Q, K, V: (C, C) each
-            p.mul_(1 - lr * group["weight_decay"])
-            p.add_(ortho.to(p.dtype), alpha=-_adjust_lr(lr, group["adjust_lr_fn"], (p.shape[0] // 3, p.shape[1])))
+            muon_matrix_step(p, group, muon.state[p], chunks=3)  # Q, K, V: (C, C) each
 
     muon.step = step
 

@@ -17,12 +17,8 @@ _TMP = ".tmp"  # temporary files are named .NAME.PID.RANDOM.tmpSUFFIX, beside NA
 
 @contextmanager
 def atomic_output(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` to write to; renamed onto ``path`` if the block succeeds.
-
-    On an exception the temporary file is removed and ``path`` is left as it was. The file gets the
-    permissions a plain ``open(path, "w")`` would give it (0666 less the umask), not ``mkstemp``'s
-    0600, so a shared cache or log directory stays readable to the group.
-    """
+    """A temporary path beside ``path`` to write to, renamed onto ``path`` if the block succeeds and
+    removed if not. It gets ``open(path, "w")``'s permissions (not ``mkstemp``'s 0600)."""
     path = Path(path)
     tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{_TMP}{path.suffix}"
     try:
@@ -48,25 +44,15 @@ def atomic_output(path: Path) -> Iterator[Path]:
 
 
 def remove_leftovers(path: Path) -> None:
-    """Remove the temporary files that writers of ``path`` killed mid-write left beside it.
-
-    Only for a file written by one process at a time (a run's checkpoint): another writer's file in
-    progress would be removed too.
-
-    Args:
-        path: the destination whose leftovers to remove.
-    """
+    """Remove the temporary files that killed writers of ``path`` left beside it (only for a file one
+    process writes at a time: another writer's file in progress would go too)."""
     path = Path(path)
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.*{_TMP}{glob.escape(path.suffix)}"):
         tmp.unlink(missing_ok=True)
 
 
 def sync_folder(folder: Path) -> None:
-    """Flush a folder's entries (a rename into it) to disk; a no-op where the filesystem cannot.
-
-    Args:
-        folder: the folder to flush.
-    """
+    """Flush a folder's entries (a rename into it) to disk; a no-op where the filesystem cannot."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:

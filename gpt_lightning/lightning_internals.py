@@ -1,48 +1,31 @@
 """The one place gpt-lightning reaches past Lightning's public API (and the few private torch and
-argparse names that go with it). Each name below has no public equivalent for what we need;
-``tests/test_lightning_internals.py`` checks every one against the installed versions and fails with
-``check()``'s message, naming what moved, instead of an ``AttributeError`` deep in a fit. They are
-why ``pyproject.toml`` pins ``lightning<2.7``: a new release is adopted by running that test first.
+argparse names that go with it); none has a public equivalent. ``tests/test_lightning_internals.py``
+checks each against the installed versions (``check()`` names what moved), which is why
+``pyproject.toml`` pins ``lightning<2.7``. Each name, who uses it, and why:
 
-Lightning:
-
-- ``trainer.fit_loop.epoch_loop._batches_that_stepped`` (read and written): the step loggers log at.
-  Lightning restores it from a checkpoint and may add one on restart; resume sets it back to
-  ``global_step`` (``training/resume.py``). Public ``Trainer`` properties only read ``global_step``.
-- ``trainer.fit_loop.epoch_loop.batch_progress.current.ready``: the batches of the current epoch
-  already run when a pass starts, more than 0 when Lightning resumes mid-epoch, where the data must
-  resume too (``data/datamodule.py``). No hook or ``Trainer`` property says it.
-- ``lightning.pytorch.utilities.model_summary.model_summary._format_summary_table``: the model
-  summary's table, which ``ModelSummary.summarize`` (the public hook we override) formats with it;
-  we add a FLOPs line to the same table (``observing/console.py``).
-- ``LightningCLI._parse_ckpt_path``: merges a checkpoint's saved hyper-parameters into the parsed
-  config (over the user's arguments). No extension point runs in its place: ``CheckpointArguments``
-  routes it to ``GPTLightningCLI.parse_ckpt_path`` (``lightning_cli.py``).
+- ``epoch_loop._batches_that_stepped`` (read, written): the step loggers log at (``training/resume.py``).
+- ``epoch_loop.batch_progress.current.ready``: batches of the epoch already run when a pass
+  starts, for a mid-epoch resume (``data/datamodule.py``).
+- ``model_summary._format_summary_table``: the summary's table, plus our FLOPs line (``observing/console.py``).
+- ``LightningCLI._parse_ckpt_path``: routed by ``CheckpointArguments`` to ``parse_ckpt_path`` (``lightning_cli.py``).
 - ``LightningCLI._add_configure_optimizers_method_to_model``: what ``instantiate_classes`` does
-  after building the classes, which our meta-device ``instantiate_classes`` must do as well.
-- ``trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor``: under DDP Lightning broadcasts a SIGTERM
-  flag and reads it on the host before every micro-batch (a collective and a sync each). No setting
-  turns it off; ``training/preemption.py`` replaces it on the loop instance with a no-op, as it
-  agrees on stopping itself, once per optimizer step.
-- ``trainer.strategy._timeout``: the timeout a DDP / FSDP / model-parallel strategy gave its process
-  group; ``Preemption``'s side group waits as long (no public property says it).
-- ``lightning_utilities.core.rank_zero.log``: the logger rank-zero messages go through, which the CLI
-  filters (``quiet_lightning_console``); a module-level name, not exported.
-
-torch and argparse:
-
-- ``GradScaler._get_scale_async``: the loss scale as a tensor; ``get_scale()`` reads it back to the
-  host (a sync per step) (``training/nonfinite.py``).
-- ``Optimizer._step_supports_amp_scaling``: whether an optimizer (fused AdamW) unscales inside its
-  own step, where Lightning leaves the gradients scaled (``training/nonfinite.py``).
-- ``argparse.ArgumentParser._actions``: every option a parser knows, for "did you mean"
-  (``lightning_cli.py``).
-- ``Tensor._version``: the counter every in-place change of a tensor bumps (what autograd checks
-  saved tensors with). A CPU decode step compiled with inductor's freezing holds the weights as
-  constants; ``generation.py`` compiles it again once a weight has changed since.
-- ``torch.optim._muon._zeropower_via_newtonschulz`` and ``_adjust_lr``: torch's Muon math, which
-  ``MuonWithAdamW``'s guarded step runs one matrix at a time, gated on the device, instead of
-  ``Muon.step()`` (which has no ``found_inf``) on a copy of the weights (``training/optimizers.py``).
+  after building the classes, redone by our meta-device ``instantiate_classes``.
+- ``epoch_loop._broadcast_sigterm_tensor``: a SIGTERM broadcast and host read before every
+  micro-batch under DDP; ``training/preemption.py`` agrees on stopping once per optimizer step instead.
+- ``strategy._timeout``: the process group's timeout, which ``Preemption``'s side group waits as
+  long (no public property says it).
+- ``lightning_utilities.core.rank_zero.log``: the rank-zero logger the CLI filters.
+- ``GradScaler._get_scale_async``: the loss scale without a host read (``training/nonfinite.py``).
+- ``Optimizer._step_supports_amp_scaling``: whether an optimizer unscales in its own step (fused AdamW).
+- ``ArgumentParser._actions``: every option, for "did you mean" (``lightning_cli.py``).
+- ``Tensor._version``: the in-place change counter; ``generation.py`` recompiles a frozen decode step
+  once a weight changed.
+- ``torch.optim._muon._zeropower_via_newtonschulz`` and ``_adjust_lr``: torch's Muon math, for
+  ``MuonWithAdamW``'s step gated on the device (``training/optimizers.py``).
+- ``nn.Module._compiled_call_impl``: set by ``nn.Module.compile``; whether a module was compiled in
+  place (``training/compilation.py``).
+- ``torch._inductor``'s ``default_cache_dir``: where inductor caches when ``$TORCHINDUCTOR_CACHE_DIR``
+  is unset, for the line that says so (``training/compilation.py``).
 """
 
 from __future__ import annotations
@@ -80,6 +63,23 @@ def skip_sigterm_broadcast(trainer: Trainer) -> None:
 def process_group_timeout(trainer: Trainer) -> timedelta | None:
     """The timeout of the strategy's process group; None where the strategy has none."""
     return getattr(trainer.strategy, "_timeout", None)
+
+
+def compiled_in_place(module: torch.nn.Module) -> bool:
+    """Whether ``module.compile()`` was called on this module."""
+    return getattr(module, "_compiled_call_impl", None) is not None
+
+
+def inductor_default_cache_dir() -> str | None:
+    """inductor's default cache folder (``$TORCHINDUCTOR_CACHE_DIR`` unset), or None if this torch hides it."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # older torch kept it beside the other runtime helpers
+        try:
+            from torch._inductor.runtime.runtime_utils import default_cache_dir  # type: ignore[no-redef]
+        except ImportError:
+            return None
+    return default_cache_dir()
 
 
 def format_summary_table(*args: Any) -> str:
@@ -156,13 +156,39 @@ def _present(obj: object, name: str) -> bool:
     return hasattr(obj, name)
 
 
+def _calls_sigterm_broadcast() -> bool:
+    """Whether the training epoch loop's ``advance`` still calls ``self._broadcast_sigterm_tensor()``,
+    and that method still broadcasts: replacing it with a no-op then turns the broadcast off."""
+    import ast
+    import inspect
+    import textwrap
+
+    loop = type(Trainer(logger=False).fit_loop.epoch_loop)
+    method = getattr(loop, "_broadcast_sigterm_tensor", None)
+    try:
+        if not callable(method) or "broadcast(" not in inspect.getsource(method):
+            return False
+        tree = ast.parse(textwrap.dedent(inspect.getsource(loop.advance)))
+    except (OSError, TypeError):  # no source to read: unknown, so not vouched for
+        return False
+    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+               and node.func.attr == "_broadcast_sigterm_tensor" and isinstance(node.func.value, ast.Name)
+               and node.func.value.id == "self" for node in ast.walk(tree))
+
+
+def _compile_sets_compiled_call_impl() -> bool:
+    module = torch.nn.Linear(1, 1)
+    before = compiled_in_place(module)
+    module.compile()  # lazy: nothing compiles until a call
+    return not before and compiled_in_place(module)
+
+
 # name -> (a check that returns True while the installed version still has it)
 CHECKS: dict[str, Callable[[], bool]] = {
     "fit_loop.epoch_loop._batches_that_stepped": lambda: _present(Trainer(logger=False).fit_loop.epoch_loop, "_batches_that_stepped"),
     "fit_loop.epoch_loop.batch_progress.current.ready": lambda: _present(
         getattr(getattr(Trainer(logger=False).fit_loop.epoch_loop, "batch_progress", None), "current", None), "ready"),
-    "fit_loop.epoch_loop._broadcast_sigterm_tensor": lambda: callable(
-        getattr(Trainer(logger=False).fit_loop.epoch_loop, "_broadcast_sigterm_tensor", None)),
+    "fit_loop.epoch_loop._broadcast_sigterm_tensor": lambda: _calls_sigterm_broadcast(),
     "strategy._timeout": lambda: getattr(DDPStrategy(timeout=timedelta(seconds=7)), "_timeout", None) == timedelta(seconds=7),
     "model_summary._format_summary_table": lambda: _present(
         __import__("lightning.pytorch.utilities.model_summary.model_summary", fromlist=["_"]), "_format_summary_table"),
@@ -177,6 +203,8 @@ CHECKS: dict[str, Callable[[], bool]] = {
     "Tensor._version": lambda: _bumps_version(),
     "torch.optim._muon._zeropower_via_newtonschulz": lambda: not hasattr(torch.optim, "Muon") or all(
         callable(f) for f in muon_math()),
+    "nn.Module._compiled_call_impl": lambda: _compile_sets_compiled_call_impl(),
+    "torch._inductor.runtime.cache_dir_utils.default_cache_dir": lambda: isinstance(inductor_default_cache_dir(), str),
 }
 
 

@@ -14,6 +14,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 # A model small enough to train in a second per few steps on 2 CPU cores.
 TINY_MODEL = dict(n_layer=2, n_head=2, n_embd=32, compile=False)
+# The suite's one compiled shape, with batches of 2 x 32 tokens in bf16-mixed: the configs' test and the
+# CLI's shrink to it too, so inductor's cache compiles its kernels once for them all.
+COMPILED_TINY = dict(TINY_MODEL, n_layer=1, compile=True)
 # configs/modern-tiny-cpu.yaml's switches as CLI flags, for tests that keep their own config's sizes.
 MODERN_FLAGS = ["--model.bias", "false", "--model.rotary", "true", "--model.norm", "rmsnorm", "--model.norm_affine", "false",
                 "--model.qk_norm", "true", "--model.activation", "relu2", "--model.tie_embeddings", "false",

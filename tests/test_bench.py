@@ -1,8 +1,8 @@
 """`gpt-lightning bench` on a very small CPU config: eager and regional compilation side by side (the
 scopes themselves are checked in test_compile); table, JSON, PNG, and the divergence exit. Here the runs
-train in the pytest process, on the suite's one tiny compiled shape, so the compile cache is shared; the
-README walkthrough's bench and the GPU run's smoke mode launch real child processes, and what --cold gives
-a child is checked on its own below."""
+train in the pytest process, on the suite's one tiny compiled shape, so the compile cache is shared (so do
+the README walkthrough's); the GPU run's smoke mode launches real child processes, and what --cold gives a
+child is checked on its own below."""
 
 import json
 from pathlib import Path

@@ -18,7 +18,7 @@ from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.observing.samples import ValidationSamples
 from gpt_lightning.training.module import GPTLightningModule
 
-from conftest import TINY_MODEL
+from conftest import COMPILED_TINY, TINY_MODEL
 
 
 def graphs() -> int:
@@ -76,7 +76,7 @@ def compiled_fit(tmp_path_factory, shakespeare):
     text = tmp / "small.txt"
     text.write_text(shakespeare[:50_000])
     torch._dynamo.reset()
-    module = GPTLightningModule(**{**TINY_MODEL, "compile": True, "compile_scope": "model", "val_sample_tokens": 4})
+    module = GPTLightningModule(**COMPILED_TINY, compile_scope="model", val_sample_tokens=4)
     data = TokenStreamDataModule(str(text), batch_size=2, block_size=32, val_fraction=0.1, cache_dir=str(tmp))
     phases = GraphsPerPhase()
     trainer = Trainer(

@@ -11,7 +11,7 @@ from gpt_lightning.generation import generate
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.training.module import GPTLightningModule
 
-from conftest import TINY_MODEL
+from conftest import COMPILED_TINY
 
 
 def test_forward_and_loss_have_no_graph_breaks():
@@ -45,7 +45,7 @@ def test_regional_compilation_compiles_the_block_once():
 def test_compiled_fit_really_compiles_and_checkpoints_keep_plain_keys(scope, small_text, tmp_path):
     torch._dynamo.reset()
     frames_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    module = GPTLightningModule(**{**TINY_MODEL, "compile": True, "compile_scope": scope})
+    module = GPTLightningModule(**COMPILED_TINY, compile_scope=scope)
     data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.1, cache_dir=str(tmp_path))
     trainer = Trainer(
         accelerator="cpu", max_steps=3, precision="bf16-mixed", logger=False, enable_checkpointing=False,

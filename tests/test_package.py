@@ -161,3 +161,69 @@ def test_importing_changes_no_warning_or_log_filter():
                             timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"unchanged {len(modules)}" in result.stdout
+
+
+# Files whose docstrings are being cut on other branches (issue 44): the lead empties this list once
+# they are merged, and the guard below then covers the whole package.
+DOCSTRINGS_NOT_YET_CUT = [
+    "gpt_lightning/scaling/dead_rank.py", "gpt_lightning/cli.py", "gpt_lightning/data/datamodule.py",
+    "gpt_lightning/training/preemption.py", "gpt_lightning/lightning_cli.py", "gpt_lightning/scaling/memory.py",
+    "gpt_lightning/scaling/swapped_checkpoints.py", "gpt_lightning/model.py", "gpt_lightning/generation.py",
+    "gpt_lightning/commands/eval.py", "gpt_lightning/interop/hellaswag.py", "gpt_lightning/training/module.py",
+]
+DOC_SECTIONS = ("Args:", "Returns:", "Raises:", "Yields:", "Attributes:")
+
+
+def prose_lines(docstring: str) -> int:
+    """Non-blank lines of a docstring outside its Args: / Returns: / ... blocks."""
+    count, section_indent = 0, None
+    for line in docstring.expandtabs().splitlines():
+        indent = len(line) - len(line.lstrip())
+        if line.strip() in DOC_SECTIONS:
+            section_indent = indent
+        elif section_indent is not None and (not line.strip() or indent > section_indent):
+            continue  # inside the block
+        else:
+            section_indent = None
+            count += bool(line.strip())
+    return count
+
+
+def essays(source: str) -> list[tuple[int, str, int, int]]:
+    """(line, name, docstring prose lines, body lines) of each function or class whose docstring has 6+
+    lines and, beyond its Args: / Returns: block, more lines than the code it documents."""
+    tree, lines = ast.parse(source), source.splitlines()
+    found = []
+    for node in ast.walk(tree):
+        docstring = ast.get_docstring(node) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else None
+        if docstring is None:
+            continue
+        doc = node.body[0]
+        body = {i for stmt in node.body[1:] for i in range(stmt.lineno, stmt.end_lineno + 1)}
+        for inner in ast.walk(node):  # nested docstrings are not code
+            if inner is not node and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                    and ast.get_docstring(inner) is not None:
+                body -= set(range(inner.body[0].lineno, inner.body[0].end_lineno + 1))
+        code = sum(1 for i in body if lines[i - 1].strip() and not lines[i - 1].strip().startswith("#"))
+        prose = prose_lines(docstring)
+        if doc.end_lineno - doc.lineno + 1 >= 6 and prose > code:
+            found.append((node.lineno, node.name, prose, code))
+    return found
+
+
+def test_the_guard_finds_an_essay_and_spares_an_args_block():
+    essay = 'def f(x):\n    """One.\n\n    Two.\n    Three.\n    Four.\n    """\n    return x\n'
+    args = 'def f(x):\n    """One.\n\n    Args:\n        x: a.\n        y: b.\n    """\n    return x\n'
+    assert essays(essay) == [(1, "f", 4, 1)] and essays(args) == []
+
+
+def test_no_docstring_is_an_essay():
+    """A docstring says what and why in a few lines: a 6+ line docstring is never longer than its
+    code beyond its Args: block (the story of a change goes in its commit message, a user's guide in docs/)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(REPO).as_posix()
+        if relative not in DOCSTRINGS_NOT_YET_CUT:
+            found += [f"{relative}:{line} {name}: {prose} lines of docstring over {code} of code"
+                      for line, name, prose, code in essays(path.read_text(encoding="utf-8"))]
+    assert not found, found

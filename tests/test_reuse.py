@@ -2,10 +2,11 @@
 class paths and a YAML config, and a plain ``Trainer`` with a logger, training on windows shorter
 than the model's position table."""
 
-import os
-import subprocess
+import runpy
 import sys
+from unittest import mock
 
+import pytest
 import yaml
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -13,12 +14,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from gpt_lightning import GPTLightningModule, TokenStreamDataModule
 
-from conftest import REPO, TINY_MODEL
+from conftest import TINY_MODEL
 
 STOCK_CLI = "from lightning.pytorch.cli import LightningCLI\nLightningCLI()\n"
 
 
-def test_a_stock_lightning_cli_with_class_paths(small_text, tmp_path):
+@pytest.mark.filterwarnings("ignore:No seed found")  # a stock LightningCLI() given no seed, as users run it
+def test_a_stock_lightning_cli_with_class_paths(small_text, tmp_path, monkeypatch, in_process_group):
     (tmp_path / "main.py").write_text(STOCK_CLI)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({
         "trainer": {"accelerator": "cpu", "max_steps": 3, "limit_val_batches": 1, "val_check_interval": 3, "log_every_n_steps": 1,
@@ -28,11 +30,9 @@ def test_a_stock_lightning_cli_with_class_paths(small_text, tmp_path):
         "data": {"class_path": "gpt_lightning.TokenStreamDataModule",
                  "init_args": {"data_path": str(small_text), "batch_size": 2, "block_size": 32}},
     }))
-    result = subprocess.run(
-        [sys.executable, "main.py", "fit", "--config", "config.yaml"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    monkeypatch.chdir(tmp_path)
+    with mock.patch.object(sys, "argv", ["main.py", "fit", "--config", "config.yaml"]):
+        runpy.run_path("main.py", run_name="__main__")  # `python main.py fit ...`, in this process
     (run_dir,) = (tmp_path / "runs" / "lightning_logs").iterdir()
     hparams = yaml.safe_load((run_dir / "hparams.yaml").read_text())
     assert hparams["block_size"] == 64  # the model's table; the data trained on 32-token windows

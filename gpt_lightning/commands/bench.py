@@ -1,17 +1,7 @@
-"""``gpt-lightning bench``: one config trained several ways, side by side.
-
-Runs (``--runs``): ``eager``, ``compiled`` (as the config says), and the compile scopes ``model``
-and ``blocks``; ``--also CONFIG`` adds other configs run as written (a faster recipe, say). Same
-seed, same batches. Each run is its own process, so none inherits another's compiled code or device
-memory, and with ``--cold`` each starts from an empty inductor cache: its first step is what a
-first-time user pays. Prints the reference's table every ``--every`` steps and one summary row per
-run (post-warm-up median tokens/sec, step time, first step, MFU, peak memory, speedup and largest
-loss difference against eager); saves ``bench.json`` and ``bench.png`` beside the runs' TensorBoard
-logs. Exits 1 if a compiled run's loss curve leaves eager's by more than ``--tolerance``: the curves
-compared are the mean losses of ``--window`` consecutive steps (the same batches in both runs), not
-single steps, whose bf16 differences between two runs of one config are noise that grows along the
-run (docs/benchmarks.md).
-"""
+"""``gpt-lightning bench``: one config trained several ways (eager, compiled, by scope, ``--also``
+configs), each in its own process, side by side: a summary row per run and ``bench.json`` /
+``bench.png``; exits 1 if a compiled run's windowed loss leaves eager's by more than
+``--tolerance`` (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -45,11 +35,8 @@ RUNS = {
 
 
 class LossRecorder(Callback):
-    """Keeps each optimizer step's loss as a device tensor: read once at the end, no per-step sync.
-
-    The step's loss is the mean of its micro-batches' losses, the value ``train/loss`` logs (on one
-    process). Lightning's ``outputs["loss"]`` is one micro-batch's loss already divided by the
-    accumulation, so the step's loss is their sum over the step."""
+    """Keeps each optimizer step's loss (the sum of Lightning's accumulation-divided micro-batch losses)
+    as a device tensor, read once at the end."""
 
     def __init__(self) -> None:
         self.losses: list[torch.Tensor] = []

@@ -1,15 +1,6 @@
-"""The data side: text and shards in, contiguous ``(B, T)`` GPT-2 token windows out.
-
-- ``corpus``: where text comes from (a user's file, or the packaged tiny Shakespeare);
-- ``documents``: .txt / .jsonl / .parquet inputs read as a stream of work items;
-- ``encode``: work items to ids on every core, in order; ``tokenizer``: the offline GPT-2 encoding;
-- ``token_cache``: tokenize a text once, cache the ids as uint16 with a verified manifest;
-- ``windows`` and ``shards``: iterable datasets of ``(x, y)`` windows, rank-aware, shuffled on
-  request and resumable; ``shards`` also writes shard folders;
-- ``datamodule``: ``TokenStreamDataModule``, the ``LightningDataModule`` that serves them.
-
-Names are imported on first use, so tokenizing does not load torch and Lightning.
-"""
+"""The data side: text and shards in, contiguous ``(B, T)`` GPT-2 token windows out (``corpus``,
+``documents``, ``encode``, ``tokenizer``, ``token_cache``, ``windows``, ``shards``, ``datamodule``).
+Names are imported on first use, so tokenizing does not load torch and Lightning."""
 
 from __future__ import annotations
 

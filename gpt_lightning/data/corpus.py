@@ -1,9 +1,5 @@
 """Where text comes from: a user's UTF-8 file, or tiny Shakespeare, which ships inside the package.
-
-A ``Corpus`` gives its text's sha256 without decoding the text (the packaged corpus knows it, a file
-is hashed when first asked), so the token cache is found by hash and a cached corpus is never decoded
-again; the cache can also vouch for a file's hash by its size and mtime, and then nothing is read.
-"""
+A ``Corpus`` gives its sha256 without decoding the text, so a cached corpus is never decoded again."""
 
 from __future__ import annotations
 

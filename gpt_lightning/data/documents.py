@@ -1,11 +1,6 @@
 """Where documents come from, read as a stream: ``.txt``, ``.jsonl`` / ``.jsonl.gz`` and ``.parquet``
-files, a folder of them or a glob, cut into work items of about ``chunk_chars`` characters.
-
-A work item is a list of ``(starts_document, text)`` pieces, or for JSONL a list of raw lines that
-the worker parses (so the parsing runs on every core too). Nothing reads a whole file: text files are
-read in blocks and cut only where GPT-2's pre-tokenizer splits anyway (see ``safe_cut``), so
-encoding the pieces one by one gives the very ids of encoding the whole text at once.
-"""
+files, a folder of them or a glob, cut into work items of about ``chunk_chars`` characters (text cut
+only where GPT-2's pre-tokenizer splits anyway: the same ids as encoding it whole)."""
 
 from __future__ import annotations
 
@@ -62,15 +57,8 @@ def find_inputs(spec: str) -> list[Path]:
 
 def safe_cut(text: str) -> int:
     """The last index at which ``text`` may be cut so that GPT-2's pre-tokenizer splits the two parts
-    exactly as it splits the whole, or 0 if there is none.
-
-    Safe: just after ``x\\n`` before ``c``, or between ``x\\r`` and ``\\nc``, with ``x`` and ``c`` not
-    whitespace. There the whitespace run is ``\\n`` (or ``\\r\\n``), which the pattern's ``\\s+(?!\\S)``
-    and ``\\s`` branches match as ``\\n`` (and ``\\r``, ``\\n``) in the whole text, and ``\\s++$``
-    matches the same at the end of a part. Anywhere else a cut can change a piece: after a longer
-    run of whitespace (``\\s++$`` would take the run whole), before a space (`` ?\\p{L}`` attaches it
-    to the word), or inside a word. BPE never merges across pieces, so equal pieces are equal ids.
-    """
+    exactly as the whole (just after ``x\n`` before ``c``, or between ``x\r`` and ``\nc``, ``x`` and ``c``
+    not whitespace), or 0 if there is none. BPE never merges across pieces: equal pieces, equal ids."""
     i = len(text) - 1
     while True:
         i = text.rfind("\n", 0, i)

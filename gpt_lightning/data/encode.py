@@ -1,10 +1,5 @@
-"""Work items to GPT-2 ids on every core, in order, with bounded memory.
-
-``encode_items`` hands items to a ``multiprocessing`` pool and yields each item's ids (uint16) in the
-items' order, whatever the number of workers, so the output is the same bytes with 1 worker or 16.
-At most ``2 x workers + 1`` items are in flight: reading never runs ahead of encoding, so memory
-does not grow with the input (``multiprocessing``'s own ``imap`` would queue the whole input).
-"""
+"""Work items to GPT-2 ids on every core, yielded in the items' order (the same bytes with 1 worker or
+16), with at most ``2 x workers + 1`` items in flight so memory does not grow with the input."""
 
 from __future__ import annotations
 
@@ -64,10 +59,8 @@ def encode_pieces_without_separators(item: WorkItem) -> np.ndarray:
 
 
 def _default_sigterm() -> None:
-    """In each pool worker: die on the SIGTERM that ``Pool.terminate`` (the ``with`` block's exit)
-    sends. A forked worker inherits the parent's handlers, and a process that has run a Lightning
-    ``fit`` can hold one that only notes a SIGTERM (the trainer's graceful stop): the pool would
-    then wait for its idle workers forever."""
+    """In each pool worker: die on ``Pool.terminate``'s SIGTERM, whatever handler the parent (a process
+    that ran a Lightning ``fit``) left for it to inherit."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 

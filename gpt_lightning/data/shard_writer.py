@@ -1,7 +1,5 @@
-"""Shard folders written by ``gpt-lightning tokenize``: build-nanogpt's ``.npy``, llm.c's ``.bin`` or raw
-uint16 ``.bin``, each shard streamed to disk and renamed into place whole. No torch here: tokenizing
-needs only tiktoken and numpy.
-"""
+"""Shard folders written by ``gpt-lightning tokenize`` (build-nanogpt's ``.npy``, llm.c's ``.bin``, raw
+uint16), each shard streamed and renamed into place whole. No torch: tiktoken and numpy only."""
 
 from __future__ import annotations
 
@@ -118,14 +116,8 @@ def tokenize_to_shards(inputs: str, output_dir: Path, shard_tokens: int = 100_00
                        workers: int | None = None, text_key: str = "text", separator: str | None = None,
                        progress: bool = True, chunk_chars: int = CHUNK_CHARS) -> list[tuple[Path, int]]:
     """Tokenize ``inputs`` (a file, folder or glob of .txt / .jsonl(.gz) / .parquet) into shards of
-    ``shard_tokens`` GPT-2 ids on ``workers`` processes (all cores by default).
-
-    Each document starts with ``<|endoftext|>``; a .txt file is one document unless ``separator``
-    splits it. The first shard is the validation split (``shard_val_000000``), the rest training, as
-    build-nanogpt writes them; the bytes do not depend on ``workers``. ``tokenize.json``, written
-    last, lists the shards with their token counts: a folder without it was interrupted (its shards
-    are whole, the last one missing).
-    """
+    ``shard_tokens`` GPT-2 ids on ``workers`` processes, each document after ``<|endoftext|>``; shard 0
+    is validation; ``tokenize.json``, written last, lists them (docs/data.md)."""
     files = find_inputs(inputs)
     writer = ShardWriter(output_dir, shard_tokens, format)
     bar = Progress(sum(p.stat().st_size for p in files), enabled=progress)

@@ -1,13 +1,5 @@
-"""Pre-tokenized shard directories: read nanoGPT, build-nanogpt and llm.c shards (``shard_writer`` writes them).
-
-Formats read (memory-mapped, one shard open at a time, so memory stays bounded):
-
-- ``*.npy``: a 1-D integer array (build-nanogpt / FineWeb-edu shards, usually uint16);
-- ``*.bin`` with llm.c's header: 256 int32 (magic 20240520, version 1, token count), then uint16;
-- ``*.bin`` without it: raw uint16 ids (nanoGPT's ``train.bin`` / ``val.bin``).
-
-Files whose names contain ``val`` are the validation split, those with ``train`` the training split.
-"""
+"""Pre-tokenized shard directories (``*.npy``, llm.c's ``*.bin`` with header, raw uint16 ``*.bin``),
+memory-mapped one shard at a time; ``val`` / ``train`` in the name picks the split (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -60,12 +52,8 @@ def find_shards(directory: Path) -> dict[str, list[Path]]:
 
 
 class ShardWindows(ResumableStream):
-    """``(B, T)`` windows over a list of shards, shard after shard, rank-aware and resumable.
-
-    Within each shard the windows are those of ``TokenWindows`` (rank ``r`` of ``W`` takes batches
-    ``r, r+W, ...``); a window never straddles two shards, as in build-nanogpt's loader. Shuffled,
-    each epoch reads the shards in a seeded random order, and each shard's rows in a seeded random
-    order of their own; one shard is open at a time, so memory stays bounded.
+    """``(B, T)`` windows over a list of shards, shard after shard (a window never straddles two, as in
+    build-nanogpt), rank-aware, shuffled on request and resumable like ``TokenWindows``.
 
     Args:
         shards: shard files, in reading order.
@@ -76,8 +64,7 @@ class ShardWindows(ResumableStream):
         shuffle: a new seeded order of shards, and of rows within each shard, every epoch.
         seed: the shuffle's seed: the same orders in every run and on every rank.
         progress: the trainer's epoch and batches done (see ``ResumableStream``).
-        accumulate: micro-batches per optimizer step; an epoch serves a multiple of it, the batches
-            left over being the last of the epoch's last shard (see ``ResumableStream``).
+        accumulate: micro-batches per optimizer step; an epoch serves a multiple of it.
     """
 
     def __init__(

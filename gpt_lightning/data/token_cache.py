@@ -1,15 +1,7 @@
-"""Token ids of a text, tokenized once (streamed, on every core) and cached as a flat uint16 file beside a JSON manifest.
-
-The cache is keyed by the source's sha256, so an edited source is re-tokenized. The manifest records
-the tokenizer, the token count and the token file's sha256: a truncated, corrupted or foreign cache is
-detected and rebuilt. Both files are written atomically, so concurrent writers cannot tear them.
-
-Hashing a multi-GB source and token file takes seconds, on every rank of every launch, so each
-file's hash is remembered beside the cache (``stamps/``) with the size and mtime it had, and the file
-is read again only when either differs: what make and rsync's quick check trust. A file is stamped
-only once its mtime is ``SETTLED_NS`` old, so a rewrite within the timestamp tick it was hashed in
-cannot pass as the hashed content.
-"""
+"""Token ids of a text, tokenized once and cached as a flat uint16 file beside a JSON manifest, keyed
+by the source's sha256 and verified (tokenizer, count, the file's own sha256), written atomically.
+A file's hash is remembered with its size and mtime (``stamps/``) and recomputed only when either
+differs, as make and rsync's quick check trust (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -98,12 +90,8 @@ def _problem(bin_path: Path, json_path: Path, source_sha256: str, tokenizer: str
 
 
 def build_token_cache(corpus: Corpus, cache_dir: Path, workers: int | None = None, chunk_chars: int = CHUNK_CHARS) -> Path:
-    """Tokenize ``corpus`` into the cache unless a sound cache exists; return the token file path.
-
-    The text is streamed in pieces cut where GPT-2's pre-tokenizer splits anyway (the same ids as
-    encoding it at once), encoded on ``workers`` processes (every core for a large text) and written
-    as it comes: memory does not grow with the text.
-    """
+    """Tokenize ``corpus`` into the cache (streamed, on ``workers`` processes) unless a sound cache
+    exists; return the token file path."""
     source_sha256 = corpus.sha256 if corpus.file is None else stamped_sha256(corpus.file, cache_dir)
     bin_path, json_path = cache_paths(cache_dir, source_sha256)
     problem = _problem(bin_path, json_path, source_sha256, "gpt2", cache_dir)

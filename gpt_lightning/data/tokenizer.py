@@ -1,10 +1,5 @@
-"""The GPT-2 BPE encoding, built offline.
-
-tiktoken's own ``get_encoding("gpt2")`` downloads ``vocab.bpe`` and ``encoder.json``. OpenAI's two
-files ship inside this package (``gpt2_bpe/``, with OpenAI's MIT-style licence); we check them against the
-sha256 hashes tiktoken's ``gpt2`` loader expects, so the result is the real GPT-2 encoding with no
-network.
-"""
+"""The GPT-2 BPE encoding, built offline: OpenAI's two files ship in ``gpt2_bpe/`` (MIT-style
+licence), checked against the sha256 hashes tiktoken's ``gpt2`` loader expects."""
 
 from __future__ import annotations
 

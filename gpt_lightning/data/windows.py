@@ -1,13 +1,6 @@
-"""``TokenWindows``: epochs of ``(B, T)`` windows over a token array, rank-aware, shuffled on request,
-and resumable: the stream's position is its own state (Lightning's stateful-loader protocol).
-
-In order (the default), batch ``g`` is nanoGPT's ``tokens[g*B*T : (g+1)*B*T + 1]`` cut into ``B`` rows.
-Shuffled, the array is cut into rows of ``T + 1`` tokens (row ``s`` starts at ``s*T``); each epoch a
-seeded permutation of the rows fills the batches, a different one each epoch and the same one in
-every run. Either way rank ``r`` of ``W`` takes batches ``r, r+W, r+2W, ...`` of the single-process
-stream, so ranks read disjoint windows. Under gradient accumulation an epoch is a whole number of
-optimizer steps: the batches that would make its last step short are left out of it.
-"""
+"""``TokenWindows``: epochs of ``(B, T)`` windows over a token array, rank-aware (rank ``r`` of ``W``
+takes batches ``r, r+W, ...``), shuffled on request, and resumable through Lightning's
+stateful-loader protocol. In order, batch ``g`` is nanoGPT's ``tokens[g*B*T : (g+1)*B*T + 1]``."""
 
 from __future__ import annotations
 
@@ -24,32 +17,14 @@ from torch.utils.data import IterableDataset
 class ResumableStream(IterableDataset):
     """The epoch and position bookkeeping shared by token arrays and shard folders.
 
-    ``state_dict()`` is ``{"epoch", "batches", "layout"}``: the stream's own epoch count and the
-    batches of that epoch served. Lightning fetches nothing ahead from a sized loader, so at a
-    checkpoint this is exactly what training consumed (``limit_train_batches`` included). The epoch
-    is the stream's own count, not the trainer's: a checkpoint written after ``fit`` stopped at
-    ``max_steps`` records the trainer's epoch as ended while the stream is mid-epoch, and the
-    shuffled order must follow the stream.
-
-    An epoch is ``len(self)`` batches: the whole batches the data holds, rounded down to a multiple
-    of ``accumulate``. Lightning ends an epoch with an optimizer step whatever the accumulation, and
-    still divides each loss by the full ``accumulate``: an epoch of 297 batches at 8 a step would end
-    with a step of one batch and an eighth of a gradient. Trimming the epoch, rather than wrapping
-    the stream across epochs as nanoGPT's loader does, keeps every epoch end (Lightning's and the
-    stream's alike) at an optimizer step's end, so the position stays one ``(epoch, batches)`` pair
-    that Lightning's own epoch and batch counts agree with; a wrapping stream would need a second
-    position (where in which pass over the data) and would change its shuffled order mid-epoch. A
-    batch's place in its epoch does not depend on ``accumulate``, only where the epoch ends does, so
-    a position saved under one accumulation means the same batches under another.
+    ``state_dict()`` is the stream's own epoch and the batches of it served (Lightning fetches nothing
+    ahead from a sized loader). An epoch is ``len(self)`` batches, a whole number of optimizer steps
+    (docs/data.md says why).
 
     Args:
-        progress: under a trainer, ``(epoch, batches of it already done)`` as the trainer sees them
-            when a pass starts (see ``TokenStreamDataModule``). The trainer decides whether a resumed
-            epoch goes on (it then skips that many batches) or a new one begins. None: each
-            ``iter()`` is the next epoch, and a restored position goes on if its epoch has batches left.
-        accumulate: micro-batches per optimizer step (``trainer.accumulate_grad_batches``); each
-            epoch serves a multiple of it. The ``available % accumulate`` batches left over are the
-            epoch's last in its order (shuffled: other rows each epoch).
+        progress: under a trainer, ``(epoch, batches of it already done)`` when a pass starts; None:
+            each ``iter()`` is the next epoch, and a restored position goes on if its epoch has batches left.
+        accumulate: micro-batches per optimizer step (``trainer.accumulate_grad_batches``).
     """
 
     def __init__(self, progress: Callable[[], tuple[int, int]] | None = None, accumulate: int = 1) -> None:

@@ -1,13 +1,6 @@
-"""Reading a ``gpt-lightning`` checkpoint: a clear error for a missing, damaged or foreign file.
-
-A checkpoint is a ``.ckpt`` file, or, written under ``ModelParallelStrategy`` (FSDP2), a folder of
-shards (``torch.distributed.checkpoint``) with Lightning's ``meta.pt`` beside them; both read the same.
-
-``torch.load`` answers a truncated file with a zip-archive traceback and a damaged one with an
-``UnpicklingError`` that advises ``weights_only=False``: the wrong advice for a broken file, and an
-unsafe one. Everything here loads with ``weights_only=True`` and ``mmap=True`` (the weights are not
-read into memory until used), and turns each failure into one ``UserError`` that says what to do.
-"""
+"""Reading a ``gpt-lightning`` checkpoint (a ``.ckpt`` file, or an FSDP2 folder of DCP shards with
+Lightning's ``meta.pt``) with ``weights_only=True`` and ``mmap=True``, each failure (missing,
+damaged, foreign) one ``UserError`` that says what to do, not ``torch.load``'s traceback."""
 
 from __future__ import annotations
 
@@ -80,12 +73,8 @@ def _load(path: Path, option: str) -> Any:
 
 
 def _gather_sharded_weights(path: Path, checkpoint: dict[str, Any], option: str) -> dict[str, torch.Tensor]:
-    """The whole ``state_dict`` of a sharded checkpoint, read by ``torch.distributed.checkpoint`` (no
-    process group needed) into empty tensors shaped by the saved architecture.
-
-    Why not ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``: it reads every entry,
-    AdamW's two moments too (three times the weights' memory), and writes them to a file first; this
-    asks DCP's own ``load`` for the model's entries only."""
+    """The whole ``state_dict`` of a sharded checkpoint, read by DCP's ``load`` (no process group) into
+    empty tensors of the saved architecture: the model's entries only, not the optimizer's moments."""
     from torch.distributed.checkpoint import load
 
     with torch.device("meta"):  # shapes and dtypes only: no initialization of weights about to be replaced

@@ -1,11 +1,7 @@
 """GPT-2 checkpoints in Hugging Face format, both ways: OpenAI's weights (or any ``GPT2LMHeadModel``)
-to start from, and a directory that ``transformers.GPT2LMHeadModel.from_pretrained`` loads.
-
-Our parameter names are GPT-2's, so the mapping is small: Hugging Face stores the four projection
-weights as ``Conv1D`` (in, out) where ``nn.Linear`` has (out, in), its files may or may not prefix
-keys with ``transformer.``, older ones carry the causal-mask buffers ``attn.bias`` and
-``attn.masked_bias``, and the LM head is the token embedding (tied) and usually not stored.
-"""
+to start from, and a directory ``GPT2LMHeadModel.from_pretrained`` loads. Our names are GPT-2's:
+only ``Conv1D``'s transposed weights, an optional ``transformer.`` prefix, the old mask buffers and
+the tied head differ."""
 
 from __future__ import annotations
 
@@ -148,11 +144,8 @@ def export_hf(model: GPT, out_dir: str | Path) -> Path:
 
 
 def agree_with_pretrained(given: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The architecture and weights to start from ``source``, checked against what the user gave.
-
-    An architecture option left at its default takes the checkpoint's value; one set to anything
-    else must agree with it. ``block_size`` None keeps the checkpoint's position table; a number may
-    be shorter (the table is cropped, as nanoGPT does) but never longer.
+    """The architecture and weights to start from ``source``: an option left at its default takes the
+    checkpoint's value, one set otherwise must agree; ``block_size`` may crop the position table.
 
     Args:
         given: ``block_size``, ``vocab_size``, ``n_layer``, ``n_head``, ``n_embd`` and ``bias`` as given.

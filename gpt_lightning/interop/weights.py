@@ -1,14 +1,7 @@
-"""Plain GPT weights out of a Lightning checkpoint, for use without Lightning, and back.
-
-The file is safetensors: the ``GPT`` state dict (the tied LM head stored once, as
-``transformer.wte.weight``) with the ``GPTConfig`` in its metadata, so ``load_gpt`` needs nothing else.
-
-Why ``save_file`` / ``load_file`` and not ``safetensors.torch.save_model`` / ``load_model``: those
-store the tied tensor under its first name in sorted order (``lm_head.weight``, changing the file's
-keys), and ``load_model`` copies into a model that must already be allocated and initialized;
-``GPT.from_state_dict`` takes the file's tensors as the weights instead (no random init, no copy;
-``benchmarks/export_memory.py`` measures the difference).
-"""
+"""Plain GPT weights out of a Lightning checkpoint, for use without Lightning, and back: one
+safetensors file of the ``GPT`` state dict (tied head stored once, as ``transformer.wte.weight``)
+with the ``GPTConfig`` in its metadata. ``GPT.from_state_dict`` takes the file's tensors as the
+weights (no random init, no copy; ``benchmarks/export_memory.py``)."""
 
 from __future__ import annotations
 

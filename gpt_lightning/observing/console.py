@@ -1,8 +1,4 @@
-"""What a run prints: a progress bar in optimizer steps, a model summary with real FLOPs, no noise.
-
-``GPTLightningCLI`` attaches ``StepProgressBar`` and ``TrainingFlopsSummary``; both work with a plain
-``Trainer`` too. (What the CLI leaves unprinted is decided by the CLI: ``lightning_cli.quiet_lightning_console``.)
-"""
+"""What a run prints: a progress bar in optimizer steps and a model summary with real FLOPs."""
 
 from __future__ import annotations
 
@@ -31,13 +27,9 @@ _BAR_NAMES = {"val/loss": "val_loss"}
 
 
 class StepProgressBar(TQDMProgressBar):
-    """One training bar for the whole run, counted in optimizer steps (``step 37/200``).
-
-    Why not Lightning's bar: it counts batches of the current epoch (``Epoch 0: 37/330``, or
-    ``Epoch 0/-2`` with Rich when only ``max_steps`` is set) and reads every progress-bar metric from
-    the device after every batch, a host sync each step. This one shows the loss, validation loss and tokens/sec as they were at the last
-    logging interval (``trainer.log_every_n_steps``) and after each validation, so a training step
-    itself never waits for a value to come back from the GPU.
+    """One training bar for the whole run, counted in optimizer steps (``step 37/200``), showing loss,
+    validation loss and tokens/sec as of the last logging interval: no host sync per step, unlike
+    Lightning's bar.
 
     Args:
         refresh_rate: redraw the bar every this many steps. The finished bar stays on screen.
@@ -106,18 +98,9 @@ class StepProgressBar(TQDMProgressBar):
 
 
 class TrainingFlopsSummary(ModelSummary):
-    """Lightning's model summary, with the training FLOPs of one batch instead of a column of zeros.
-
-    Lightning counts FLOPs only by running a forward pass of ``example_input_array`` (which would
-    compile a second, no-grad graph before training starts); without one its FLOPs column is all
-    0. This summary drops that column and reports the forward + backward FLOPs of one
-    ``(batch_size, block_size)`` batch, counted once on the meta device by the module's
-    ``training_flops`` (no memory, no compute). The parameter size is that of the fp32 weights,
-    which is what ``*-mixed`` precisions keep, so Lightning's warning about it is silenced.
-
-    Below the table, one line estimates the memory per device of this run (``gpt_lightning.scaling.memory``:
-    model, micro-batch, precision, strategy, activation checkpointing); on a GPU whose memory it
-    exceeds, a warning says what would fit.
+    """Lightning's model summary with the forward + backward FLOPs of one ``(batch_size, block_size)``
+    batch (counted on the meta device, where Lightning would run a forward pass), and one line
+    estimating this run's memory per device (``scaling.memory``), with a warning where it won't fit.
 
     Args:
         max_depth: depth of the layer table, as for ``ModelSummary``.

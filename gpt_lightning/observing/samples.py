@@ -15,16 +15,9 @@ TAG = "samples"
 
 
 class ValidationSamples(Callback):
-    """Text sampled after each validation, logged to TensorBoard under ``samples``.
-
-    It samples ``tokens`` GPT-2 tokens after ``prompt`` at the end of each validation (not in the
-    sanity check) and logs the text under the tag ``samples`` with the logger's ``add_text``
-    (TensorBoard's); without such a logger it does nothing. The draw is seeded the same every time,
-    so samples of successive validations differ only by what the model learned. It samples in the
-    run's precision (the trainer's precision plugin's forward context: bf16 autocast under bf16-mixed).
-
-    Works with any module whose ``model`` is a gpt-lightning ``GPT``. The ``gpt-lightning`` CLI
-    attaches it; with a plain ``Trainer``, add it to ``callbacks``.
+    """Text sampled after each validation (not the sanity check), logged with the logger's ``add_text``
+    under ``samples``: same seed every time, in the run's precision. Works with any module whose
+    ``model`` is a gpt-lightning ``GPT``.
 
     Args:
         tokens: tokens to sample; 0 turns the samples off. None: the module's ``val_sample_tokens``
@@ -73,10 +66,7 @@ class ValidationSamples(Callback):
     @staticmethod
     def sample(pl_module: LightningModule, tokens: int, prompt: str) -> str:
         """``prompt`` and ``tokens`` sampled tokens after it (temperature 1, top-k 50, seed 0), as text.
-
-        Every rank samples (the same tokens: same weights, same generator seed): under FSDP each
-        forward all-gathers the weights, a collective that every rank must join.
-        """
+        Every rank samples: under FSDP each forward is a collective."""
         encoding = gpt2_encoding()
         ids = encoding.encode_ordinary(prompt) or [encoding.eot_token]
         idx = torch.tensor([ids], dtype=torch.long, device=pl_module.device)  # (1, T)

@@ -1,12 +1,5 @@
-"""``ThroughputMonitor``: post-warm-up tokens/sec, step time and MFU, for any LightningModule.
-
-Why not Lightning's own ``ThroughputMonitor``: it synchronizes the device on every batch (the GPU
-queue drains each step, which costs the throughput it reports), has no warm-up exclusion (so a
-compiling first step drags its rolling window), and keeps no per-step record for medians and
-percentiles. This callback times steps with CUDA events (resolved once per
-logging interval, so no per-step host sync) or ``perf_counter`` on CPU, excludes validation and
-checkpoint time, and reuses Lightning's ``get_available_flops`` for peak FLOP/s where it is right.
-"""
+"""``ThroughputMonitor``: post-warm-up tokens/sec, step time and MFU, for any LightningModule,
+without Lightning's per-batch device sync (docs/throughput.md)."""
 
 from __future__ import annotations
 
@@ -157,16 +150,8 @@ class StepTiming:
 class ThroughputMonitor(Callback):
     """Post-warm-up tokens/sec, step time and MFU, logged under ``throughput/``.
 
-    Logs at the trainer's logging interval: ``throughput/tokens_per_sec`` (the whole job, summed
-    over ranks), ``throughput/tokens_per_sec_per_device``, ``throughput/step_ms`` and
-    ``throughput/mfu``; and once, ``throughput/first_step_s`` and ``throughput/warmup_s``.
-    Validation and checkpoint writing are not counted: the step's clock pauses for them, inside an
-    accumulation too. Nor is a ``HellaSwagEval`` pass: its time is taken out of the step it ran in
-    (it scores as a step starts, step 0 included, so the first step is still the compiling one
-    whatever the order of the callbacks). At the end of ``fit`` it prints one summary line and
-    writes ``throughput.json`` into ``trainer.log_dir``: the logger's run folder, or without a
-    logger the Trainer's ``default_root_dir`` (the working directory unless set), as Lightning does
-    with checkpoints. Also with ``log_every_n_steps`` 0, which logs nothing at steps.
+    Logged each logging interval, validation, checkpoints and HellaSwag passes not counted; at the end
+    of ``fit`` a summary line and ``throughput.json`` in ``trainer.log_dir`` (docs/throughput.md).
 
     Args:
         warmup_steps: optimizer steps, counted from the start of each ``fit`` (a resumed run

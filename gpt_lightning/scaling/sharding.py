@@ -1,10 +1,7 @@
-"""Sharded data parallelism (FSDP2) for the GPT, applied under Lightning's ``ModelParallelStrategy``,
-and the meta-device build that goes with it (no rank allocates or initializes the whole model).
+"""Sharded data parallelism (FSDP2) for the GPT under Lightning's ``ModelParallelStrategy``, and the
+meta-device build that goes with it (no rank allocates or initializes the whole model).
 
-Each ``Block`` becomes one FSDP unit (its parameters are all-gathered just before it runs and freed
-after; a block's value embedding and gate, ``value_embeddings``, are its own and go with it), then
-the root takes what is left: the embeddings (tied to the LM head), the final LayerNorm.
-Parameters, gradients and AdamW's moments are then split across ranks instead of copied to each.
+Each ``Block`` (with its value embedding and gate) is one FSDP unit; the root takes the rest.
 ``fully_shard`` works in place, so ``state_dict`` keys stay ``transformer.h.N...``.
 """
 
@@ -23,19 +20,10 @@ if TYPE_CHECKING:
 
 
 def sharding_mesh(device_mesh: DeviceMesh) -> DeviceMesh:
-    """The mesh FSDP2 shards over, from ``ModelParallelStrategy``'s 2-D
-    ``(data_parallel, tensor_parallel)`` mesh.
-
-    gpt-lightning has no tensor parallelism, so both dimensions carry data parallelism and every
-    rank reads its own batches:
-
-    - one dimension of size 1: FSDP over the other, i.e. over all ranks. With the strategy's
-      defaults on one node (``data_parallel_size`` = nodes = 1, ``tensor_parallel_size`` = GPUs),
-      that is every GPU.
-    - both larger than 1 (several nodes, the defaults): HSDP. Parameters are sharded across the
-      inner dimension (the GPUs of a node, fast links) and replicated across the outer one (nodes),
-      so only gradients cross the slower links, once per optimizer step (``sync_at_last_micro_batch``).
-    """
+    """The mesh FSDP2 shards over, from ``ModelParallelStrategy``'s 2-D ``(data_parallel,
+    tensor_parallel)`` mesh, both of which carry data parallelism here: a dimension of size 1 means
+    FSDP over the other (every rank); both larger than 1 means HSDP (sharded within a node, replicated
+    across nodes). See docs/fsdp2.md."""
     if device_mesh.ndim != 2:
         return device_mesh
     outer, inner = device_mesh.mesh_dim_names or ("data_parallel", "tensor_parallel")
@@ -58,9 +46,8 @@ def shard_gpt(model: GPT, mesh: DeviceMesh, param_dtype: torch.dtype | None = No
     Args:
         model: the GPT, still unsharded.
         mesh: 1-D (FSDP) or 2-D (HSDP) mesh, see ``sharding_mesh``.
-        param_dtype: dtype the parameters are all-gathered and computed in (bf16 under
-            ``bf16-mixed``: half the traffic and the memory of the gathered copies); gradients are
-            still reduced in float32 and the sharded master weights stay float32. None keeps float32.
+        param_dtype: dtype parameters are all-gathered and computed in (bf16 under ``bf16-mixed``);
+            gradients are reduced in float32, master weights stay float32. None keeps float32.
     """
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     blocks = list(model.transformer.h)
@@ -77,25 +64,15 @@ def shard_gpt(model: GPT, mesh: DeviceMesh, param_dtype: torch.dtype | None = No
 
 
 def shard_once(model: GPT, device_mesh: DeviceMesh, precision: str) -> None:
-    """``shard_gpt`` over ``ModelParallelStrategy``'s mesh, unless the model is sharded already
-    (``configure_model`` runs again in each ``fit`` / ``validate``). Under ``bf16-mixed`` the
-    parameters are gathered and computed in bf16."""
+    """``shard_gpt`` over the strategy's mesh unless already sharded (``configure_model`` runs again in
+    each ``fit`` / ``validate``); bf16 gathers under ``bf16-mixed``."""
     if not isinstance(model, FSDPModule):
         shard_gpt(model, sharding_mesh(device_mesh), param_dtype=torch.bfloat16 if precision == "bf16-mixed" else None)
 
 
 def sync_at_last_micro_batch(model: GPT, trainer: Trainer, batch_idx: int) -> None:
-    """``on_train_batch_start``: under HSDP, all-reduce the gradients across replicas (nodes) only in
-    the backward of an optimizer step's last micro-batch.
-
-    With ``accumulate_grad_batches`` K, FSDP2 would otherwise all-reduce across nodes after each of
-    the K backwards (Lightning's ``no_sync`` covers DDP only). The reduce-scatter within a node still
-    runs every micro-batch, so gradients stay sharded: skipping it too
-    (``set_requires_gradient_sync``) would hold a whole unsharded gradient per GPU across the
-    micro-batches, the memory FSDP exists to save, to spare traffic on the fast links that overlaps
-    the backward anyway. The sum is the same either way: the shards add up the micro-batches, and one
-    all-reduce adds up the nodes. The last micro-batch is the one Lightning steps after: every K-th
-    batch of the epoch, or the epoch's last. Plain FSDP (one mesh dimension) has no all-reduce.
+    """``on_train_batch_start``: under HSDP, all-reduce gradients across nodes only in an optimizer
+    step's last micro-batch (Lightning's ``no_sync`` covers DDP only). See docs/fsdp2.md.
 
     Args:
         model: the GPT, sharded or not (then nothing to do).
@@ -114,10 +91,9 @@ def is_empty(model: GPT) -> bool:
 
 
 def materialize(model: GPT, device: torch.device, rng_state: torch.Tensor) -> None:
-    """Memory and GPT-2's initialization for a GPT built on the meta device (after sharding: each
-    rank allocates only its shard, on ``device``). The values are those an eager build would have
-    drawn from the generator state ``rng_state`` (``torch.random.get_rng_state()`` when it was
-    built), so a sharded run starts from the weights a single-device run with the same seed starts from."""
+    """Allocate and initialize a meta-device GPT (after sharding: each rank only its shard) with the
+    values an eager build from generator state ``rng_state`` would draw, so sharded and single-device
+    runs with one seed start from the same weights."""
     model.to_empty(device=device)
     model.tie_weights()  # the same Parameter already under FSDP2; a plain to_empty unties them
     model.init_weights(torch.Generator().set_state(rng_state))

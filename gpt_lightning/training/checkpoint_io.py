@@ -1,12 +1,6 @@
-"""Checkpoint files written beside their destination and renamed into place.
-
-Lightning's ``TorchCheckpointIO`` writes a local checkpoint to a temporary file under ``$TMPDIR``
-and moves it; across filesystems (``/tmp`` local, ``logs/`` elsewhere) the move is a truncate and
-copy over the old file, so a kill mid-save leaves no whole ``last.ckpt`` (the run's only one), and a
-full ``/tmp`` fails a save the checkpoint folder had room for. ``AtomicCheckpointIO`` writes the new
-file in the checkpoint's own folder, flushes it to disk and renames it over the old one: readers,
-and a resume after any crash, see the previous checkpoint or the whole new one.
-"""
+"""Checkpoint files written in their own folder, flushed and renamed over the old one: readers and a
+resume after a crash see the previous checkpoint or the whole new one (Lightning's default writes
+under ``$TMPDIR`` and moves, a copy over the old file across filesystems)."""
 
 from __future__ import annotations
 
@@ -30,12 +24,8 @@ _NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """``TorchCheckpointIO`` whose local saves are atomic and whose full disk is one clear error.
-
-    A save needs room for the new file beside the old one. Remote paths (``s3://...`` and other
-    fsspec URLs) are saved as Lightning saves them. One process writes a given checkpoint file (in
-    Lightning, global rank 0), so a temporary file beside it is a killed save's, removed at the next.
-    """
+    """``TorchCheckpointIO`` whose local saves are atomic and whose full disk is one clear error; remote
+    (fsspec) paths are saved as Lightning saves them."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
         """Save ``checkpoint`` to ``path``: the old file stays whole until the new one replaces it.
@@ -72,10 +62,7 @@ def _local_path(path: str | Path) -> Path | None:
 
 
 def use_atomic_checkpoints(trainer: Trainer) -> None:
-    """Give ``trainer`` an ``AtomicCheckpointIO`` where it has Lightning's default one.
-
-    Only the exact default is replaced: a checkpoint plugin the user chose (their own subclass, an
-    ``AsyncCheckpointIO``, a cloud one) is theirs to keep.
-    """
+    """Give ``trainer`` an ``AtomicCheckpointIO`` where it has Lightning's exact default one (a plugin
+    the user chose is kept)."""
     if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
         trainer.strategy.checkpoint_io = AtomicCheckpointIO()

@@ -1,18 +1,7 @@
 """``NonFiniteGuard``: a non-finite loss or gradient never updates the weights, with no per-step
-host sync.
-
-The obvious guard, ``if not torch.isfinite(loss)`` after every backward, makes the CPU wait until
-the GPU has drained its queue, so the next step's kernels cannot be queued ahead. Here the decision
-stays on the device: a 0-dim tensor that the fused AdamW (and ``MuonWithAdamW``) takes as ``found_inf`` (the way
-``torch.amp.GradScaler`` skips a step) and that skips every update from the first bad step on. The
-first bad step is kept in another device tensor that the host reads only when asked: at logging
-intervals and before a checkpoint is written.
-
-``GPTLightningModule`` delegates four hooks here, one line each: ``on_before_optimizer_step``
-(``before_optimizer_step``), ``configure_gradient_clipping`` (``clip_gradients``, which reuses the
-guard's norm), ``on_train_batch_end`` (``check_at_logging_interval``), and ``on_save_checkpoint`` /
-``on_train_end`` (``raise_if_found``).
-"""
+host sync: the decision is a device tensor the optimizer takes as ``found_inf`` (as ``GradScaler``
+skips a step), and the host reads the first bad step only at logging intervals and before a
+checkpoint (docs/gpu-fast-path.md)."""
 
 from __future__ import annotations
 
@@ -28,11 +17,8 @@ from gpt_lightning.training.optimizers import MuonWithAdamW
 
 
 class NonFiniteGuard:
-    """Tracks non-finite losses and gradients on the device.
-
-    Use: ``observe_loss`` for every micro-batch, ``skip_update`` once per optimizer step (after
-    backward, before ``optimizer.step``), and ``first_bad_step`` when the host may wait.
-    """
+    """Tracks non-finite losses and gradients on the device: ``observe_loss`` every micro-batch,
+    ``skip_update`` once per optimizer step, ``first_bad_step`` when the host may wait."""
 
     def __init__(self) -> None:
         self._loss_bad: torch.Tensor | None = None  # a micro-batch of this step had a non-finite loss
@@ -46,13 +32,11 @@ class NonFiniteGuard:
         self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
 
     def skip_update(self, step: int, grads: list[torch.Tensor] | None) -> torch.Tensor:
-        """Whether this optimizer step must not update the weights: a 0-dim bool tensor, computed
-        without reading anything back.
+        """Whether this optimizer step must not update the weights: a 0-dim bool tensor, no host read.
 
         Args:
             step: the optimizer step about to be taken (``trainer.global_step``).
-            grads: the gradients to check, or None when something else handles non-finite gradients
-                (``GradScaler`` under ``16-mixed``, where an overflow is routine, not an error).
+            grads: the gradients to check, or None when ``GradScaler`` handles them (``16-mixed``).
         """
         bad = self._loss_bad if self._loss_bad is not None else torch.zeros((), dtype=torch.bool)
         self.grad_norm = None
@@ -127,17 +111,9 @@ class NonFiniteGuard:
         clip_val: int | float | None,
         algorithm: str | None,
     ) -> None:
-        """``configure_gradient_clipping``: ``--trainer.gradient_clip_val`` on the device, for every
-        precision, fused AdamW kept.
-
-        Lightning's own clipping refuses fused optimizers under ``*-mixed`` precision (its
-        ``MixedPrecision.clip_gradients`` raises, bf16 included). Here ``"norm"`` (the default)
-        scales the gradients by ``min(1, clip_val / global_norm)`` with the norm this guard has
-        already taken (``clip_grads_with_norm_``: one norm pass, no host read), and ``"value"``
-        clamps each gradient element to ``[-clip_val, clip_val]`` on the device. Under 16-mixed with
-        fused AdamW the gradients are still scaled by the ``GradScaler`` here, so the norm is divided
-        by the scale (and the value bound multiplied by it): the clip applies to the true gradients.
-        """
+        """``configure_gradient_clipping``: ``--trainer.gradient_clip_val`` on the device for every
+        precision, fused AdamW kept (Lightning's own clipping refuses fused optimizers under ``*-mixed``).
+        "norm" reuses the guard's norm; under 16-mixed the bound follows the ``GradScaler``'s scale."""
         if not clip_val:
             return
         grads = _gradients(module)

@@ -1,19 +1,6 @@
-"""The optimizers ``GPTLightningModule`` trains with: AdamW on every weight (``"adamw"``), or
-``torch.optim.Muon`` on the blocks' 2-D matrices and AdamW on the rest (``"muon"``), as one
-``torch.optim.Optimizer``.
-
-Why one optimizer for the two: Lightning's automatic optimization steps one optimizer per batch
-(two need manual optimization, where accumulation, clipping, the non-finite guard and the schedule
-would all be ours to re-implement). ``MuonWithAdamW`` is a plain ``Optimizer`` whose
-``param_groups`` and ``state`` are those of its two parts (the same dicts), so Lightning's
-accumulation and clipping, a ``LambdaLR``, the ``LearningRateMonitor`` (one tag per named group) and
-the checkpoint's ``optimizer_states`` (``state_dict`` / ``load_state_dict``) all see one optimizer.
-
-Like fused AdamW, it skips an update on the device: the ``NonFiniteGuard`` sets ``found_inf`` (a
-0-dim tensor, 1 = skip) and ``step`` leaves every weight and moment as it was, with no host read
-and no copy of the weights. Where AdamW is not fused (MPS, XPU) the guard reads the flag on the
-host instead (``skips_on_device``).
-"""
+"""The optimizers ``GPTLightningModule`` trains with: AdamW on every weight ("adamw"), or Muon on
+the blocks' 2-D matrices and AdamW on the rest ("muon"), as one ``torch.optim.Optimizer`` so that
+Lightning's automatic optimization, clipping, schedule and checkpoints see one (docs/optimizers.md)."""
 
 from __future__ import annotations
 
@@ -47,10 +34,8 @@ def is_head(name: str) -> bool:
 
 
 def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
-    """Whether Muon updates ``param``: a 2-D weight inside a transformer block (``c_attn``,
-    ``attn.c_proj``, ``c_fc``, ``mlp.c_proj``, a value embedding's gate as in nanochat). The embeddings
-    (the blocks' value embeddings too, and the head tied to ``wte``), the LayerNorm gains and the
-    biases stay on AdamW, as in Keller Jordan's recipe."""
+    """Whether Muon updates ``param``: a 2-D weight inside a transformer block (and a value embedding's
+    gate, as in nanochat); embeddings, head, norms and biases stay on AdamW."""
     return name.startswith("transformer.h.") and param.dim() == 2 and not is_embedding(name)
 
 
@@ -64,8 +49,8 @@ def require_muon() -> None:
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
-    """``torch.optim.Muon`` on ``muon_groups`` and ``torch.optim.AdamW`` on ``adamw_groups``,
-    stepped together as one optimizer.
+    """``torch.optim.Muon`` on ``muon_groups`` and ``torch.optim.AdamW`` on ``adamw_groups``, stepped
+    together as one optimizer; ``found_inf`` skips the update on the device.
 
     Args:
         muon_groups: parameter groups of 2-D matrices, with Muon's options (``lr``, ``momentum``, ...).
@@ -114,33 +99,44 @@ class MuonWithAdamW(torch.optim.Optimizer):
         return loss
 
     def _muon_step_unless(self, skip: torch.Tensor) -> None:
-        """Muon's step (torch's ``_single_tensor_muon``, the same operations in the same order),
-        gated on the device by ``skip`` (a 0-dim bool tensor), one matrix at a time: no copy of the
-        weights, no host read. A skipped step feeds the momentum buffer back as the gradient
-        (``lerp(buf, buf) == buf``: a non-finite gradient never reaches it), multiplies the
-        orthogonalized update by 0 and keeps the weights from before the weight decay. On a taken
-        step the update is multiplied by exactly 1 and the decayed weights selected: torch's step,
-        bit for bit (tests/test_optimizers.py)."""
-        _zeropower_via_newtonschulz, _adjust_lr = muon_math()  # torch's own Muon math
-
-        keep = (~skip).to(torch.bfloat16)  # the update's dtype (Newton-Schulz runs in bfloat16)
         for group in self.muon.param_groups:
-            lr, weight_decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "momentum_buffer" not in state:  # once, as torch's _init_group does
-                    state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-                buf = state["momentum_buffer"]
-                grad = torch.where(skip, buf, p.grad)  # one matrix's worth, freed before the next
-                buf.lerp_(grad, 1 - momentum)
-                update = grad.lerp(buf, momentum) if group["nesterov"] else buf
-                update = _zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
-                update.mul_(keep)  # finite: grad is buf where skipped
-                if weight_decay:  # torch's own product (any dtype), kept where skipped; one matrix at a time
-                    torch.where(skip, p, p * (1 - lr * weight_decay), out=p)
-                p.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+                if p.grad is not None:
+                    muon_matrix_step(p, group, self.state[p], skip)
+
+
+def muon_matrix_step(p: torch.Tensor, group: dict[str, Any], state: dict[str, Any], skip: torch.Tensor | None = None,
+                     chunks: int = 1) -> None:
+    """One matrix's Muon step, torch's ``_single_tensor_muon`` operations in order (bit for bit,
+    tests/test_optimizers.py), with no copy of the weights and no host read.
+
+    Args:
+        p: the matrix, its gradient in ``p.grad``.
+        group: its Muon parameter group (``lr``, ``momentum``, ``ns_coefficients`` ...).
+        state: its optimizer state (the momentum buffer is made here on the first step).
+        skip: a 0-dim bool tensor: True leaves the weights and momentum as they were. None: a plain step.
+        chunks: orthogonalize this many row blocks apart (modded-nanogpt's Q, K, V split;
+            ``benchmarks/optimizers.py --qkv_split``).
+    """
+    zeropower_via_newtonschulz, adjust_lr = muon_math()  # torch's own Muon math
+    lr, weight_decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
+    if "momentum_buffer" not in state:  # once, as torch's _init_group does
+        state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+    buf = state["momentum_buffer"]
+    grad = p.grad if skip is None else torch.where(skip, buf, p.grad)  # skipped: buf, so nothing non-finite gets in
+    buf.lerp_(grad, 1 - momentum)
+    update = grad.lerp(buf, momentum) if group["nesterov"] else buf
+    blocks = [zeropower_via_newtonschulz(u, group["ns_coefficients"], group["ns_steps"], group["eps"])
+              for u in update.chunk(chunks, dim=0)]
+    update = blocks[0] if chunks == 1 else torch.cat(blocks)  # (rows, cols) again
+    if skip is not None:
+        update.mul_((~skip).to(update.dtype))  # finite: grad is buf where skipped
+    if weight_decay:
+        if skip is None:
+            p.mul_(1 - lr * weight_decay)
+        else:  # torch's own product (any dtype), kept where skipped
+            torch.where(skip, p, p * (1 - lr * weight_decay), out=p)
+    p.add_(update, alpha=-adjust_lr(lr, group["adjust_lr_fn"], (p.shape[0] // chunks, *p.shape[1:])))
 
 
 def build_optimizer(
@@ -159,10 +155,8 @@ def build_optimizer(
     embedding_learning_rate: float | None = None,
     head_learning_rate: float | None = None,
 ) -> torch.optim.Optimizer:
-    """The optimizer of ``kind`` ("adamw" or "muon") over ``model``'s trainable parameters. Its
-    groups' order is the one ``group_settings`` gives (``resume`` re-applies settings by it).
-    With an untied head, the embeddings and the head get groups of their own, at
-    ``embedding_learning_rate`` and ``head_learning_rate`` (None: ``learning_rate``), no weight decay."""
+    """The optimizer of ``kind`` ("adamw" or "muon") over ``model``'s trainable parameters, its groups
+    in ``group_settings``' order (an untied head and embeddings get their own rates, no decay)."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     adamw = dict(betas=tuple(betas), eps=eps, fused=fused)
     untied = any(is_head(name) for name, _ in named)  # a tied head is named transformer.wte.weight only
@@ -224,10 +218,8 @@ def lr_multiplier(
     min_lr_ratio: float,
     total_steps: int | None,
 ) -> float:
-    """The learning rate at optimizer step ``step`` as a fraction of each group's peak: a linear
-    warm-up over ``warmup_steps``, then "cosine" (down to ``min_lr_ratio`` over ``cosine_decay_steps``,
-    then constant; None: constant) or "wsd" (constant, then linear down to ``min_lr_ratio`` over the
-    last ``decay_fraction`` of ``total_steps``). ``GPTLightningModule``'s options, documented there."""
+    """The learning rate at ``step`` as a fraction of each group's peak: linear warm-up, then "cosine"
+    or "wsd" decay to ``min_lr_ratio`` (``GPTLightningModule``'s options, documented there)."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if lr_schedule == "wsd":

@@ -1,18 +1,7 @@
-"""What a resumed run checks and re-applies when ``GPTLightningModule`` loads a checkpoint.
-
-- The architecture must be the checkpoint's: one that differs is refused with a message naming each
-  difference, before Lightning's ``load_state_dict`` fails on a shape (or, for ``n_head``, which
-  changes no shape, silently computes something else).
-- The optimizer settings are the ones given now: the restored optimizer state keeps its moments,
-  but takes this run's betas, eps, weight decay (and Muon's momentum), and a checkpoint of the
-  other optimizer (AdamW vs Muon) is refused in one line.
-- So are the learning rates and the schedule: when training starts, each parameter group's rate is
-  its peak given now times the schedule given now at the restored step, with or without a
-  scheduler in the checkpoint (``fit --ckpt_path last.ckpt --model.learning_rate 3e-4`` continues at
-  3e-4; a warm-up removed, or a decay added or lengthened, takes effect at once).
-- Both only for the optimizer and scheduler the module's own ``configure_optimizers`` built: a
-  subclass's own optimizer and scheduler run as written, resumed as their checkpoint saved them.
-"""
+"""What a resumed run checks and re-applies when ``GPTLightningModule`` loads a checkpoint: the
+architecture must be the checkpoint's (else a ``UserError`` naming each difference); the optimizer
+settings, learning rates and schedule are the ones given now, at the restored step (for the
+optimizer and scheduler the module's own ``configure_optimizers`` built). See docs/resume.md."""
 
 from __future__ import annotations
 
@@ -88,16 +77,13 @@ def continue_own_schedule(
     settings: Sequence[Mapping[str, Any]],
     multiplier: Callable[[int], float],
 ) -> None:
-    """At train start, give the optimizer and scheduler the module's own ``configure_optimizers``
-    built (``built``) the settings and schedule given now, at the (restored) step. Any other
-    optimizer or scheduler (a subclass's own ``configure_optimizers``) is left as its author wrote
-    it and as its checkpoint restored it.
+    """At train start, give the module's own optimizer and scheduler (``built``) the settings and
+    schedule given now, at the restored step; a subclass's own are left as restored.
 
     Args:
         trainer: the trainer, its optimizers and schedulers set up and restored.
         built: the optimizer and scheduler (or None) the module built; None when a subclass built its own.
-        settings: each parameter group's settings, in the order the module builds its groups
-            (``optimizers.group_settings``); their ``lr`` is the group's peak.
+        settings: each parameter group's settings, in the module's group order; ``lr`` is the peak.
         multiplier: the schedule, a fraction of the peak at each optimizer step.
     """
     if built is None or not any(optimizer is built[0] for optimizer in trainer.optimizers):
@@ -109,9 +95,8 @@ def continue_own_schedule(
 
 
 def apply_optimizer_settings(optimizer: torch.optim.Optimizer, settings: Sequence[Mapping[str, Any]]) -> None:
-    """Rewrite the (restored) group settings (betas, eps, weight decay, Muon's momentum ...) with
-    ``settings``, keeping the moments: what the user gave now is what training continues with.
-    The learning rates are ``place_schedule``'s."""
+    """Rewrite the restored group settings (betas, eps, weight decay, momentum ...) with ``settings``,
+    keeping the moments; learning rates are ``place_schedule``'s."""
     for group, given in zip(optimizer.param_groups, settings):
         group.update({key: value for key, value in given.items() if key != "lr"})
         if "initial_lr" in group:  # LambdaLR's record of the peak
@@ -125,11 +110,8 @@ def place_schedule(
     peaks: Sequence[float],
     multiplier: Callable[[int], float],
 ) -> None:
-    """Set each parameter group's learning rate, and each scheduler's position, to what the
-    schedule given now (the group's peak in ``peaks`` x ``multiplier(step)``) has after ``step``
-    optimizer steps: the restored values come from the checkpoint's schedule and learning rates,
-    which may differ or be absent. On a fresh run (step 0) this is what ``configure_optimizers``
-    built already."""
+    """Set each group's rate (its peak x ``multiplier(step)``) and each scheduler's position to the
+    schedule given now after ``step`` optimizer steps."""
     for group, peak in zip(optimizer.param_groups, peaks):
         group["lr"] = peak * multiplier(step)
     for scheduler in schedulers:
@@ -144,13 +126,7 @@ def place_schedule(
 
 
 def align_logging_step(trainer: Any) -> None:
-    """Make the step logged metrics carry the optimizer step count again.
-
-    Lightning logs at its epoch loop's ``_batches_that_stepped``, which it saves and restores, then
-    adds one on restart when it guesses the checkpoint was written before its own increment.
-    A checkpoint written at the end of ``fit`` after a final validation is guessed wrong, so every
-    point of the resumed run was drawn one step to the right of the uninterrupted run's. In
-    automatic optimization the two counts are equal at the start of every batch, so setting it is
-    a no-op except after such a resume. (Lightning issue #19367 is the same family.)"""
+    """Log at the optimizer step count again: Lightning's restored logging step can be one ahead after
+    a resume (it guesses the checkpoint's moment; cf. Lightning #19367)."""
     if batches_that_stepped(trainer) != trainer.global_step:
         set_batches_that_stepped(trainer, trainer.global_step)
