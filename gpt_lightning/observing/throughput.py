@@ -183,6 +183,7 @@ class ThroughputMonitor(Callback):
         self._step_start: Any = None
         self._step_spans: list[tuple[Any, Any]] = []
         self._step_tokens = 0
+        self._step_index = 0
 
     # --- clock -----------------------------------------------------------------------------------
     @staticmethod
@@ -305,7 +306,7 @@ class ThroughputMonitor(Callback):
             atomic_write_bytes(path, (json.dumps(s, indent=2) + "\n").encode())
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        if isinstance(exception, SystemExit) and getattr(self, "_step_index", 0):  # stopped on a signal (Preempted)
+        if isinstance(exception, SystemExit) and self._step_index:  # stopped on a signal (Preempted)
             self.on_train_end(trainer, pl_module)  # every rank stops at the same step: the summary's reduces match
 
     # --- arithmetic ------------------------------------------------------------------------------
