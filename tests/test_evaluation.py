@@ -182,3 +182,19 @@ def test_eval_tasks_from_the_command_line_scores_a_modern_checkpoint(setup):
             scores.append(float(logprobs.sum()))
         correct += max(range(len(scores)), key=scores.__getitem__) == sample["target"]
     assert results["results"]["shakespeare_mc"]["acc,none"] == pytest.approx(correct / 6)
+
+
+def test_a_dataset_that_cannot_be_downloaded_is_one_clear_error(setup, monkeypatch):
+    import datasets
+
+    from gpt_lightning.errors import UserError
+    from gpt_lightning.evaluation.harness_model import GPTHarnessLM
+    from gpt_lightning.evaluation.tasks import run_tasks
+
+    root, gpt2, _ = setup
+    (root / "hub").mkdir()
+    (root / "hub" / "hub_task.yaml").write_text(
+        "task: hub_task\ndataset_path: someone/not_cached_here\ntest_split: test\n" + TASKS["shakespeare_mc"])
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # what HF_DATASETS_OFFLINE=1 sets; no network here either
+    with pytest.raises(UserError, match="not in the Hugging Face cache and cannot be downloaded .*someone/not_cached_here"):
+        run_tasks(GPTHarnessLM.from_checkpoint(gpt2), ["hub_task"], include_path=root / "hub")

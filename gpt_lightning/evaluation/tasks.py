@@ -63,9 +63,10 @@ def run_tasks(
         )
     except Exception as err:
         if _is_offline_error(err):
+            said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise UserError(
-                f"A task's dataset is not in the Hugging Face cache and cannot be downloaded ({type(err).__name__}): "
-                "run once with network, or give --include_path task YAMLs on local files (docs/evaluation.md)."
+                f"A task's dataset is not in the Hugging Face cache and cannot be downloaded ({said}). Run once with "
+                "network to cache it, or give --include_path task YAMLs on local files (docs/evaluation.md)."
             ) from None
         raise
     return results
