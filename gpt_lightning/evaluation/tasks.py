@@ -48,11 +48,11 @@ def run_tasks(
     task_manager = None
     if include_path is not None:  # the user's own tasks alone skip indexing the harness's ~14,000 YAMLs (~30 s)
         task_manager = TaskManager(include_path=str(include_path), include_defaults=False)
-        if not all(name in task_manager.all_tasks for name in tasks):
+        if not all(task_manager.match_tasks([name]) for name in tasks):
             task_manager = None
     if task_manager is None:
         task_manager = TaskManager(include_path=str(include_path) if include_path is not None else None)
-    unknown = [name for name in tasks if name not in task_manager.all_tasks and not Path(name).is_file()]
+    unknown = [name for name in tasks if not task_manager.match_tasks([name]) and not Path(name).is_file()]  # globs match too
     if unknown:
         hint = f" in the harness or in {include_path}" if include_path is not None else " (give --include_path for your own YAMLs)"
         raise UserError(f"Unknown task {', '.join(unknown)}{hint}: `lm-eval ls tasks` lists the harness's.")
