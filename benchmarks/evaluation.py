@@ -95,7 +95,8 @@ def table(results: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", nargs="+", default=["gpt2-124m/float32:16", "gpt2-124m/bfloat16:8", "tiny-cpu/float32:64"],
+    parser.add_argument("--runs", nargs="+", default=["gpt2-124m/float32:8", "tiny-cpu/float32:32", "tiny-cpu/bfloat16:32",
+                                                       "gpt2-124m/bfloat16:2"],
                         help="shape/dtype:examples, each example 4 requests (default: %(default)s)")
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per backend, alternating (median)")

@@ -216,7 +216,9 @@ def test_generate_until_samples_as_gen_kwargs_say(setup):
         torch.manual_seed(0)
         return lm.generate_until(requests)
 
+    lm.gpt.train()  # as a model being trained is: answered in eval mode, handed back training
     greedy = generate(do_sample=False)
+    assert lm.gpt.training
     assert generate() == greedy  # the harness's default: greedy
     sampled = generate(do_sample=True, temperature=1.0, top_k=50)
     assert sampled != greedy and sampled == generate(do_sample=True, temperature=1.0, top_k=50)
