@@ -224,3 +224,15 @@ def test_generate_until_samples_as_gen_kwargs_say(setup):
     assert sampled != greedy and sampled == generate(do_sample=True, temperature=1.0, top_k=50)
     with pytest.raises(ValueError, match="top_p"):
         generate(do_sample=True, top_p=0.9)
+
+
+def test_without_lm_eval_tasks_says_how_to_install_it(setup, monkeypatch, capsys):
+    from gpt_lightning.cli import main
+
+    _, gpt2, _ = setup
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # what `import lm_eval` meets when it is not installed
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--tasks", "hellaswag", "--ckpt_path", str(gpt2)])
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert 'pip install "gpt-lightning[eval]"' in line
