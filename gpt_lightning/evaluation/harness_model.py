@@ -144,7 +144,7 @@ class GPTHarnessLM(TemplateLM):
             by_length.setdefault(len(prompt), []).append(row)
         for rows in by_length.values():
             idx = torch.tensor([prompts[row] for row in rows], dtype=torch.long, device=self._device)  # (B, T)
-            start, done = idx.size(1), 0
+            start, done, decoded = idx.size(1), 0, [""] * len(rows)
             while done < max_gen_toks:
                 new = min(max_gen_toks - done, FIRST_ROUND_TOKENS << (done // FIRST_ROUND_TOKENS).bit_length())
                 with self.inference():
