@@ -8,7 +8,7 @@ cut from the packaged tiny Shakespeare (no network). Weights are random: speed d
 them. The hf model computes the LM head and log-softmax at every position, each ending with its
 context; ours runs each context once, its endings on top, the head only where a token is scored.
 
-    OMP_NUM_THREADS=1 python benchmarks/evaluation.py     # benchmarks/results/cpu-2core/evaluation.json
+    OMP_NUM_THREADS=1 python benchmarks/evaluation.py     # benchmarks/results/cpu-2core/evaluation.json and .md
 """
 
 from __future__ import annotations
@@ -74,22 +74,34 @@ def measure(config: GPTConfig, dtype: str, requests, batch_size: int, repeats: i
             answers[name] = backends[name]._loglikelihood_tokens(requests, disable_tqdm=True)
             seconds[name].append(time.perf_counter() - start)
     median = {name: statistics.median(s) for name, s in seconds.items()}
+    precision = {}
+    if DTYPES[dtype] is not None:  # how far each backend's answers are from float32's (the hf model's log-softmax runs in bf16)
+        exact = GPTHarnessLM(model, batch_size=batch_size, device="cpu")._loglikelihood_tokens(requests)
+        precision = {f"max_abs_difference_from_float32_{name}": max(abs(a[0] - b[0]) for a, b in zip(answers[name], exact))
+                     for name in backends}
     return {
         "requests": len(requests), "batch_size": batch_size, "seconds": seconds,
         "requests_per_s": {name: len(requests) / m for name, m in median.items()},
         "speedup": median["hf"] / median["ours"],
         "max_abs_loglikelihood_difference": max(abs(a[0] - b[0]) for a, b in zip(answers["hf"], answers["ours"])),
         "greedy_flags_equal": [a[1] for a in answers["hf"]] == [b[1] for b in answers["ours"]],
+        **precision,
     }
 
 
+def difference(r: dict) -> str:
+    if "max_abs_difference_from_float32_hf" in r:
+        return f"hf {r['max_abs_difference_from_float32_hf']:.1e}, ours {r['max_abs_difference_from_float32_ours']:.1e}"
+    return f"{r['max_abs_loglikelihood_difference']:.1e}"
+
+
 def table(results: dict) -> str:
-    rows = ["| model | dtype | requests | hf requests/s | ours requests/s | ours / hf | max log-likelihood difference |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| model | dtype | requests | hf requests/s | ours requests/s | ours / hf | max log-likelihood difference hf vs ours "
+            "(bf16: each vs float32) |", "|---|---|---|---|---|---|---|"]
     for key, r in results.items():
         shape, dtype = key.split("/")
         rows.append(f"| {shape} | {dtype} | {r['requests']} | {r['requests_per_s']['hf']:.2f} | "
-                    f"{r['requests_per_s']['ours']:.2f} | **{r['speedup']:.2f}x** | {r['max_abs_loglikelihood_difference']:.1e} |")
+                    f"{r['requests_per_s']['ours']:.2f} | **{r['speedup']:.2f}x** | {difference(r)} |")
     return "\n".join(rows)
 
 
@@ -117,6 +129,7 @@ def main() -> None:
         "note": "2-core CPU shared with other jobs (see loadavg): ratios are measured side by side, interleaved",
     }
     atomic_write_bytes(Path(args.out), (json.dumps(report, indent=2) + "\n").encode())
+    atomic_write_bytes(Path(args.out).with_suffix(".md"), (table(results) + "\n").encode())  # the table docs/evaluation.md quotes
     print(table(results))
 
 

@@ -236,3 +236,13 @@ def test_without_lm_eval_tasks_says_how_to_install_it(setup, monkeypatch, capsys
     assert exit_info.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert 'pip install "gpt-lightning[eval]"' in line
+
+
+def test_the_speed_table_in_the_docs_is_the_committed_benchmarks():
+    results = REPO / "benchmarks" / "results" / "cpu-2core"
+    table = (results / "evaluation.md").read_text().strip()
+    written = json.loads((results / "evaluation.json").read_text())["results"]
+    assert table in (REPO / "docs" / "evaluation.md").read_text()
+    for key, run in written.items():
+        assert f"**{run['speedup']:.2f}x**" in table, key
+    assert written["gpt2-124m/float32"]["speedup"] >= 2  # the target, at GPT-2 124M's shape in float32
