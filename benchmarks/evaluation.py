@@ -111,7 +111,7 @@ def main() -> None:
                                                        "gpt2-124m/bfloat16:2"],
                         help="shape/dtype:examples, each example 4 requests (default: %(default)s)")
     parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes per backend, alternating (median)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed passes per backend, alternating (median)")
     parser.add_argument("--out", default="benchmarks/results/cpu-2core/evaluation.json")
     args = parser.parse_args()
     results = {}
