@@ -29,9 +29,10 @@ def run_tasks(
     include_path: str | Path | None = None,
     log_samples: bool = False,
     bootstrap_iters: int = 100_000,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """The harness's results dict (``results``, ``groups``, ``configs``, ... and with ``log_samples``
-    ``samples``) of ``lm`` on ``tasks``.
+    ``samples``) of ``lm`` on ``tasks``; None on ranks other than 0, as ``simple_evaluate`` returns.
+    The harness seeds Python's, NumPy's and torch's global generators (its fixed seeds).
 
     Args:
         lm: the model, an ``lm_eval`` ``LM`` (a ``GPTHarnessLM``).
