@@ -1,0 +1,60 @@
+"""Bits per byte: the summed cross-entropy of the target tokens, in bits, over the UTF-8 bytes those
+tokens decode to. Unlike the loss per token it does not depend on the tokenizer, so models with
+other vocabularies compare (nanochat reports it). As in nanochat, special tokens
+(``<|endoftext|>``, and the padded rows past GPT-2's 50257) decode to no text: they count neither
+bits nor bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+from torchmetrics import Metric
+
+from gpt_lightning.data.tokenizer import gpt2_encoding
+
+
+@functools.lru_cache(maxsize=4)
+def _byte_lengths(vocab_size: int) -> torch.Tensor:
+    encoding = gpt2_encoding()
+    tokens = range(min(vocab_size, encoding.n_vocab))
+    lengths = torch.zeros(vocab_size, dtype=torch.long)
+    lengths[: len(tokens)] = torch.tensor([len(text) for text in encoding.decode_tokens_bytes(tokens)])
+    for name in encoding.special_tokens_set:
+        lengths[encoding.encode_single_token(name)] = 0
+    return lengths
+
+
+def token_byte_lengths(vocab_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """UTF-8 bytes (vocab_size,) of each GPT-2 token id; 0 for special and padded ids."""
+    return _byte_lengths(vocab_size).to(device)
+
+
+def bits_and_bytes(logits: torch.Tensor, targets: torch.Tensor, byte_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed cross-entropy in bits of ``targets`` (B, T) under ``logits`` (B, T, V), over the
+    targets that decode to text, and their bytes: two scalars on the device, no host read."""
+    losses = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")  # (B*T,)
+    nbytes = byte_lengths[targets.flatten()]  # (B*T,)
+    bits = torch.where(nbytes > 0, losses, 0.0).sum() / math.log(2)
+    return bits, nbytes.sum()
+
+
+class BitsPerByte(Metric):
+    """Bits over bytes, each summed over batches and, at ``compute()``, over ranks (sum over sum)."""
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("bits", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("bytes", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, bits: torch.Tensor, nbytes: torch.Tensor) -> None:
+        self.bits += bits.double()
+        self.bytes += nbytes
+
+    def compute(self) -> torch.Tensor:
+        return (self.bits / self.bytes).float()

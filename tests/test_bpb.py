@@ -1,0 +1,56 @@
+"""``val/bpb``: a real Trainer's validation gives the bits per byte computed by hand from the model's
+log-probabilities and the bytes the target tokens decode to; ``<|endoftext|>`` counts neither."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import Trainer
+
+from gpt_lightning import GPTLightningModule, TokenStreamDataModule, gpt2_encoding
+from gpt_lightning.training.bits_per_byte import bits_and_bytes, token_byte_lengths
+
+from conftest import TINY_MODEL
+
+
+def test_validation_logs_the_bits_per_byte_of_a_hand_computation(tmp_path, shakespeare):
+    enc = gpt2_encoding()
+    ids = enc.encode_ordinary(shakespeare[:2000])
+    (tmp_path / "shards").mkdir()  # validation: two documents, each begun by <|endoftext|>
+    np.save(tmp_path / "shards" / "s_train_000000.npy", np.array(ids[:300], dtype=np.uint16))
+    np.save(tmp_path / "shards" / "s_val_000000.npy", np.array([enc.eot_token, *ids[300:380], enc.eot_token, *ids[380:450]], dtype=np.uint16))
+    data = TokenStreamDataModule(str(tmp_path / "shards"), batch_size=2, block_size=16)
+    torch.manual_seed(0)
+    module = GPTLightningModule(**TINY_MODEL, block_size=16, val_sample_tokens=0)
+    trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    (logged,) = trainer.validate(module, data, verbose=False)
+
+    bits, nbytes, eots = 0.0, 0, 0
+    with torch.no_grad():
+        for x, y in data.val_dataloader():
+            logp = F.log_softmax(module.model(x)[0].double(), dim=-1)  # (B, T, V)
+            for row, targets in zip(logp, y):
+                for t, target in enumerate(targets.tolist()):
+                    if target == enc.eot_token:
+                        eots += 1
+                        continue
+                    bits -= row[t, target].item() / math.log(2)
+                    nbytes += len(enc.decode_bytes([target]))
+    assert eots >= 1  # the separator is in the validation data, and left out
+    assert logged["val/bpb"] == pytest.approx(bits / nbytes, rel=1e-5)
+    # bits per byte = loss per token (nats) / ln 2 x tokens / bytes: fewer bits per byte than per token
+    assert 0 < logged["val/bpb"] < logged["val/loss"] / math.log(2)
+
+
+def test_special_and_padded_ids_decode_to_no_bytes():
+    enc = gpt2_encoding()
+    lengths = token_byte_lengths(50304)
+    text = "héllo, wörld 😀\n"
+    ids = enc.encode_ordinary(text)
+    assert lengths[ids].sum().item() == len(text.encode("utf-8"))
+    assert lengths[enc.eot_token] == 0 and lengths[50257:].sum() == 0
+    logits = torch.zeros(1, 2, 50304)  # uniform: each scored token costs log2(50304) bits
+    bits, nbytes = bits_and_bytes(logits, torch.tensor([[ids[0], enc.eot_token]]), lengths)
+    assert bits.item() == pytest.approx(math.log2(50304)) and nbytes.item() == len(enc.decode_bytes(ids[:1]))
