@@ -161,12 +161,14 @@ def make_norm(config: GPTConfig) -> nn.Module:
 
 
 def rotate(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotary position embedding of ``x`` (B, nh, T, hs) at positions ``pos`` (T,): channel pairs
+    """Rotary position embedding of ``x`` (B, nh, T, hs) at positions ``pos`` (T,) or (B, T): channel pairs
     (i, i + hs/2) turned by the angle pos * base^(-2i/hs), so that q . k depends on their distance only."""
     hs = x.size(-1)
     inv_freq = base ** (-torch.arange(0, hs, 2, device=x.device, dtype=torch.float32) / hs)  # (hs/2,)
-    angles = pos.to(torch.float32)[:, None] * inv_freq[None, :]  # (T, hs/2)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (T, hs/2) each
+    angles = pos.to(torch.float32)[..., None] * inv_freq  # (T, hs/2), or (B, T, hs/2) for positions per row
+    if angles.dim() == 3:
+        angles = angles.unsqueeze(1)  # (B, 1, T, hs/2): the same for every head
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (T, hs/2) or (B, 1, T, hs/2) each
     x1, x2 = x[..., : hs // 2], x[..., hs // 2 :]  # (B, nh, T, hs/2) each
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (B, nh, T, hs)
 
@@ -192,7 +194,7 @@ class CausalSelfAttention(nn.Module):
             self.value_gate.gate_init = True  # marks it for its own (positive) init
 
     def heads(self, x: torch.Tensor, idx: torch.Tensor, pos: torch.Tensor) -> list[torch.Tensor]:
-        """Queries, keys and values of ``x`` (B, T, C), the tokens ``idx`` (B, T) at positions ``pos`` (T,),
+        """Queries, keys and values of ``x`` (B, T, C), the tokens ``idx`` (B, T) at positions ``pos`` (T,) or (B, T),
         each split into heads: 3 x (B, nh, T, hs); the values plus the gated value embedding of ``idx``
         (``value_embeddings``), the queries and keys rotated (``rotary``) then normalized (``qk_norm``)."""
         B, T, C = x.shape  # batch, time, channels (n_embd)

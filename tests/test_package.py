@@ -22,7 +22,7 @@ LAYERS = (
     {"atomic", "lightning_internals"},  # lightning_internals: the one room that reaches into Lightning's private names
     {"model", "data"},
     {"scaling", "interop", "generation"},  # generation: sampling from a GPT
-    {"training", "observing"},
+    {"training", "observing", "evaluation"},  # evaluation: lm-evaluation-harness on a GPT (the optional eval extra)
     {"lightning_cli"},  # GPTLightningCLI: the module, the data and the callbacks put together
     {"cli", "commands"},  # the gpt-lightning command and its own subcommands
     {"__main__"},
@@ -133,7 +133,7 @@ def test_a_checkpoint_naming_the_class_path_loads(tmp_path):
 
 IMPORT_EVERYTHING = """
 import logging, sys, warnings
-import torch, lightning.pytorch, lightning_utilities.core.rank_zero  # their own import-time settings first
+import torch, lightning.pytorch, lightning_utilities.core.rank_zero, requests  # their own import-time settings first (requests: lm_eval's)
 
 def state():
     loggers = {name: (list(logger.filters), list(logger.handlers), logger.level)

@@ -1,0 +1,122 @@
+"""Scoring continuations: the log-probability of each request's continuation tokens after its
+context, and whether greedy decoding would have produced them.
+
+Requests are grouped by context: the endings of a multiple-choice example share one, which goes
+through the blocks once, its keys and values kept; the endings then go through the blocks together,
+each attending to its context's keys and values and causally to itself. The LM head and the
+log-softmax run only on the positions that predict a continuation token. Truncation is the harness
+``hf`` model's: context and continuation cut from the left to the model's context plus one token.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from gpt_lightning.model import GPT, Block
+
+
+def score_continuations(
+    model: GPT, requests: list[tuple[list[int], list[int]]], batch_size: int, device: torch.device
+) -> list[tuple[float, bool]]:
+    """(summed log-probability, greedy) of each (context tokens, continuation tokens) request.
+
+    Args:
+        model: the GPT, in eval mode, on ``device``.
+        requests: token ids; each context has at least one token, each continuation one to ``block_size``.
+        batch_size: requests per forward pass (the endings of one context count one each).
+        device: where the tensors go.
+    """
+    block_size = model.config.block_size
+    groups: dict[tuple[int, ...], list[int]] = {}  # context as the model sees it -> requests
+    for index, (context, continuation) in enumerate(requests):
+        if not context or not 0 < len(continuation) <= block_size:
+            raise ValueError(f"request {index}: needs a context and a continuation of 1..{block_size} tokens.")
+        whole = (context + continuation)[-(block_size + 1):]
+        groups.setdefault(tuple(whole[: -len(continuation)]), []).append(index)
+    # Longest first, as the harness orders them: similar lengths share a batch and pad little.
+    order = sorted(groups, key=lambda ctx: (-len(ctx) - max(len(requests[i][1]) for i in groups[ctx]), ctx))
+    answers: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
+    batch: list[tuple[tuple[int, ...], list[int]]] = []
+    for context in order:
+        members = groups[context]
+        for start in range(0, len(members), batch_size):
+            piece = members[start : start + batch_size]
+            if batch and sum(len(m) for _, m in batch) + len(piece) > batch_size:
+                _score_batch(model, batch, requests, answers, device)
+                batch = []
+            batch.append((context, piece))
+    if batch:
+        _score_batch(model, batch, requests, answers, device)
+    return answers
+
+
+def _score_batch(model, batch, requests, answers, device) -> None:
+    """Score the requests of ``batch``, (context, request indices) pairs, into ``answers``."""
+    block_size = model.config.block_size
+    pad = 0  # padding token: read by nothing that is scored
+    contexts = [list(context) for context, _ in batch]
+    lengths = torch.tensor([len(c) for c in contexts], device=device)  # (G,)
+    width = max(len(c) for c in contexts)
+    ctx = torch.tensor([c + [pad] * (width - len(c)) for c in contexts], device=device)  # (G, P)
+    x = model.embed(ctx, torch.arange(width, device=device))  # (G, P, C)
+    kv = []
+    for block in model.transformer.h:
+        x, keys_values = _block(block, x, ctx, torch.arange(width, device=device), None, None)
+        kv.append(keys_values)
+    last = x[torch.arange(len(contexts), device=device), lengths - 1]  # (G, C): predicts each first token
+
+    # The endings: every continuation token but the last, on top of its context.
+    rows = [(g, requests[i][1][:-1]) for g, (_, members) in enumerate(batch) for i in members if len(requests[i][1]) > 1]
+    hidden = last
+    if rows:
+        length = max(len(tokens) for _, tokens in rows)
+        owner = torch.tensor([g for g, _ in rows], device=device)  # (R,)
+        ends = torch.tensor([t + [pad] * (length - len(t)) for _, t in rows], device=device)  # (R, T)
+        pos = (lengths[owner, None] + torch.arange(length, device=device)).clamp(max=block_size - 1)  # (R, T)
+        visible = torch.cat(
+            (
+                (torch.arange(width, device=device) < lengths[owner, None])[:, None, :].expand(-1, length, -1),  # (R, T, P)
+                torch.ones(length, length, dtype=torch.bool, device=device).tril().expand(len(rows), -1, -1),  # (R, T, T)
+            ),
+            dim=2,
+        )[:, None]  # (R, 1, T, P + T)
+        y = model.embed(ends, pos)  # (R, T, C)
+        for block, (k, v) in zip(model.transformer.h, kv):
+            y, _ = _block(block, y, ends, pos, (k.index_select(0, owner), v.index_select(0, owner)), visible)
+        hidden = torch.cat((last, y.reshape(-1, y.size(-1))))  # (G + R*T, C)
+
+    # Each request's scored positions in `hidden`, and the tokens they predict.
+    where, targets, counts, row = [], [], [], 0
+    for g, (_, members) in enumerate(batch):
+        for i in members:
+            continuation = requests[i][1]
+            where.append(g)
+            if len(continuation) > 1:
+                first = len(batch) + row * length
+                where.extend(range(first, first + len(continuation) - 1))
+                row += 1
+            targets.extend(continuation)
+            counts.append(len(continuation))
+    logits = model.logits(hidden[torch.tensor(where, device=device)])  # (N, V)
+    targets = torch.tensor(targets, device=device)  # (N,)
+    logprobs = F.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None]).squeeze(1)  # (N,)
+    greedy = logits.argmax(dim=-1) == targets  # (N,)
+    members = [i for _, m in batch for i in m]
+    for i, lp, ok in zip(members, logprobs.split(counts), greedy.split(counts)):
+        answers[i] = (float(lp.sum()), bool(ok.all()))
+
+
+def _block(block: Block, x: torch.Tensor, idx: torch.Tensor, pos: torch.Tensor, prefix, visible):
+    """``block`` on ``x`` (B, T, C), also returning its keys and values (B, nh, T, hs): causal
+    attention within ``x``, or, with ``prefix`` (keys, values of a context, (B, nh, P, hs)), over
+    the context and ``x`` as ``visible`` (B, 1, T, P + T) allows."""
+    B, T, C = x.shape
+    q, k, v = block.attn.heads(block.ln_1(x), idx, pos)  # 3 x (B, nh, T, hs)
+    if prefix is None:
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+    else:
+        keys, values = torch.cat((prefix[0], k), dim=2), torch.cat((prefix[1], v), dim=2)  # (B, nh, P + T, hs)
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible)  # (B, nh, T, hs)
+    x = x + block.attn.c_proj(y.transpose(1, 2).reshape(B, T, C))  # heads side by side
+    return x + block.mlp(block.ln_2(x)), (k, v)
