@@ -19,8 +19,7 @@ from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_lightning.errors import UserError
-from gpt_lightning.evaluation.tasks import import_lm_eval
-from gpt_lightning.evaluation.suite import SUITE_DIR
+from gpt_lightning.evaluation.tasks import import_lm_eval, is_offline_error, task_manager
 
 
 class HarnessEval(Callback):
@@ -75,7 +74,7 @@ class HarnessEval(Callback):
         try:  # every dataset now, not after hours of training
             self._task_manager.load_task_or_group(self.tasks)
         except Exception as err:
-            if offline_error(err):
+            if is_offline_error(err):
                 raise UserError(
                     f"HarnessEval: a dataset of {', '.join(self.tasks)} is not in the Hugging Face cache and cannot be "
                     "downloaded. Run once with network, or give include_path task YAMLs on local files (docs/evaluation.md)."
@@ -106,7 +105,7 @@ class HarnessEval(Callback):
             with torch.compiler.set_stance("force_eager"), trainer.precision_plugin.forward_context():
                 results = import_lm_eval().simple_evaluate(
                     model=lm, tasks=self.tasks, num_fewshot=self.num_fewshot, limit=self.limit,
-                    task_manager=self._task_manager, log_samples=False,
+                    task_manager=self._task_manager, log_samples=False, bootstrap_iters=0,  # no standard errors
                 )
         finally:
             restore_random_states(saved)
@@ -130,30 +129,6 @@ def logged_metrics(results: dict[str, Any]) -> dict[str, float]:
             name = metric if filter_name == "none" else f"{metric}_{filter_name}"
             metrics[f"eval/{task}/{name}"] = float(value)
     return metrics
-
-
-def task_manager(tasks: list[str], include_path: str | None) -> Any:
-    """The harness's ``TaskManager`` over its own tasks, this package's suite and ``include_path``;
-    only over the last two when they hold every task (indexing the harness's thousands takes seconds)."""
-    from lm_eval.tasks import TaskManager
-
-    paths = [str(SUITE_DIR)] + ([include_path] if include_path else [])
-    manager = TaskManager(include_path=paths, include_defaults=False)
-    if all(name in manager.all_tasks for name in tasks):
-        return manager
-    manager = TaskManager(include_path=paths)
-    unknown = [name for name in tasks if name not in manager.all_tasks]
-    if unknown:
-        where = f" in the harness or in {include_path}" if include_path else " (give include_path for your own YAMLs)"
-        raise UserError(f"HarnessEval: unknown task {', '.join(unknown)}{where}: `lm-eval ls tasks` lists the harness's.")
-    return manager
-
-
-def offline_error(err: BaseException) -> bool:
-    """Whether ``err`` says a dataset could not be downloaded (as ``gpt-lightning eval`` tells it)."""
-    from gpt_lightning.evaluation import tasks
-
-    return tasks._is_offline_error(err)
 
 
 def random_states() -> tuple:
