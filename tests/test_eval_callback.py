@@ -19,8 +19,6 @@ from gpt_lightning import GPTLightningModule, TokenStreamDataModule
 from conftest import TINY_MODEL
 from test_resume_exact import corpus, fit, weights  # noqa: F401 (corpus: a fixture)
 
-pytest.importorskip("lm_eval")
-
 TASK = "shakespeare_mc"
 TAGS = [f"eval/{TASK}/acc", f"eval/{TASK}/acc_norm"]
 

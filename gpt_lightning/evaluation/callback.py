@@ -26,12 +26,12 @@ class HarnessEval(Callback):
     """Score the model being trained on lm-evaluation-harness tasks every ``every_n_steps`` optimizer steps.
 
     It scores at step 0 and at the end of training too (as ``HellaSwagEval`` does), in the training
-    precision, and logs ``eval/<task>/<metric>`` (e.g. ``eval/arc_easy/acc_norm``; a group's
-    aggregate as ``eval/<group>/<metric>``; a metric of a filter other than ``none`` as
-    ``<metric>_<filter>``). The tasks' datasets are loaded once, when ``fit`` starts: a task that
-    cannot be found, or whose dataset is not cached and cannot be downloaded, stops the run there.
-    Works with any ``Trainer`` whose LightningModule holds a gpt-lightning ``GPT`` as ``.model``,
-    on one device or under DDP; not under FSDP2 (``ModelParallelStrategy``).
+    precision, and logs ``eval/<task>/<metric>`` (``eval/arc_easy/acc_norm``; a group's aggregate as
+    ``eval/<group>/<metric>``; a filter other than ``none`` as ``<metric>_<filter>``) and
+    ``eval/<task>/samples``, the examples scored. The tasks' datasets are loaded when ``fit``
+    starts: an unknown task, or a dataset neither cached nor downloadable, stops the run there.
+    Any ``Trainer`` whose LightningModule holds a gpt-lightning ``GPT`` as ``.model``, on one
+    device or under DDP; not under FSDP2 (``ModelParallelStrategy``).
 
     Args:
         tasks: task, group or tag names, as a list or comma-separated (``gpt2-suite``, this
@@ -119,9 +119,12 @@ class HarnessEval(Callback):
 
 
 def logged_metrics(results: dict[str, Any]) -> dict[str, float]:
-    """``eval/<task>/<metric>`` of the harness's results dict: numbers only, no standard errors."""
+    """``eval/<task>/<metric>`` of the harness's results dict: numbers only, no standard errors; and
+    ``eval/<task>/samples``, the examples scored (over all ranks)."""
     metrics = {}
     for task, values in results["results"].items():
+        if "sample_len" in values:
+            metrics[f"eval/{task}/samples"] = float(values["sample_len"])
         for key, value in values.items():
             metric, comma, filter_name = key.partition(",")  # "acc,none": a metric and its filter
             if not comma or metric.endswith("_stderr") or isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -160,7 +163,9 @@ def ranked_lm_class() -> type:
             self._rank, self._world_size = strategy.global_rank, strategy.world_size
 
         def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-            return self.strategy.all_gather(tensor).reshape(-1)  # (world_size,) of a scalar
+            gathered = [torch.empty_like(tensor) for _ in range(self._world_size)]
+            torch.distributed.all_gather(gathered, tensor)  # no barrier first, unlike Strategy.all_gather
+            return torch.stack(gathered).reshape(-1)  # (world_size,) of a scalar
 
         def gather_object(self, obj: Any, dst: int = 0) -> list | None:
             gathered = [None] * self._world_size if self._rank == dst else None
