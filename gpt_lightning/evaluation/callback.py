@@ -60,7 +60,7 @@ class HarnessEval(Callback):
         self.include_path = include_path
         self.batch_size = batch_size
         self.results: list[dict[str, Any]] = []  # {"step": ..., "eval/<task>/<metric>": value, ...}, every rank
-        self.durations: list[float] = []  # wall seconds of each pass, in results' order
+        self.durations: list[float] = []  # wall seconds of each pass: ThroughputMonitor leaves them out
         self._task_manager: Any = None
         self._evaluated_at: int | None = None
 
@@ -95,6 +95,8 @@ class HarnessEval(Callback):
         if self._evaluated_at == step:  # once a step, not once per micro-batch
             return
         self._evaluated_at = step
+        if pl_module.device.type == "cuda":  # the pass's time starts once the queued training work is done
+            torch.cuda.synchronize(pl_module.device)
         began = time.perf_counter()
         model = getattr(pl_module, "model", pl_module)
         lm = ranked_lm_class()(model, trainer.strategy, batch_size=self.batch_size, device=pl_module.device)

@@ -29,7 +29,6 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_lightning.atomic import atomic_write_bytes
-from gpt_lightning.interop.hellaswag import HellaSwagEval
 
 # Dense (not sparse) tensor-core peaks, (bf16/fp16, tf32) FLOP/s, for the GPUs people train GPT-2 on.
 # A row matches when every one of its words is a word of the device name (``torch.cuda.get_device_name``);
@@ -161,7 +160,8 @@ class ThroughputMonitor(Callback):
     over ranks), ``throughput/tokens_per_sec_per_device``, ``throughput/step_ms`` and
     ``throughput/mfu``; and once, ``throughput/first_step_s`` and ``throughput/warmup_s``.
     Validation and checkpoint writing are not counted: the step's clock pauses for them, inside an
-    accumulation too. Nor is a ``HellaSwagEval`` pass: its time is taken out of the step it ran in
+    accumulation too. Nor is an evaluation pass (``HellaSwagEval``, ``HarnessEval``: a callback with a
+    ``durations`` list of its passes' seconds): its time is taken out of the step it ran in
     (it scores as a step starts, step 0 included, so the first step is still the compiling one
     whatever the order of the callbacks). At the end of ``fit`` it prints one summary line and
     writes ``throughput.json`` into ``trainer.log_dir``: the logger's run folder, or without a
@@ -228,7 +228,7 @@ class ThroughputMonitor(Callback):
         self._tokens_per_step: Counter[int] = Counter()  # this rank's tokens of a step -> steps that trained so many
         self._step_start: Any = None  # mark at which the step's clock last started; None while paused
         self._step_spans: list[tuple[Any, Any]] = []  # (start, end) marks of the step's time before a pause
-        self._evaluators = [callback for callback in trainer.callbacks if isinstance(callback, HellaSwagEval)]
+        self._evaluators = [callback for callback in trainer.callbacks if isinstance(getattr(callback, "durations", None), list)]
         self._passes_seen: list[int] = []  # each evaluator's passes when the clock last started
         self._step_evaluating = 0.0  # seconds of the passes inside the step's spans so far
         self._last_global_step = trainer.global_step

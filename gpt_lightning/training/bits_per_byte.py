@@ -58,3 +58,31 @@ class BitsPerByte(Metric):
 
     def compute(self) -> torch.Tensor:
         return (self.bits / self.bytes).float()
+
+
+@torch.no_grad()
+def text_bits_per_byte(model: torch.nn.Module, ids: list[int], device: torch.device, batch_size: int = 8) -> dict:
+    """Bits per byte of a text's token ids under ``model`` (a ``GPT``): each token predicted from
+    ``<|endoftext|>`` and the tokens before it in its window, the text cut into windows of the model's
+    ``block_size`` targets, ``batch_size`` windows per forward pass (the harness's rolling windows).
+
+    Returns ``bpb``, ``bits``, ``bytes`` and ``tokens``."""
+    if not ids:
+        raise ValueError("no tokens to score")
+    T = model.config.block_size
+    stream = torch.tensor([gpt2_encoding().eot_token, *ids])  # (N + 1,)
+    lengths = token_byte_lengths(model.config.vocab_size, device)
+    bits, nbytes = torch.zeros((), dtype=torch.float64, device=device), torch.zeros((), dtype=torch.long, device=device)
+    starts = list(range(0, len(ids), T))
+    full = [s for s in starts if s + T <= len(ids)]
+    windows = [full[i : i + batch_size] for i in range(0, len(full), batch_size)]
+    windows += [[s] for s in starts if s + T > len(ids)]  # the last, shorter window on its own
+    for batch in windows:
+        n = min(T, len(ids) - batch[0])
+        x = torch.stack([stream[s : s + n] for s in batch]).to(device)  # (B, n)
+        y = torch.stack([stream[s + 1 : s + 1 + n] for s in batch]).to(device)  # (B, n)
+        window_bits, window_bytes = bits_and_bytes(model(x)[0], y, lengths)
+        bits += window_bits.double()
+        nbytes += window_bytes
+    bits_value, bytes_value = bits.item(), int(nbytes.item())
+    return {"bpb": bits_value / bytes_value, "bits": bits_value, "bytes": bytes_value, "tokens": len(ids)}
