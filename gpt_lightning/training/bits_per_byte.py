@@ -62,27 +62,27 @@ class BitsPerByte(Metric):
 
 @torch.no_grad()
 def text_bits_per_byte(model: torch.nn.Module, ids: list[int], device: torch.device, batch_size: int = 8) -> dict:
-    """Bits per byte of a text's token ids under ``model`` (a ``GPT``): each token predicted from
-    ``<|endoftext|>`` and the tokens before it in its window, the text cut into windows of the model's
-    ``block_size`` targets, ``batch_size`` windows per forward pass (the harness's rolling windows).
-
-    Returns ``bpb``, ``bits``, ``bytes`` and ``tokens``."""
+    """Bits per byte of a text's token ids under ``model`` (a ``GPT``), in the harness's rolling
+    windows: ``block_size`` tokens predicted per window, the first from ``<|endoftext|>``, each later
+    one from the tokens before it (the last, shorter one from a whole window of them);
+    ``batch_size`` windows per forward pass. Returns ``bpb``, ``bits``, ``bytes`` and ``tokens``."""
     if not ids:
         raise ValueError("no tokens to score")
-    T = model.config.block_size
-    stream = torch.tensor([gpt2_encoding().eot_token, *ids])  # (N + 1,)
+    T, N = model.config.block_size, len(ids)
+    stream = torch.tensor([gpt2_encoding().eot_token, *ids])  # (N + 1,): position i predicts i + 1
     lengths = token_byte_lengths(model.config.vocab_size, device)
-    bits, nbytes = torch.zeros((), dtype=torch.float64, device=device), torch.zeros((), dtype=torch.long, device=device)
-    starts = list(range(0, len(ids), T))
-    full = [s for s in starts if s + T <= len(ids)]
-    windows = [full[i : i + batch_size] for i in range(0, len(full), batch_size)]
-    windows += [[s] for s in starts if s + T > len(ids)]  # the last, shorter window on its own
-    for batch in windows:
-        n = min(T, len(ids) - batch[0])
-        x = torch.stack([stream[s : s + n] for s in batch]).to(device)  # (B, n)
-        y = torch.stack([stream[s + 1 : s + 1 + n] for s in batch]).to(device)  # (B, n)
-        window_bits, window_bytes = bits_and_bytes(model(x)[0], y, lengths)
+    whole = list(range(0, N - T + 1, T))  # first input positions of the windows of T predictions
+    passes = [(whole[i : i + batch_size], T) for i in range(0, len(whole), batch_size)]
+    if N % T:  # the rest: its last N % T positions scored, after as much input as fits
+        passes.append(([max(0, N - T)], N % T))
+    bits = torch.zeros((), dtype=torch.float64, device=device)
+    nbytes = torch.zeros((), dtype=torch.long, device=device)
+    for starts, scored in passes:
+        width = min(T, N)
+        x = torch.stack([stream[s : s + width] for s in starts]).to(device)  # (B, width)
+        y = torch.stack([stream[s + 1 : s + 1 + width] for s in starts]).to(device)  # (B, width)
+        window_bits, window_bytes = bits_and_bytes(model(x)[0][:, -scored:], y[:, -scored:], lengths)
         bits += window_bits.double()
         nbytes += window_bytes
     bits_value, bytes_value = bits.item(), int(nbytes.item())
-    return {"bpb": bits_value / bytes_value, "bits": bits_value, "bytes": bytes_value, "tokens": len(ids)}
+    return {"bpb": bits_value / bytes_value, "bits": bits_value, "bytes": bytes_value, "tokens": N}
