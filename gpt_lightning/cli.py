@@ -16,7 +16,7 @@ COMMANDS = {
     "sample": "continue a prompt with a checkpoint",
     "export": "write a checkpoint's GPT weights to safetensors or a Hugging Face folder",
     "tokenize": "turn .txt, .jsonl or .parquet files into GPT-2 token shards",
-    "eval": "score a checkpoint or a Hugging Face GPT-2 on HellaSwag",
+    "eval": "score a checkpoint or a Hugging Face GPT-2 on lm-evaluation-harness tasks, or on HellaSwag",
 }
 OVERVIEW = "\n".join([
     "usage: gpt-lightning COMMAND [options]",

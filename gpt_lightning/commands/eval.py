@@ -1,20 +1,26 @@
-"""``gpt-lightning eval --task hellaswag``: score a checkpoint, or a Hugging Face GPT-2, on HellaSwag."""
+"""``gpt-lightning eval``: score a checkpoint, or a Hugging Face GPT-2, on lm-evaluation-harness tasks
+(``--tasks``), or on HellaSwag as build-nanogpt scores it (``--task hellaswag``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
-from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
+import torch
+
+from gpt_lightning.atomic import atomic_write_bytes
 from gpt_lightning.commands.sample import resolve_device
 from gpt_lightning.data.corpus import default_cache_dir
 from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.errors import UserError
+from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.interop.hellaswag import evaluate, read_examples, validation_file
-from gpt_lightning.model import GPT
-from gpt_lightning.atomic import atomic_write_bytes
 from gpt_lightning.interop.pretrained import gpt_from_hf
+from gpt_lightning.model import GPT
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def load_model(ckpt_path: str | None, init_from: str | None) -> GPT:
@@ -23,21 +29,86 @@ def load_model(ckpt_path: str | None, init_from: str | None) -> GPT:
     return gpt_from_checkpoint(ckpt_path) if ckpt_path is not None else gpt_from_hf(init_from)
 
 
-def main(argv: list[str]) -> None:
+def limit_value(text: str) -> int | float:
+    """``--limit``: a count of examples, or (below 1) a share of each task, as the harness reads it."""
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return int(value) if value >= 1 and value.is_integer() else value
+
+
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpt-lightning eval", description=__doc__)
-    parser.add_argument("--task", choices=["hellaswag"], required=True)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--tasks", help="lm-evaluation-harness tasks or groups, comma-separated (hellaswag,arc_easy,...)")
+    which.add_argument("--task", choices=["hellaswag"], help="HellaSwag scored build-nanogpt's way (docs/hellaswag.md)")
     parser.add_argument("--ckpt_path", help="a .ckpt written by gpt-lightning fit")
     parser.add_argument("--init_from", help="a Hugging Face GPT-2: hub name (gpt2, ...), directory or weights file")
-    parser.add_argument("--data_file", help="hellaswag_val.jsonl; default: downloaded once into the cache")
-    parser.add_argument("--limit", type=int, help="score only the first N examples")
-    parser.add_argument("--batch_size", type=int, default=8, help="examples per forward pass (4 rows each; default: %(default)s)")
+    parser.add_argument("--include_path", help="--tasks: a folder of your own task YAMLs (e.g. on local data files)")
+    parser.add_argument("--num_fewshot", type=int, help="--tasks: examples in each prompt (default: each task's own)")
+    parser.add_argument("--limit", type=limit_value, help="score only the first N examples of each task (--tasks: below 1, that share)")
+    parser.add_argument("--batch_size", type=int, default=8, help="requests (--task hellaswag: examples) per forward pass (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ... (default: %(default)s)")
-    parser.add_argument("--out", help="also write the result to this JSON file")
-    args = parser.parse_args(argv)
-    if args.limit is not None and args.limit < 1:
-        raise UserError(f"--limit must be at least 1, got {args.limit}.")
+    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+                        help="--tasks: bfloat16/float16 run under autocast; auto: bfloat16 on a CUDA GPU that has it, "
+                             "else the checkpoint's own (default: %(default)s)")
+    parser.add_argument("--output_path", help="--tasks: write the harness's results JSON to this file (or folder/results.json)")
+    parser.add_argument("--log_samples", action="store_true", help="--tasks: also write each request's inputs and outputs, "
+                        "samples_<task>.jsonl beside the results (needs --output_path)")
+    parser.add_argument("--bootstrap_iters", type=int, default=100_000, help="--tasks: resamples for standard errors; 0 skips them")
+    parser.add_argument("--data_file", help="--task hellaswag: hellaswag_val.jsonl; default: downloaded once into the cache")
+    parser.add_argument("--out", help="--task hellaswag: also write the result to this JSON file")
+    return parser
+
+
+def main(argv: list[str]) -> None:
+    args = parser().parse_args(argv)
     if args.batch_size < 1:
         raise UserError(f"--batch_size must be at least 1, got {args.batch_size}.")
+    if args.task is not None:
+        return hellaswag(args)
+    if args.log_samples and not args.output_path:
+        raise UserError("--log_samples writes the samples beside the results: give --output_path too.")
+    from gpt_lightning.evaluation.tasks import import_lm_eval, run_tasks
+
+    import_lm_eval()  # before loading a model: a missing install is said first
+    from gpt_lightning.evaluation.harness_model import GPTHarnessLM
+
+    device = resolve_device(args.device)
+    dtype = DTYPES.get(args.dtype)
+    if args.dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        dtype = torch.bfloat16
+    lm = GPTHarnessLM(load_model(args.ckpt_path, args.init_from), batch_size=args.batch_size, device=device, dtype=dtype)
+    tasks = [name.strip() for name in args.tasks.split(",") if name.strip()]
+    results = run_tasks(lm, tasks, num_fewshot=args.num_fewshot, limit=args.limit, include_path=args.include_path,
+                        log_samples=args.log_samples, bootstrap_iters=args.bootstrap_iters)
+    from lm_eval.utils import make_table
+
+    print(make_table(results))
+    if results.get("groups"):
+        print(make_table(results, "groups"))
+    if args.output_path:
+        write_results(results, Path(args.output_path))
+
+
+def write_results(results: dict[str, Any], path: Path) -> None:
+    """The results JSON at ``path`` (a folder: ``results.json`` in it), and each task's samples
+    (``log_samples``) beside it as ``samples_<task>.jsonl``."""
+    from lm_eval.utils import handle_non_serializable
+
+    path = path if path.suffix == ".json" else path / "results.json"
+    samples = results.pop("samples", None) or {}
+    atomic_write_bytes(path, (json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False) + "\n").encode())
+    for task, rows in samples.items():
+        lines = "".join(json.dumps(row, default=handle_non_serializable, ensure_ascii=False) + "\n" for row in rows)
+        atomic_write_bytes(path.parent / f"samples_{task}.jsonl", lines.encode())
+    print(f"wrote {path}" + (f" and {len(samples)} samples file(s) beside it" if samples else ""))
+
+
+def hellaswag(args: argparse.Namespace) -> None:
+    """``--task hellaswag``: build-nanogpt's figure (acc_norm: mean loss per ending token)."""
+    if args.limit is not None and (args.limit < 1 or not isinstance(args.limit, int)):
+        raise UserError(f"--limit must be a whole number of examples for --task hellaswag, got {args.limit}.")
     device = resolve_device(args.device)
     model = load_model(args.ckpt_path, args.init_from)
     path = Path(args.data_file) if args.data_file else validation_file(default_cache_dir())

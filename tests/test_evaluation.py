@@ -1,0 +1,184 @@
+"""lm-evaluation-harness on our GPT: the same results as the harness's own ``hf`` model on the
+``export --format hf`` folder of the same checkpoint, for each kind of request, on local task YAMLs
+(no network), through the Python API and through ``gpt-lightning eval --tasks``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+
+from conftest import REPO, TINY_MODEL
+from gpt_lightning.commands.export import main as export_main
+from gpt_lightning.data.datamodule import TokenStreamDataModule
+from gpt_lightning.training.module import GPTLightningModule
+
+pytest.importorskip("lm_eval")
+
+BLOCK_SIZE = 64
+TASKS = {  # name -> (output type, the YAML's own lines)
+    "shakespeare_mc": """output_type: multiple_choice
+doc_to_text: "{{context}}"
+doc_to_choice: "{{choices}}"
+doc_to_target: "{{label}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+""",
+    "shakespeare_next": """output_type: loglikelihood
+doc_to_text: "{{context}}"
+doc_to_target: "{{' ' + choices[0]}}"
+metric_list:
+  - metric: perplexity
+  - metric: acc
+""",
+    "shakespeare_rolling": """output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{passage}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: byte_perplexity
+  - metric: bits_per_byte
+""",
+    "shakespeare_gen": """output_type: generate_until
+doc_to_text: "{{context}}"
+doc_to_target: "{{choices[0]}}"
+generation_kwargs:
+  until: [":", "?"]
+  do_sample: false
+  max_gen_toks: 12
+metric_list:
+  - metric: exact_match
+""",
+}
+
+
+def write_tasks(folder, text: str) -> None:
+    """The four task YAMLs over one JSON-lines file of Shakespeare: a line as context, the next
+    line and three others as choices; a passage several times the model's context long."""
+    lines = [line.strip() for line in text.splitlines() if len(line.strip()) > 20]
+    docs = []
+    for i in range(0, 72, 6):
+        choices = [lines[i + 1], lines[i + 40], lines[i + 80], lines[i + 3]]
+        docs.append({"context": lines[i], "choices": choices, "label": 0, "passage": " ".join(lines[i : i + 12])})
+    data = folder / "shakespeare.jsonl"
+    data.write_text("".join(json.dumps(doc) + "\n" for doc in docs))
+    for name, body in TASKS.items():
+        (folder / f"{name}.yaml").write_text(
+            f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files: {data}\ntest_split: train\n{body}"
+        )
+
+
+def train(root, text_file, **switches):
+    """A checkpoint of a tiny model trained a few steps on ``text_file``, as ``gpt-lightning fit`` writes it."""
+    module = GPTLightningModule(**TINY_MODEL, block_size=BLOCK_SIZE, **switches)
+    data = TokenStreamDataModule(str(text_file), batch_size=4, block_size=BLOCK_SIZE, val_fraction=0.0, cache_dir=str(root))
+    trainer = Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, data)
+    path = root / ("modern.ckpt" if switches else "gpt2.ckpt")
+    trainer.save_checkpoint(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, shakespeare):
+    """Tasks, a GPT-2 and a modern checkpoint, the GPT-2's ``export --format hf`` folder."""
+    root = tmp_path_factory.mktemp("evaluation")
+    (root / "tasks").mkdir()
+    write_tasks(root / "tasks", shakespeare)
+    (root / "text.txt").write_text(shakespeare[:40_000])
+    gpt2 = train(root, root / "text.txt")
+    modern = train(root, root / "text.txt", bias=False, rotary=True, norm="rmsnorm", norm_affine=False, qk_norm=True,
+                   activation="relu2", tie_embeddings=False, logit_softcap=15.0, value_embeddings=True)
+    export_main(["--ckpt_path", str(gpt2), "--format", "hf", "--out", str(root / "hf")])
+    return root, gpt2, modern
+
+
+def evaluate(lm, root, tasks=tuple(TASKS)):
+    from gpt_lightning.evaluation.tasks import run_tasks
+
+    return run_tasks(lm, list(tasks), include_path=root / "tasks", log_samples=True, bootstrap_iters=0)
+
+
+def responses(results, task):
+    return [sample["resps"] for sample in results["samples"][task]]
+
+
+def test_our_model_gives_the_harness_hf_models_results(setup):
+    from lm_eval.models.huggingface import HFLM
+
+    from gpt_lightning.evaluation.harness_model import GPTHarnessLM
+
+    root, gpt2, _ = setup
+    ours = evaluate(GPTHarnessLM.from_checkpoint(gpt2, batch_size=4), root)
+    theirs = evaluate(HFLM(pretrained=str(root / "hf"), batch_size=4, device="cpu"), root)
+    for task in TASKS:
+        mine, hf = ours["results"][task], theirs["results"][task]
+        metrics = [key for key in hf if "," in key and "stderr" not in key]
+        assert metrics and set(metrics) <= set(mine), task
+        for key in metrics:
+            if key.startswith(("acc", "exact_match")):
+                assert mine[key] == hf[key], (task, key)
+            else:  # perplexities, bits per byte
+                assert mine[key] == pytest.approx(hf[key], rel=1e-4), (task, key)
+        if task == "shakespeare_gen":  # identical greedy text
+            assert responses(ours, task) == responses(theirs, task)
+            assert any(r[0][0].strip() for r in responses(ours, task))
+            continue
+        for a, b in zip(responses(ours, task), responses(theirs, task), strict=True):
+            for x, y in zip(a, b, strict=True):
+                x, y = (x[0], y[0]) if isinstance(x, (tuple, list)) else (x, y)  # (loglikelihood, greedy) or a sum
+                assert x == pytest.approx(y, abs=2e-4, rel=2e-4), task
+    assert len(ours["samples"]["shakespeare_rolling"]) == 12  # documents of ~150 tokens: 3 windows of 64 each
+
+
+LAUNCH = """
+import sys
+import gpt_lightning, gpt_lightning.cli, gpt_lightning.commands.eval, gpt_lightning.evaluation
+assert "lm_eval" not in sys.modules, "importing gpt_lightning imported lm_eval"
+gpt_lightning.cli.main(sys.argv[1:])
+"""
+
+
+def test_eval_tasks_from_the_command_line_scores_a_modern_checkpoint(setup):
+    """``gpt-lightning eval --tasks`` on local YAMLs: the harness's table, its results JSON and samples; the
+    modern model's (rotary, value embeddings, ...) log-likelihoods are its own forward pass's."""
+    from gpt_lightning.data.tokenizer import gpt2_encoding
+    from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
+
+    root, _, modern = setup
+    out = root / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", LAUNCH, "eval", "--tasks", "shakespeare_mc,shakespeare_rolling,shakespeare_gen",
+         "--include_path", str(root / "tasks"), "--ckpt_path", str(modern), "--limit", "6", "--batch_size", "3",
+         "--device", "cpu", "--output_path", str(out), "--log_samples", "--bootstrap_iters", "0"],
+        capture_output=True, text=True, timeout=300, cwd=root, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "|shakespeare_mc" in result.stdout and "bits_per_byte" in result.stdout  # the harness's table
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["results"]) == {"shakespeare_mc", "shakespeare_rolling", "shakespeare_gen"}
+    samples = [json.loads(line) for line in (out / "samples_shakespeare_mc.jsonl").read_text().splitlines()]
+    assert len(samples) == 6
+
+    model, encode = gpt_from_checkpoint(modern).eval(), gpt2_encoding().encode_ordinary
+    correct = 0
+    for sample in samples:
+        scores = []
+        for (context, continuation), ((loglikelihood, _),) in zip(sample["arguments"], sample["resps"], strict=True):
+            whole = encode(context + continuation)
+            n = len(whole) - len(encode(context))
+            with torch.no_grad():
+                logits, _ = model(torch.tensor([whole[:-1]]))  # (1, T, V)
+            logprobs = torch.log_softmax(logits[0, -n:], dim=-1).gather(1, torch.tensor(whole[-n:])[:, None])
+            assert loglikelihood == pytest.approx(float(logprobs.sum()), abs=2e-4)
+            scores.append(float(logprobs.sum()))
+        correct += max(range(len(scores)), key=scores.__getitem__) == sample["target"]
+    assert results["results"]["shakespeare_mc"]["acc,none"] == pytest.approx(correct / 6)
