@@ -1,6 +1,8 @@
 """``val/bpb``: a real Trainer's validation gives the bits per byte computed by hand from the model's
-log-probabilities and the bytes the target tokens decode to; ``<|endoftext|>`` counts neither."""
+log-probabilities and the bytes the target tokens decode to; ``<|endoftext|>`` counts neither. So
+does ``gpt-lightning eval --text_file`` on a text longer than the model's context."""
 
+import json
 import math
 
 import numpy as np
@@ -10,12 +12,13 @@ import torch.nn.functional as F
 from lightning.pytorch import Trainer
 
 from gpt_lightning import GPTLightningModule, TokenStreamDataModule, gpt2_encoding
+from gpt_lightning.cli import main
 from gpt_lightning.training.bits_per_byte import bits_and_bytes, token_byte_lengths
 
 from conftest import TINY_MODEL
 
 
-def test_validation_logs_the_bits_per_byte_of_a_hand_computation(tmp_path, shakespeare):
+def test_validation_and_eval_give_the_bits_per_byte_of_a_hand_computation(tmp_path, shakespeare, capsys):
     enc = gpt2_encoding()
     ids = enc.encode_ordinary(shakespeare[:2000])
     (tmp_path / "shards").mkdir()  # validation: two documents, each begun by <|endoftext|>
@@ -42,6 +45,28 @@ def test_validation_logs_the_bits_per_byte_of_a_hand_computation(tmp_path, shake
     assert logged["val/bpb"] == pytest.approx(bits / nbytes, rel=1e-5)
     # bits per byte = loss per token (nats) / ln 2 x tokens / bytes: fewer bits per byte than per token
     assert 0 < logged["val/bpb"] < logged["val/loss"] / math.log(2)
+
+    # gpt-lightning eval --text_file: the same model on a text 2.5 windows long, in the harness's own
+    # rolling windows of block_size (16) predictions, the first after <|endoftext|>.
+    from lm_eval.utils import get_rolling_token_windows
+
+    trainer.save_checkpoint(tmp_path / "model.ckpt")
+    text = shakespeare[5000:5150]
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    ids = enc.encode_ordinary(text)
+    assert 33 <= len(ids) <= 47 and len(ids) % 16
+    bits = 0.0
+    with torch.no_grad():
+        for inputs, predicted in get_rolling_token_windows(ids, enc.eot_token, 16, 1):
+            logp = F.log_softmax(module.model(torch.tensor([inputs]))[0][0].double(), dim=-1)  # (len(inputs), V)
+            bits -= logp[-len(predicted):].gather(1, torch.tensor(predicted)[:, None]).sum().item() / math.log(2)
+    out = tmp_path / "bpb.json"
+    main(["eval", "--ckpt_path", str(tmp_path / "model.ckpt"), "--text_file", str(tmp_path / "text.txt"),
+          "--device", "cpu", "--output_path", str(out)])
+    assert f"{bits / len(text.encode()):.4f} bits per byte" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["bytes"] == len(text.encode()) and result["tokens"] == len(ids)
+    assert result["bpb"] == pytest.approx(bits / len(text.encode()), rel=1e-5)
 
 
 def test_special_and_padded_ids_decode_to_no_bytes():
