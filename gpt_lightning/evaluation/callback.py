@@ -104,7 +104,7 @@ class HarnessEval(Callback):
         was_training = pl_module.training
         try:
             # Eager, even when the model is compiled for the training shapes: every batch has its own.
-            with torch.compiler.set_stance("force_eager"), trainer.precision_plugin.forward_context():
+            with torch.no_grad(), torch.compiler.set_stance("force_eager"), trainer.precision_plugin.forward_context():
                 results = import_lm_eval().simple_evaluate(
                     model=lm, tasks=self.tasks, num_fewshot=self.num_fewshot, limit=self.limit,
                     task_manager=self._task_manager, log_samples=False, bootstrap_iters=0,  # no standard errors
