@@ -182,3 +182,45 @@ def test_eval_tasks_from_the_command_line_scores_a_modern_checkpoint(setup):
             scores.append(float(logprobs.sum()))
         correct += max(range(len(scores)), key=scores.__getitem__) == sample["target"]
     assert results["results"]["shakespeare_mc"]["acc,none"] == pytest.approx(correct / 6)
+
+
+def test_a_dataset_that_cannot_be_downloaded_is_one_clear_error(setup, monkeypatch):
+    import datasets
+
+    from gpt_lightning.errors import UserError
+    from gpt_lightning.evaluation.harness_model import GPTHarnessLM
+    from gpt_lightning.evaluation.tasks import run_tasks
+
+    root, gpt2, _ = setup
+    (root / "hub").mkdir()
+    (root / "hub" / "hub_task.yaml").write_text(
+        "task: hub_task\ndataset_path: someone/not_cached_here\ntest_split: test\n" + TASKS["shakespeare_mc"])
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # what HF_DATASETS_OFFLINE=1 sets; no network here either
+    with pytest.raises(UserError, match="not in the Hugging Face cache and cannot be downloaded .*someone/not_cached_here"):
+        run_tasks(GPTHarnessLM.from_checkpoint(gpt2), ["hub_task"], include_path=root / "hub")
+
+
+def test_generate_until_samples_as_gen_kwargs_say(setup):
+    """``do_sample`` draws from the model (seeded: reproducible), greedy otherwise; what our sampler
+    cannot do (``top_p``) is refused rather than ignored."""
+    from lm_eval.api.instance import Instance
+
+    from gpt_lightning.evaluation.harness_model import GPTHarnessLM
+
+    _, gpt2, _ = setup
+    lm = GPTHarnessLM.from_checkpoint(gpt2, batch_size=2)
+
+    def generate(**gen_kwargs):
+        requests = [Instance("generate_until", {}, (prompt, {"until": ["\n\n"], "max_gen_toks": 20, **gen_kwargs}), i)
+                    for i, prompt in enumerate(["First Citizen:", "What, art thou"])]
+        torch.manual_seed(0)
+        return lm.generate_until(requests)
+
+    lm.gpt.train()  # as a model being trained is: answered in eval mode, handed back training
+    greedy = generate(do_sample=False)
+    assert lm.gpt.training
+    assert generate() == greedy  # the harness's default: greedy
+    sampled = generate(do_sample=True, temperature=1.0, top_k=50)
+    assert sampled != greedy and sampled == generate(do_sample=True, temperature=1.0, top_k=50)
+    with pytest.raises(ValueError, match="top_p"):
+        generate(do_sample=True, top_p=0.9)

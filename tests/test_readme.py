@@ -171,6 +171,11 @@ def test_the_readme_walkthrough_runs_on_a_cpu(tmp_path, shakespeare, monkeypatch
     (tmp_path / "my_config.yaml").write_text(my_config)
     example = {"ctx": "The king rose and", "endings": ["spoke.", "wept.", "sat down.", "left the hall."], "label": 0}
     (tmp_path / "hellaswag_val.jsonl").write_text((json.dumps(example) + "\n") * 3)  # its format; the real one is 10,042 lines
+    (my_task,) = [b for b in blocks("yaml") if b.startswith("# my_tasks/my_task.yaml")]  # docs/evaluation.md's, as written
+    (tmp_path / "my_tasks").mkdir()
+    (tmp_path / "my_tasks" / "my_task.yaml").write_text(my_task)
+    choices = {"context": "The king rose and", "choices": ["spoke.", "wept.", "sat down."], "label": 0}
+    (tmp_path / "my_tasks" / "my_task.jsonl").write_text((json.dumps(choices) + "\n") * 3)
     monkeypatch.chdir(tmp_path)
 
     ran = []

@@ -34,7 +34,7 @@ class GPTHarnessLM(TemplateLM):
     """A ``GPT`` answering lm-evaluation-harness requests.
 
     Args:
-        model: the GPT to score (put in eval mode, moved to ``device``).
+        model: the GPT to score, moved to ``device`` (in eval mode while it answers; its mode kept).
         batch_size: requests per forward pass (loglikelihood), prompts per generation batch.
         device: where the model runs: ``cpu``, ``cuda``, ``cuda:1``, ...
         dtype: None runs the model in its own dtype; ``torch.bfloat16``/``torch.float16`` run it under
@@ -49,7 +49,7 @@ class GPTHarnessLM(TemplateLM):
             raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
         self._device = torch.device(device)
         self.autocast_dtype = dtype if dtype in (torch.bfloat16, torch.float16) else None
-        self.gpt = model.to(device=self._device, dtype=dtype if dtype is not None and self.autocast_dtype is None else None).eval()
+        self.gpt = model.to(device=self._device, dtype=dtype if dtype is not None and self.autocast_dtype is None else None)
         self.batch_size = batch_size
         self.encoding = gpt2_encoding()
         self.max_length = model.config.block_size
@@ -75,18 +75,24 @@ class GPTHarnessLM(TemplateLM):
     def tok_decode(self, tokens: list[int]) -> str:
         return self.encoding.decode(tokens)
 
-    def precision(self):
-        """The autocast context of ``dtype``, or nothing."""
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self._device.type, dtype=self.autocast_dtype)
+    @contextlib.contextmanager
+    def inference(self):
+        """The model in eval mode (its mode restored after: a model being trained stays in training),
+        eager even where training compiled it, no gradients, under ``dtype``'s autocast if any."""
+        was_training = self.gpt.training
+        self.gpt.eval()
+        autocast = torch.autocast(self._device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
+        try:
+            with torch.no_grad(), torch.compiler.set_stance("force_eager"), autocast:
+                yield
+        finally:
+            self.gpt.train(was_training)
 
-    @torch.no_grad()
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
         """(log-probability, greedy) of each request's continuation tokens after its context tokens,
         the two truncated from the left to the model's context plus one, as the hf model does."""
         pairs = [(context, continuation) for _, context, continuation in requests]
-        with self.precision():
+        with self.inference():
             answers = score_continuations(self.gpt, pairs, self.batch_size, self._device)
         for (request, _, _), answer in zip(requests, answers):
             if request is not None:
@@ -109,7 +115,6 @@ class GPTHarnessLM(TemplateLM):
             self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
         return totals
 
-    @torch.no_grad()
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Text continuing each prompt until a stop sequence (``until``, and always ``<|endoftext|>``) or
         ``max_gen_toks`` tokens, greedy or sampled as ``gen_kwargs`` say, cut before the stop sequence."""
@@ -142,7 +147,7 @@ class GPTHarnessLM(TemplateLM):
             start, done = idx.size(1), 0
             while done < max_gen_toks:
                 new = min(max_gen_toks - done, FIRST_ROUND_TOKENS << (done // FIRST_ROUND_TOKENS).bit_length())
-                with self.precision():
+                with self.inference():
                     idx = generate(self.gpt, idx, new, vocab_limit=self.vocab_limit, **sampling)  # (B, T + new)
                 done += new
                 decoded = [self.tok_decode(row) for row in idx[:, start:].tolist()]

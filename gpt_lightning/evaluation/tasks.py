@@ -30,9 +30,9 @@ def task_manager(tasks: list[str], include_path: str | Path | None = None) -> An
     paths = [str(SUITE_DIR)] + ([str(include_path)] if include_path is not None else [])
     # Our suite and the user's own tasks alone skip indexing the harness's ~14,000 YAMLs (~30 s).
     manager = TaskManager(include_path=paths, include_defaults=False)
-    if not all(name in manager.all_tasks for name in tasks):
+    if not all(manager.match_tasks([name]) for name in tasks):
         manager = TaskManager(include_path=paths)
-    unknown = [name for name in tasks if name not in manager.all_tasks and not Path(name).is_file()]
+    unknown = [name for name in tasks if not manager.match_tasks([name]) and not Path(name).is_file()]  # globs match too
     if unknown:
         hint = f" in the harness or in {include_path}" if include_path is not None else " (give --include_path for your own YAMLs)"
         raise UserError(f"Unknown task {', '.join(unknown)}{hint}: `lm-eval ls tasks` lists the harness's.")
@@ -70,9 +70,10 @@ def run_tasks(
         )
     except Exception as err:
         if is_offline_error(err):
+            said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise UserError(
-                f"A task's dataset is not in the Hugging Face cache and cannot be downloaded ({type(err).__name__}): "
-                "run once with network, or give --include_path task YAMLs on local files (docs/evaluation.md)."
+                f"A task's dataset is not in the Hugging Face cache and cannot be downloaded ({said}). Run once with "
+                "network to cache it, or give --include_path task YAMLs on local files (docs/evaluation.md)."
             ) from None
         raise
     return results

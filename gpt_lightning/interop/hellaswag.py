@@ -1,14 +1,7 @@
-"""HellaSwag, scored the standard way for GPT-2: for each of the 4 endings, the mean cross-entropy
-of the ending's tokens given the context; the lowest wins (``acc_norm``, the figure build-nanogpt
-reports). ``acc`` uses the summed cross-entropy instead.
-
-Several examples go through the model in one forward pass (4 rows each, zero-padded on the right,
-which a causal model never reads), and the counts of right answers stay on the device until the
-end. ``HellaSwagEval`` scores the model being trained every N steps, its examples split across ranks.
-
-The validation file (``hellaswag_val.jsonl``, 10,042 examples) is downloaded once into the cache
-when online (``gpt-lightning eval``), or given as a local path.
-"""
+"""HellaSwag scored build-nanogpt's way: for each of the 4 endings, the mean cross-entropy of its
+tokens given the context, the lowest winning (``acc_norm``; ``acc`` sums instead); several examples
+per forward pass. ``HellaSwagEval`` scores the model being trained, the examples split across ranks.
+How this differs from the harness's ``hellaswag``: docs/hellaswag.md."""
 
 from __future__ import annotations
 
@@ -156,8 +149,8 @@ def batches(examples: Iterable[Example], encode, block_size: int, batch_size: in
 def count_correct(model: GPT, batches: Iterable[Batch | None], device: torch.device,
                   autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> torch.Tensor:
     """Counts (3,) on ``device``: right by mean loss (``acc_norm``), right by summed loss (``acc``),
-    examples; each forward pass runs in a fresh ``autocast()`` context. A ``None`` batch is a forward pass whose answers are not counted: under FSDP every
-    rank must run as many forward passes as the others (each one all-gathers the weights)."""
+    examples; each pass under a fresh ``autocast()``. A ``None`` batch is a pass left uncounted, so
+    that every FSDP rank runs as many (each all-gathers the weights)."""
     counts = torch.zeros(3, dtype=torch.long, device=device)
     last = None
     for batch in batches:
@@ -192,15 +185,10 @@ def evaluate(model: GPT, examples: Iterator[Example], encode, device: torch.devi
 
 
 class HellaSwagEval(Callback):
-    """Score the model being trained on HellaSwag every ``every_n_steps`` optimizer steps.
-
-    It scores at step 0 (as build-nanogpt does) and at the end of training too, and logs
-    ``eval/hellaswag_acc_norm`` and ``eval/hellaswag_acc``. Each rank scores its share of the
-    examples; the counts are summed over ranks. Works with any ``Trainer`` whose LightningModule
-    holds a gpt-lightning ``GPT`` as ``.model`` (``GPTLightningModule`` does).
-
-    Without the file it logs nothing and says, once, where to put it: it never downloads, so it
-    cannot hold up training offline.
+    """Score the model being trained on HellaSwag at step 0, every ``every_n_steps`` optimizer steps
+    and at the end, logging ``eval/hellaswag_acc_norm`` and ``eval/hellaswag_acc``; each rank scores
+    its share. Any ``Trainer`` whose module holds a ``GPT`` as ``.model``. Without the file it says
+    once where to put it and logs nothing: it never downloads.
 
     Args:
         data_file: ``hellaswag_val.jsonl``. None: the copy in the cache, where

@@ -1,0 +1,124 @@
+"""Harness loglikelihood speed: requests/s of ``GPTHarnessLM`` against lm-evaluation-harness's own
+``hf`` model on the ``export --format hf`` folder of the same weights, on the same HellaSwag-shaped
+requests at the same batch size, in one process, interleaved, medians; and the largest difference
+between the two backends' per-request log-likelihoods.
+
+The requests are HellaSwag's shape: each example a context of 50-90 tokens and 4 endings of 10-30,
+cut from the packaged tiny Shakespeare (no network). Weights are random: speed does not depend on
+them. The hf model computes the LM head and log-softmax at every position, each ending with its
+context; ours runs each context once, its endings on top, the head only where a token is scored.
+
+    OMP_NUM_THREADS=1 python benchmarks/evaluation.py     # benchmarks/results/cpu-2core/evaluation.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from gpt_lightning.atomic import atomic_write_bytes
+from gpt_lightning.data.corpus import Corpus
+from gpt_lightning.data.tokenizer import gpt2_encoding
+from gpt_lightning.evaluation.harness_model import GPTHarnessLM
+from gpt_lightning.interop.pretrained import export_hf
+from gpt_lightning.model import GPT, GPTConfig
+
+SHAPES = {
+    "gpt2-124m": GPTConfig(),
+    "tiny-cpu": GPTConfig(block_size=128, n_layer=4, n_head=4, n_embd=128),  # configs/tiny-cpu.yaml's model
+}
+DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
+
+
+def hellaswag_shaped(examples: int, seed: int = 0) -> list[tuple[tuple[str, str], list[int], list[int]]]:
+    """``examples`` x 4 requests (context tokens, ending tokens), the 4 of an example sharing the context."""
+    tokens = gpt2_encoding().encode_ordinary(Corpus.tiny_shakespeare().read_text()[:200_000])
+    rng = random.Random(seed)
+
+    def span(lo: int, hi: int) -> list[int]:
+        start, length = rng.randrange(len(tokens) - hi), rng.randint(lo, hi)
+        return tokens[start : start + length]
+
+    requests = []
+    for _ in range(examples):
+        context = span(50, 90)
+        requests += [(("", ""), context, span(10, 30)) for _ in range(4)]
+    return requests
+
+
+def measure(config: GPTConfig, dtype: str, requests, batch_size: int, repeats: int) -> dict:
+    from lm_eval.models.huggingface import HFLM
+
+    torch.manual_seed(0)
+    model = GPT(config).eval()
+    with tempfile.TemporaryDirectory() as folder:
+        export_hf(model, folder)
+        hf = HFLM(pretrained=folder, batch_size=batch_size, device="cpu", dtype="float32",
+                  mixed_precision_dtype=DTYPES[dtype])
+    ours = GPTHarnessLM(model, batch_size=batch_size, device="cpu", dtype=DTYPES[dtype])
+    backends = {"hf": hf, "ours": ours}
+    seconds: dict[str, list[float]] = {name: [] for name in backends}
+    answers = {}
+    for repeat in range(repeats):
+        for name in (("hf", "ours") if repeat % 2 == 0 else ("ours", "hf")):  # interleaved: load drifts hit both
+            start = time.perf_counter()
+            answers[name] = backends[name]._loglikelihood_tokens(requests, disable_tqdm=True)
+            seconds[name].append(time.perf_counter() - start)
+    median = {name: statistics.median(s) for name, s in seconds.items()}
+    return {
+        "requests": len(requests), "batch_size": batch_size, "seconds": seconds,
+        "requests_per_s": {name: len(requests) / m for name, m in median.items()},
+        "speedup": median["hf"] / median["ours"],
+        "max_abs_loglikelihood_difference": max(abs(a[0] - b[0]) for a, b in zip(answers["hf"], answers["ours"])),
+        "greedy_flags_equal": [a[1] for a in answers["hf"]] == [b[1] for b in answers["ours"]],
+    }
+
+
+def table(results: dict) -> str:
+    rows = ["| model | dtype | requests | hf requests/s | ours requests/s | ours / hf | max log-likelihood difference |",
+            "|---|---|---|---|---|---|---|"]
+    for key, r in results.items():
+        shape, dtype = key.split("/")
+        rows.append(f"| {shape} | {dtype} | {r['requests']} | {r['requests_per_s']['hf']:.2f} | "
+                    f"{r['requests_per_s']['ours']:.2f} | **{r['speedup']:.2f}x** | {r['max_abs_loglikelihood_difference']:.1e} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", nargs="+", default=["gpt2-124m/float32:8", "tiny-cpu/float32:32", "tiny-cpu/bfloat16:32",
+                                                       "gpt2-124m/bfloat16:2"],
+                        help="shape/dtype:examples, each example 4 requests (default: %(default)s)")
+    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per backend, alternating (median)")
+    parser.add_argument("--out", default="benchmarks/results/cpu-2core/evaluation.json")
+    args = parser.parse_args()
+    results = {}
+    for run in args.runs:
+        key, examples = run.split(":")
+        shape, dtype = key.split("/")
+        results[key] = measure(SHAPES[shape], dtype, hellaswag_shaped(int(examples)), args.batch_size, args.repeats)
+        print(key, json.dumps({k: results[key][k] for k in ("requests_per_s", "speedup", "max_abs_loglikelihood_difference")}), flush=True)
+    report = {
+        "benchmark": "loglikelihood requests/s, GPTHarnessLM vs lm-eval's hf model, HellaSwag-shaped requests",
+        "results": results,
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+                    "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+                    "loadavg_at_end": os.getloadavg()},
+        "note": "2-core CPU shared with other jobs (see loadavg): ratios are measured side by side, interleaved",
+    }
+    atomic_write_bytes(Path(args.out), (json.dumps(report, indent=2) + "\n").encode())
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
