@@ -13,6 +13,7 @@ _WHERE = {
     "GPT": "gpt_lightning.model",
     "GPTConfig": "gpt_lightning.model",
     "GPTLightningModule": "gpt_lightning.training.module",
+    "HarnessEval": "gpt_lightning.evaluation.callback",
     "HellaSwagEval": "gpt_lightning.interop.hellaswag",
     "Preempted": "gpt_lightning.training.preemption",
     "Preemption": "gpt_lightning.training.preemption",

@@ -17,6 +17,7 @@ from gpt_lightning.data import gpt2_encoding
 from conftest import MODERN_FLAGS
 from ddp_probe import check_one_job_on_two_ranks
 from test_cli import REPO, run_cli
+from test_eval_callback import TASK, write_task
 
 ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
 
@@ -44,8 +45,8 @@ MODERN_MUON_JOB = ["--trainer.devices", "2", "--model.optimizer", "muon", "--tra
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory, shakespeare):
     """One launch under Lightning's DDP launcher (2 processes, 8 steps, logging every 4th), whose
-    outputs the tests below read: every rank's windows, losses and weights, and the barriers per
-    step. It trains the modern model (configs/modern-tiny-cpu.yaml's switches, value embeddings
+    outputs the tests below read: every rank's windows, losses and weights, the barriers per
+    step, and ``HarnessEval``'s scores on a local task. It trains the modern model (configs/modern-tiny-cpu.yaml's switches, value embeddings
     included) with Muon and the untied embedding's and head's own rates, as the torchrun restart
     does; GPT-2 under DDP: the torchrun two-node launch, tests/test_fsdp.py's DDP run and the
     README's ddp-2-cpu command."""
@@ -53,8 +54,11 @@ def ddp_run(tmp_path_factory, shakespeare):
     small_text = tmp_path / "small.txt"
     small_text.write_text(shakespeare[:50_000])
     counter = {"class_path": "host_reads.BarrierCounter", "init_args": {"out": str(tmp_path / "barriers.json")}}
+    harness = {"class_path": "gpt_lightning.HarnessEval", "init_args": {  # at steps 0 and 8
+        "tasks": TASK, "every_n_steps": 8, "limit": 7, "include_path": str(write_task(tmp_path / "tasks", shakespeare))}}
     args = fit_args(small_text, tmp_path, max_steps=8, log_every_n_steps=4)
     result = run_cli(*args, *MODERN_MUON_JOB, f"--trainer.callbacks+={json.dumps(counter)}",
+                     f"--trainer.callbacks+={json.dumps(harness)}",
                      "--checkpoint.every_n_train_steps", "1000", cwd=tmp_path, env_extra=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     return tmp_path, small_text, result
@@ -96,6 +100,24 @@ def test_the_loss_is_averaged_over_ranks_only_when_it_is_written(ddp_run):
     assert sorted(logged) == [3, 7]
     for step, value in logged.items():
         assert value == pytest.approx((ranks[0]["losses"][step] + ranks[1]["losses"][step]) / 2, rel=1e-5)
+
+
+def test_harness_tasks_on_two_ranks_give_the_one_process_result(ddp_run):
+    """``HarnessEval`` splits the 7 examples over the 2 ranks (4 and 3, padded) and gathers them: the
+    logged accuracies are those of one process scoring all 7 with the final weights."""
+    from gpt_lightning.evaluation.harness_model import GPTHarnessLM
+    from gpt_lightning.evaluation.tasks import run_tasks
+
+    tmp_path, _, _ = ddp_run
+    (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    logged = {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"] if tag.startswith("eval/")}
+    assert logged[f"eval/{TASK}/samples"] == {0: 7, 8: 7}  # each example once, not once per rank
+    one = run_tasks(GPTHarnessLM.from_checkpoint(run_dir / "checkpoints" / "last.ckpt"), [TASK], limit=7,
+                    include_path=tmp_path / "tasks", bootstrap_iters=0)["results"][TASK]
+    for metric in ("acc", "acc_norm"):
+        assert logged[f"eval/{TASK}/{metric}"][8] == pytest.approx(one[f"{metric},none"], abs=1e-6)
 
 
 def free_port() -> int:

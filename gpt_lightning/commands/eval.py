@@ -1,5 +1,6 @@
 """``gpt-lightning eval``: score a checkpoint, or a Hugging Face GPT-2, on lm-evaluation-harness tasks
-(``--tasks``), or on HellaSwag as build-nanogpt scores it (``--task hellaswag``)."""
+(``--tasks``), on HellaSwag as build-nanogpt scores it (``--task hellaswag``), or by its bits per
+byte on a text file (``--text_file``)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.interop.hellaswag import evaluate, read_examples, validation_file
 from gpt_lightning.interop.pretrained import gpt_from_hf
 from gpt_lightning.model import GPT
+from gpt_lightning.training.bits_per_byte import text_bits_per_byte
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -42,6 +44,7 @@ def parser() -> argparse.ArgumentParser:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--tasks", help="lm-evaluation-harness tasks or groups, comma-separated (hellaswag,arc_easy,...)")
     which.add_argument("--task", choices=["hellaswag"], help="HellaSwag scored build-nanogpt's way (docs/hellaswag.md)")
+    which.add_argument("--text_file", help="bits per byte of this UTF-8 text, in the harness's rolling windows (docs/evaluation.md)")
     parser.add_argument("--ckpt_path", help="a .ckpt written by gpt-lightning fit")
     parser.add_argument("--init_from", help="a Hugging Face GPT-2: hub name (gpt2, ...), directory or weights file")
     parser.add_argument("--include_path", help="--tasks: a folder of your own task YAMLs (e.g. on local data files)")
@@ -50,9 +53,10 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch_size", type=int, default=8, help="requests (--task hellaswag: examples) per forward pass (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ... (default: %(default)s)")
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
-                        help="--tasks: bfloat16/float16 run under autocast; auto: bfloat16 on a CUDA GPU that has it, "
+                        help="--tasks, --text_file: bfloat16/float16 run under autocast; auto: bfloat16 on a CUDA GPU that has it, "
                              "else the checkpoint's own (default: %(default)s)")
-    parser.add_argument("--output_path", help="--tasks: write the harness's results JSON to this file (or folder/results.json)")
+    parser.add_argument("--output_path", help="--tasks: write the harness's results JSON to this file (or folder/results.json); "
+                        "--text_file: the result JSON")
     parser.add_argument("--log_samples", action="store_true", help="--tasks: also write each request's inputs and outputs, "
                         "samples_<task>.jsonl beside the results (needs --output_path)")
     parser.add_argument("--bootstrap_iters", type=int, default=100_000, help="--tasks: resamples for standard errors; 0 skips them")
@@ -67,6 +71,8 @@ def main(argv: list[str]) -> None:
         raise UserError(f"--batch_size must be at least 1, got {args.batch_size}.")
     if args.task is not None:
         return hellaswag(args)
+    if args.text_file is not None:
+        return text_bits_per_byte_of(args)
     if args.log_samples and not args.output_path:
         raise UserError("--log_samples writes the samples beside the results: give --output_path too.")
     from gpt_lightning.evaluation.tasks import import_lm_eval, run_tasks
@@ -74,10 +80,7 @@ def main(argv: list[str]) -> None:
     import_lm_eval()  # before loading a model: a missing install is said first
     from gpt_lightning.evaluation.harness_model import GPTHarnessLM
 
-    device = resolve_device(args.device)
-    dtype = DTYPES.get(args.dtype)
-    if args.dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
-        dtype = torch.bfloat16
+    device, dtype = device_and_dtype(args)
     lm = GPTHarnessLM(load_model(args.ckpt_path, args.init_from), batch_size=args.batch_size, device=device, dtype=dtype)
     tasks = [name.strip() for name in args.tasks.split(",") if name.strip()]
     results = run_tasks(lm, tasks, num_fewshot=args.num_fewshot, limit=args.limit, include_path=args.include_path,
@@ -89,6 +92,37 @@ def main(argv: list[str]) -> None:
         print(make_table(results, "groups"))
     if args.output_path:
         write_results(results, Path(args.output_path))
+
+
+def device_and_dtype(args: argparse.Namespace) -> tuple[torch.device, torch.dtype | None]:
+    """``--device`` and ``--dtype``; ``auto`` is bfloat16 on a CUDA GPU that has it, else the model's own."""
+    device = resolve_device(args.device)
+    dtype = DTYPES.get(args.dtype)
+    if args.dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        dtype = torch.bfloat16
+    return device, dtype
+
+
+def text_bits_per_byte_of(args: argparse.Namespace) -> None:
+    """``--text_file``: the text's bits per byte (``training.bits_per_byte``), as ``val/bpb`` counts them."""
+    path = Path(args.text_file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"--text_file {path} does not exist.") from None
+    except UnicodeDecodeError as err:
+        raise UserError(f"--text_file {path} is not UTF-8 text ({err.reason} at byte {err.start}).") from None
+    ids = gpt2_encoding().encode_ordinary(text)
+    if not ids:
+        raise UserError(f"--text_file {path} is empty.")
+    device, dtype = device_and_dtype(args)
+    autocast = dtype in (torch.bfloat16, torch.float16)
+    model = load_model(args.ckpt_path, args.init_from).to(device=device, dtype=None if autocast else dtype).eval()
+    with torch.autocast(device.type, dtype=dtype, enabled=autocast):
+        result = text_bits_per_byte(model, ids, device, args.batch_size)
+    print(f"{path}: {result['bpb']:.4f} bits per byte over {result['bytes']:,} bytes ({result['tokens']:,} tokens)")
+    if args.output_path:
+        atomic_write_bytes(Path(args.output_path), (json.dumps({"text_file": str(path), **result}, indent=2) + "\n").encode())
 
 
 def write_results(results: dict[str, Any], path: Path) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt_lightning.errors import UserError
+from gpt_lightning.evaluation.suite import SUITE_DIR
 
 INSTALL_HINT = 'pip install "gpt-lightning[eval]"'
 
@@ -18,6 +19,24 @@ def import_lm_eval():
     except ImportError:
         raise UserError(f"Harness tasks need lm-evaluation-harness, which is not installed: {INSTALL_HINT}") from None
     return lm_eval
+
+
+def task_manager(tasks: list[str], include_path: str | Path | None = None) -> Any:
+    """The harness's ``TaskManager`` over its own tasks, this package's suite (``gpt2-suite``) and
+    ``include_path``; a ``UserError`` naming any task it does not know."""
+    import_lm_eval()
+    from lm_eval.tasks import TaskManager
+
+    paths = [str(SUITE_DIR)] + ([str(include_path)] if include_path is not None else [])
+    # Our suite and the user's own tasks alone skip indexing the harness's ~14,000 YAMLs (~30 s).
+    manager = TaskManager(include_path=paths, include_defaults=False)
+    if not all(manager.match_tasks([name]) for name in tasks):
+        manager = TaskManager(include_path=paths)
+    unknown = [name for name in tasks if not manager.match_tasks([name]) and not Path(name).is_file()]  # globs match too
+    if unknown:
+        hint = f" in the harness or in {include_path}" if include_path is not None else " (give --include_path for your own YAMLs)"
+        raise UserError(f"Unknown task {', '.join(unknown)}{hint}: `lm-eval ls tasks` lists the harness's.")
+    return manager
 
 
 def run_tasks(
@@ -44,26 +63,14 @@ def run_tasks(
         bootstrap_iters: resamples for the metrics' standard errors (the harness's default); 0 skips them.
     """
     lm_eval = import_lm_eval()
-    from lm_eval.tasks import TaskManager
-
-    task_manager = None
-    if include_path is not None:  # the user's own tasks alone skip indexing the harness's ~14,000 YAMLs (~30 s)
-        task_manager = TaskManager(include_path=str(include_path), include_defaults=False)
-        if not all(task_manager.match_tasks([name]) for name in tasks):
-            task_manager = None
-    if task_manager is None:
-        task_manager = TaskManager(include_path=str(include_path) if include_path is not None else None)
-    unknown = [name for name in tasks if not task_manager.match_tasks([name]) and not Path(name).is_file()]  # globs match too
-    if unknown:
-        hint = f" in the harness or in {include_path}" if include_path is not None else " (give --include_path for your own YAMLs)"
-        raise UserError(f"Unknown task {', '.join(unknown)}{hint}: `lm-eval ls tasks` lists the harness's.")
+    manager = task_manager(tasks, include_path)
     try:
         results = lm_eval.simple_evaluate(
             model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit, log_samples=log_samples,
-            bootstrap_iters=bootstrap_iters, task_manager=task_manager, batch_size=getattr(lm, "batch_size", None),
+            bootstrap_iters=bootstrap_iters, task_manager=manager, batch_size=getattr(lm, "batch_size", None),
         )
     except Exception as err:
-        if _is_offline_error(err):
+        if is_offline_error(err):
             said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise UserError(
                 f"A task's dataset is not in the Hugging Face cache and cannot be downloaded ({said}). Run once with "
@@ -73,7 +80,7 @@ def run_tasks(
     return results
 
 
-def _is_offline_error(err: BaseException) -> bool:
+def is_offline_error(err: BaseException) -> bool:
     """Whether ``err`` (or what caused it) is how ``datasets``/``huggingface_hub`` say a download failed."""
     names = ("ConnectionError", "ConnectTimeout", "OfflineModeIsEnabled", "LocalEntryNotFoundError",
              "DatasetNotFoundError", "MaxRetryError", "NameResolutionError", "HfHubHTTPError")

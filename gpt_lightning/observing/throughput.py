@@ -22,7 +22,6 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_lightning.atomic import atomic_write_bytes
-from gpt_lightning.interop.hellaswag import HellaSwagEval
 
 # Dense (not sparse) tensor-core peaks, (bf16/fp16, tf32) FLOP/s, for the GPUs people train GPT-2 on.
 # A row matches when every one of its words is a word of the device name (``torch.cuda.get_device_name``);
@@ -150,8 +149,9 @@ class StepTiming:
 class ThroughputMonitor(Callback):
     """Post-warm-up tokens/sec, step time and MFU, logged under ``throughput/``.
 
-    Logged each logging interval, validation, checkpoints and HellaSwag passes not counted; at the end
-    of ``fit`` a summary line and ``throughput.json`` in ``trainer.log_dir`` (docs/throughput.md).
+    Logged each logging interval; validation, checkpoints and evaluation passes (a callback with a
+    ``durations`` list of its passes' seconds: ``HellaSwagEval``, ``HarnessEval``) not counted; at the
+    end of ``fit`` a summary line and ``throughput.json`` in ``trainer.log_dir`` (docs/throughput.md).
 
     Args:
         warmup_steps: optimizer steps, counted from the start of each ``fit`` (a resumed run
@@ -214,7 +214,7 @@ class ThroughputMonitor(Callback):
         self._tokens_per_step: Counter[int] = Counter()  # this rank's tokens of a step -> steps that trained so many
         self._step_start: Any = None  # mark at which the step's clock last started; None while paused
         self._step_spans: list[tuple[Any, Any]] = []  # (start, end) marks of the step's time before a pause
-        self._evaluators = [callback for callback in trainer.callbacks if isinstance(callback, HellaSwagEval)]
+        self._evaluators = [callback for callback in trainer.callbacks if isinstance(getattr(callback, "durations", None), list)]
         self._passes_seen: list[int] = []  # each evaluator's passes when the clock last started
         self._step_evaluating = 0.0  # seconds of the passes inside the step's spans so far
         self._last_global_step = trainer.global_step

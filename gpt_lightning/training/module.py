@@ -19,6 +19,7 @@ from gpt_lightning.scaling.flops import training_flops
 from gpt_lightning.scaling.sharding import is_empty, materialize, shard_once, sync_at_last_micro_batch
 from gpt_lightning.training import resume
 from gpt_lightning.training.architecture import DEFAULT_CONFIG, build_gpt
+from gpt_lightning.training.bits_per_byte import BitsPerByte, bits_and_bytes, token_byte_lengths
 from gpt_lightning.training.checkpoint_io import use_atomic_checkpoints
 from gpt_lightning.training.checks import (
     check_fits_data, check_optimizer_settings, check_strategy_supports, check_untied_rates, run_length,
@@ -153,6 +154,8 @@ class GPTLightningModule(LightningModule):
         self.model.activation_checkpointing = activation_checkpointing
         with torch.device("cpu"):  # a few scalars: real even when the model is built on the meta device
             self.val_loss = MeanMetric()  # token-weighted mean, reduced across ranks at compute()
+            self.val_bpb = BitsPerByte()  # bits over bytes, each summed across ranks at compute()
+        self._byte_lengths: torch.Tensor | None = None  # (vocab_size,) on the device, at the first validation
         self._nonfinite, self._step_loss = NonFiniteGuard(), StepLoss()  # see on_before_optimizer_step
         self._total_steps: int | None = None  # the run's optimizer steps, for the "wsd" schedule
         self._final_step: int | None = None  # the same, for logging its last step (None: no end)
@@ -160,9 +163,7 @@ class GPTLightningModule(LightningModule):
         self._built: tuple[torch.optim.Optimizer, LambdaLR | None] | None = None  # by configure_optimizers: resume's to set
 
     def configure_callbacks(self) -> list:
-        """No callbacks of its own. The first hook of every ``fit``/``validate``/``test``, before the
-        accelerator sets up the device: ``float32_matmul_precision`` is applied here, so Lightning's
-        CUDA tip to set it is not printed when the config sets it."""
+        """None; applies ``float32_matmul_precision`` in this first hook, before the device is set up."""
         self._apply_matmul_precision()
         return []
 
@@ -264,10 +265,14 @@ class GPTLightningModule(LightningModule):
         self._nonfinite.raise_if_found(self.global_step)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch  # (B, T), (B, T)
         # Eager unless compile_eval (and never in the sanity check): see compilation.evaluation_stance.
         with evaluation_stance(self.hparams.compile_eval, self._trainer is not None and self._trainer.sanity_checking):
-            loss = self._loss(batch)
-        self.val_loss.update(loss, weight=batch[0].numel())
+            logits, loss = self.model(x, y)  # (B, T, vocab_size), mean over tokens
+        self.val_loss.update(loss, weight=x.numel())
+        if self._byte_lengths is None or self._byte_lengths.device != y.device:
+            self._byte_lengths = token_byte_lengths(self.config.vocab_size, y.device)  # once: no host read per step
+        self.val_bpb.update(*bits_and_bytes(logits, y, self._byte_lengths))
 
     test_step = validation_step  # the same loss, logged as test/ by on_test_epoch_end
 
@@ -275,7 +280,9 @@ class GPTLightningModule(LightningModule):
         loss = self.val_loss.compute()
         self.log(f"{prefix}/loss", loss, prog_bar=prefix == "val")
         self.log(f"{prefix}/perplexity", torch.exp(loss))
+        self.log(f"{prefix}/bpb", self.val_bpb.compute())  # bits per byte (``bits_per_byte``)
         self.val_loss.reset()
+        self.val_bpb.reset()
 
     def on_validation_epoch_end(self) -> None:
         self._log_eval("val")

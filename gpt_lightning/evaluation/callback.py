@@ -1,0 +1,180 @@
+"""``HarnessEval``: lm-evaluation-harness tasks on the model being trained, every N steps, logged
+to TensorBoard as ``eval/<task>/<metric>``. The harness builds the requests, splits them over the
+ranks (padded so every rank runs as many) and gathers the per-example scores on rank 0; its
+results are broadcast so every rank holds them. Training's random state and mode are restored
+after each pass, so a run (and its resume) trains exactly as it would without the callback.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.strategies import Strategy
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from gpt_lightning.errors import UserError
+from gpt_lightning.evaluation.tasks import import_lm_eval, is_offline_error, task_manager
+
+
+class HarnessEval(Callback):
+    """Score the model being trained on lm-evaluation-harness tasks every ``every_n_steps`` optimizer steps.
+
+    It scores at step 0 and at the end of training too (as ``HellaSwagEval`` does), in the training
+    precision, and logs ``eval/<task>/<metric>`` (``eval/arc_easy/acc_norm``; a group's aggregate as
+    ``eval/<group>/<metric>``; a filter other than ``none`` as ``<metric>_<filter>``) and
+    ``eval/<task>/samples``, the examples scored. The tasks' datasets are loaded when ``fit``
+    starts: an unknown task, or a dataset neither cached nor downloadable, stops the run there.
+    Any ``Trainer`` whose LightningModule holds a gpt-lightning ``GPT`` as ``.model``, on one
+    device or under DDP; not under FSDP2 (``ModelParallelStrategy``).
+
+    Args:
+        tasks: task, group or tag names, as a list or comma-separated (``gpt2-suite``, this
+            package's reference suite, included).
+        every_n_steps: optimizer steps between evaluations.
+        limit: score only the first N examples of each task (None: all of them).
+        num_fewshot: examples in each prompt; None keeps each task's own.
+        include_path: a folder of your own task YAMLs (e.g. on local data files, for no network).
+        batch_size: requests per forward pass.
+    """
+
+    def __init__(self, tasks: list[str] | str, every_n_steps: int = 500, limit: int | None = None,
+                 num_fewshot: int | None = None, include_path: str | None = None, batch_size: int = 8) -> None:
+        import_lm_eval()  # a one-line error now, if the harness is not installed
+        if isinstance(tasks, str):
+            tasks = [name.strip() for name in tasks.split(",") if name.strip()]
+        if not tasks:
+            raise UserError("HarnessEval needs at least one task.")
+        for name, value in (("every_n_steps", every_n_steps), ("limit", limit), ("batch_size", batch_size)):
+            if value is not None and value < 1:
+                raise UserError(f"HarnessEval {name} must be at least 1, got {value}.")
+        self.tasks = list(tasks)
+        self.every_n_steps = every_n_steps
+        self.limit = limit
+        self.num_fewshot = num_fewshot
+        self.include_path = include_path
+        self.batch_size = batch_size
+        self.results: list[dict[str, Any]] = []  # {"step": ..., "eval/<task>/<metric>": value, ...}, every rank
+        self.durations: list[float] = []  # wall seconds of each pass: ThroughputMonitor leaves them out
+        self._task_manager: Any = None
+        self._evaluated_at: int | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit" or self._task_manager is not None:
+            return
+        if pl_module.device_mesh is not None:
+            raise UserError("HarnessEval does not run under ModelParallelStrategy (FSDP2): use DDP, or "
+                            "`gpt-lightning eval --tasks` on a checkpoint.")
+        self._task_manager = task_manager(self.tasks, self.include_path)
+        try:  # every dataset now, not after hours of training
+            self._task_manager.load_task_or_group(self.tasks)
+        except Exception as err:
+            if is_offline_error(err):
+                raise UserError(
+                    f"HarnessEval: a dataset of {', '.join(self.tasks)} is not in the Hugging Face cache and cannot be "
+                    "downloaded. Run once with network, or give include_path task YAMLs on local files (docs/evaluation.md)."
+                ) from None
+            raise
+        rank_zero_info(f"HarnessEval: {', '.join(self.tasks)} every {self.every_n_steps} steps"
+                       + (f", {self.limit} examples each." if self.limit else "."))
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step % self.every_n_steps == 0:
+            self._evaluate(trainer, pl_module)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._evaluate(trainer, pl_module)
+
+    def _evaluate(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        step = trainer.global_step
+        if self._evaluated_at == step:  # once a step, not once per micro-batch
+            return
+        self._evaluated_at = step
+        if pl_module.device.type == "cuda":  # the pass's time starts once the queued training work is done
+            torch.cuda.synchronize(pl_module.device)
+        began = time.perf_counter()
+        model = getattr(pl_module, "model", pl_module)
+        lm = ranked_lm_class()(model, trainer.strategy, batch_size=self.batch_size, device=pl_module.device)
+        saved = random_states()
+        was_training = pl_module.training
+        try:
+            # Eager, even when the model is compiled for the training shapes: every batch has its own.
+            with torch.no_grad(), torch.compiler.set_stance("force_eager"), trainer.precision_plugin.forward_context():
+                results = import_lm_eval().simple_evaluate(
+                    model=lm, tasks=self.tasks, num_fewshot=self.num_fewshot, limit=self.limit,
+                    task_manager=self._task_manager, log_samples=False, bootstrap_iters=0,  # no standard errors
+                )
+        finally:
+            restore_random_states(saved)
+            pl_module.train(was_training)
+        metrics = trainer.strategy.broadcast(logged_metrics(results) if results is not None else None, src=0)
+        self.results.append({"step": step, **metrics})
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+        rank_zero_info(f"step {step}: " + ", ".join(f"{name[5:]} {value:.4f}" for name, value in metrics.items()))
+        self.durations.append(time.perf_counter() - began)
+
+
+def logged_metrics(results: dict[str, Any]) -> dict[str, float]:
+    """``eval/<task>/<metric>`` of the harness's results dict: numbers only, no standard errors; and
+    ``eval/<task>/samples``, the examples scored (over all ranks)."""
+    metrics = {}
+    for task, values in results["results"].items():
+        if "sample_len" in values:
+            metrics[f"eval/{task}/samples"] = float(values["sample_len"])
+        for key, value in values.items():
+            metric, comma, filter_name = key.partition(",")  # "acc,none": a metric and its filter
+            if not comma or metric.endswith("_stderr") or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            name = metric if filter_name == "none" else f"{metric}_{filter_name}"
+            metrics[f"eval/{task}/{name}"] = float(value)
+    return metrics
+
+
+def random_states() -> tuple:
+    """Python's, NumPy's, torch's CPU and every initialized CUDA device's random state."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
+
+
+def restore_random_states(saved: tuple) -> None:
+    python, numpy, cpu, cuda = saved
+    random.setstate(python)
+    np.random.set_state(numpy)
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
+@functools.cache
+def ranked_lm_class() -> type:
+    """``GPTHarnessLM`` with the harness's data-parallel hooks on a Lightning ``Strategy``: each rank
+    builds its share of the requests, and rank 0 gathers the scores (built on first use: the harness
+    is an optional extra)."""
+    from gpt_lightning.evaluation.harness_model import GPTHarnessLM
+
+    class RankedHarnessLM(GPTHarnessLM):
+        def __init__(self, model: torch.nn.Module, strategy: Strategy, **kwargs: Any) -> None:
+            super().__init__(model, **kwargs)
+            self.strategy = strategy
+            self._rank, self._world_size = strategy.global_rank, strategy.world_size
+
+        def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+            gathered = [torch.empty_like(tensor) for _ in range(self._world_size)]
+            torch.distributed.all_gather(gathered, tensor)  # no barrier first, unlike Strategy.all_gather
+            return torch.stack(gathered).reshape(-1)  # (world_size,) of a scalar
+
+        def gather_object(self, obj: Any, dst: int = 0) -> list | None:
+            gathered = [None] * self._world_size if self._rank == dst else None
+            torch.distributed.gather_object(obj, gathered, dst=dst)
+            return gathered
+
+        def barrier(self) -> None:
+            """Nothing: the gathers that follow each barrier of the harness wait for every rank anyway."""
+
+    return RankedHarnessLM
