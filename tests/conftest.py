@@ -3,7 +3,10 @@ order the test files run in."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,11 @@ import pytest
 from gpt_lightning.data.corpus import CACHE_ENV, Corpus
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Local harness tasks load through `datasets`, which reads its cache folder when first imported: a
+# private one, set before any test module imports it, so no test writes ~/.cache/huggingface.
+os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="gpt-lightning-tests-datasets-")
+atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=True)
 
 # A model small enough to train in a second per few steps on 2 CPU cores.
 TINY_MODEL = dict(n_layer=2, n_head=2, n_embd=32, compile=False)
