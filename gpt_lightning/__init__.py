@@ -14,7 +14,7 @@ _WHERE = {
     "GPTConfig": "gpt_lightning.model",
     "GPTLightningModule": "gpt_lightning.training.module",
     "HarnessEval": "gpt_lightning.evaluation.callback",
-    "HellaSwagEval": "gpt_lightning.interop.hellaswag",
+    "HellaSwagEval": "gpt_lightning.evaluation.hellaswag_callback",
     "Preempted": "gpt_lightning.training.preemption",
     "Preemption": "gpt_lightning.training.preemption",
     "ShardWindows": "gpt_lightning.data.shards",

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gpt_lightning.evaluation.hellaswag_callback import HellaSwagEval
 from gpt_lightning.interop import hellaswag
 from gpt_lightning.cli import main
 from gpt_lightning.data import gpt2_encoding
@@ -175,7 +176,7 @@ def test_the_callback_scores_during_training_and_logs(tmp_path, small_text):
     import csv
 
     path = write_examples(tmp_path / "val.jsonl", synthetic_examples(6))
-    callback = hellaswag.HellaSwagEval(str(path), every_n_steps=2, limit=5, batch_size=2)
+    callback = HellaSwagEval(str(path), every_n_steps=2, limit=5, batch_size=2)
     module, trainer = tiny_fit(tmp_path, small_text, callback)  # bf16-mixed, as configs/tiny-cpu.yaml
     assert [r["step"] for r in callback.results] == [0, 2, 3]  # at step 0, every 2 steps and at the end
     assert all(r["examples"] == 5 for r in callback.results)
@@ -186,12 +187,12 @@ def test_the_callback_scores_during_training_and_logs(tmp_path, small_text):
 
 
 def test_without_the_file_the_callback_says_where_to_put_it_and_training_goes_on(tmp_path, small_text):
-    callback = hellaswag.HellaSwagEval(str(tmp_path / "missing.jsonl"))
+    callback = HellaSwagEval(str(tmp_path / "missing.jsonl"))
     with pytest.warns(UserWarning, match=r"HellaSwag evaluation is off: .*missing\.jsonl does not exist.*download"):
         tiny_fit(tmp_path, small_text, callback, max_steps=1)
     assert callback.results == []
     with pytest.raises(UserError, match="every_n_steps must be at least 1"):
-        hellaswag.HellaSwagEval(every_n_steps=0)
+        HellaSwagEval(every_n_steps=0)
 
 
 def test_two_processes_split_the_examples_and_count_what_one_process_counts(tmp_path, small_text):
@@ -243,5 +244,5 @@ def test_the_fineweb_recipe_attaches_the_callback(small_text, tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     cli = GPTLightningCLI(args=["--config", str(REPO / "configs/gpt2-124m-fineweb.yaml"), "--trainer.accelerator", "cpu",
                                 "--data.data_path", str(small_text), "--trainer.logger", "false"], run=False)
-    (evaluator,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, hellaswag.HellaSwagEval)]
+    (evaluator,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, HellaSwagEval)]
     assert (evaluator.every_n_steps, evaluator.data_file) == (250, None)  # the cache's copy, as build-nanogpt's cadence

@@ -188,21 +188,21 @@ def test_a_hellaswag_pass_is_timed_out_of_its_step_and_the_first_step_is_the_com
 
     from lightning.pytorch.loggers import CSVLogger
 
-    from gpt_lightning.interop import hellaswag
+    from gpt_lightning.evaluation import hellaswag_callback, periodic
 
     from test_hellaswag import synthetic_examples, write_examples
 
     clock, monitor = FakeTime(), ThroughputMonitor(warmup_steps=2, filename=None)
-    score = hellaswag.count_correct
+    score = hellaswag_callback.count_correct
 
     def a_long_pass(*args, **kwargs):
         clock.now += 1000.0
         return score(*args, **kwargs)
 
-    monkeypatch.setattr(hellaswag, "count_correct", a_long_pass)
-    monkeypatch.setattr(hellaswag, "time", SimpleNamespace(perf_counter=lambda: clock.now), raising=False)
-    evaluator = hellaswag.HellaSwagEval(str(write_examples(tmp_path / "val.jsonl", synthetic_examples(4))),
-                                        every_n_steps=3, limit=4, batch_size=2)
+    monkeypatch.setattr(hellaswag_callback, "count_correct", a_long_pass)
+    monkeypatch.setattr(periodic, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+    evaluator = hellaswag_callback.HellaSwagEval(str(write_examples(tmp_path / "val.jsonl", synthetic_examples(4))),
+                                                 every_n_steps=3, limit=4, batch_size=2)
     fit_on_fake_time(small_text, tmp_path, monkeypatch, clock, [monitor, evaluator] if monitor_first else [evaluator, monitor],
                      max_steps=5, limit_val_batches=0, logger=CSVLogger(tmp_path, name="csv"), log_every_n_steps=1)
     assert [(s.index, s.seconds) for s in monitor.steps] == [(i, 2.0) for i in range(5)]

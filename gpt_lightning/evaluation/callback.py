@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import functools
 import random
-import time
 from typing import Any
 
 import numpy as np
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_lightning.errors import UserError
+from gpt_lightning.evaluation.periodic import PeriodicEvaluation
 from gpt_lightning.evaluation.tasks import import_lm_eval, is_offline_error, task_manager
 
 
-class HarnessEval(Callback):
+class HarnessEval(PeriodicEvaluation):
     """Score the model being trained on lm-evaluation-harness tasks every ``every_n_steps`` optimizer steps.
 
     It scores at step 0 and at the end of training too (as ``HellaSwagEval`` does), in the training
@@ -53,16 +53,14 @@ class HarnessEval(Callback):
         for name, value in (("every_n_steps", every_n_steps), ("limit", limit), ("batch_size", batch_size)):
             if value is not None and value < 1:
                 raise UserError(f"HarnessEval {name} must be at least 1, got {value}.")
+        super().__init__(every_n_steps)
         self.tasks = list(tasks)
-        self.every_n_steps = every_n_steps
         self.limit = limit
         self.num_fewshot = num_fewshot
         self.include_path = include_path
         self.batch_size = batch_size
         self.results: list[dict[str, Any]] = []  # {"step": ..., "eval/<task>/<metric>": value, ...}, every rank
-        self.durations: list[float] = []  # wall seconds of each pass: ThroughputMonitor leaves them out
         self._task_manager: Any = None
-        self._evaluated_at: int | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit" or self._task_manager is not None:
@@ -83,21 +81,8 @@ class HarnessEval(Callback):
         rank_zero_info(f"HarnessEval: {', '.join(self.tasks)} every {self.every_n_steps} steps"
                        + (f", {self.limit} examples each." if self.limit else "."))
 
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if trainer.global_step % self.every_n_steps == 0:
-            self._evaluate(trainer, pl_module)
-
-    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._evaluate(trainer, pl_module)
-
-    def _evaluate(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def evaluate(self, trainer: Trainer, pl_module: LightningModule) -> None:
         step = trainer.global_step
-        if self._evaluated_at == step:  # once a step, not once per micro-batch
-            return
-        self._evaluated_at = step
-        if pl_module.device.type == "cuda":  # the pass's time starts once the queued training work is done
-            torch.cuda.synchronize(pl_module.device)
-        began = time.perf_counter()
         model = getattr(pl_module, "model", pl_module)
         lm = ranked_lm_class()(model, trainer.strategy, batch_size=self.batch_size, device=pl_module.device)
         saved = random_states()
@@ -117,7 +102,6 @@ class HarnessEval(Callback):
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         rank_zero_info(f"step {step}: " + ", ".join(f"{name[5:]} {value:.4f}" for name, value in metrics.items()))
-        self.durations.append(time.perf_counter() - began)
 
 
 def logged_metrics(results: dict[str, Any]) -> dict[str, float]:

@@ -1,0 +1,53 @@
+"""``PeriodicEvaluation``: the schedule and timing shared by the evaluation callbacks
+(``HellaSwagEval``, ``HarnessEval``); a subclass says how to score and log."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+
+class PeriodicEvaluation(Callback):
+    """Run ``evaluate`` as step 0 starts, every ``every_n_steps`` optimizer steps and at the end of
+    training; once a step, however many micro-batches it has. Each pass's wall seconds go to
+    ``durations``, which ``ThroughputMonitor`` takes out of the step they ran in.
+
+    Args:
+        every_n_steps: optimizer steps between evaluations.
+    """
+
+    def __init__(self, every_n_steps: int) -> None:
+        self.every_n_steps = every_n_steps
+        self.durations: list[float] = []  # wall seconds of each pass, in order
+        self._evaluated_at: int | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether there is anything to score (False: every pass is skipped, untimed)."""
+        return True
+
+    def evaluate(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Score the model at ``trainer.global_step`` and log the results; it returns after a host
+        read of the scores, so that the device's work is inside the pass's time."""
+        raise NotImplementedError
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step % self.every_n_steps == 0:
+            self._timed_evaluation(trainer, pl_module)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._timed_evaluation(trainer, pl_module)
+
+    def _timed_evaluation(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        step = trainer.global_step
+        if not self.enabled or self._evaluated_at == step:  # once a step, not once per micro-batch
+            return
+        self._evaluated_at = step
+        if pl_module.device.type == "cuda":  # the pass's time starts once the queued training work is done
+            torch.cuda.synchronize(pl_module.device)
+        began = time.perf_counter()
+        self.evaluate(trainer, pl_module)
+        self.durations.append(time.perf_counter() - began)
