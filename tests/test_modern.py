@@ -64,6 +64,23 @@ def test_the_modern_model_has_its_layers_and_no_others():
     assert logits.abs().max() < 15.0  # the softcap
 
 
+def test_the_softcap_keeps_the_logits_gaps_to_the_cap_under_bf16_autocast():
+    """In bf16 a logit near the cap rounds onto it (steps of 0.06 at 15); the softcap runs in float32."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SHAPE, logit_softcap=15.0))
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(100)  # raw logits out to several times the cap
+    idx = torch.randint(0, 128, (2, 16))
+    reference = model(idx)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        capped = model(idx)[0]
+    assert capped.dtype == torch.float32
+    near = reference.abs() > 12  # where tanh is flat, the bf16 head's own rounding hardly shows
+    assert near.float().mean() > 0.1
+    gap, reference_gap = 15.0 - capped.abs()[near], 15.0 - reference.abs()[near]
+    assert ((gap - reference_gap) / reference_gap).abs().max() < 0.05  # bf16 softcap: 1.0 (gaps of 0)
+
+
 @pytest.mark.parametrize("n_layer, with_value_embedding", [(2, [1]), (3, [0, 2]), (4, [1, 3])])
 def test_value_embeddings_are_in_every_other_block_counting_back_from_the_last(n_layer, with_value_embedding):
     model = GPT(GPTConfig(**{**SHAPE, "n_layer": n_layer}, value_embeddings=True))
