@@ -8,6 +8,7 @@ import hashlib
 import pytest
 import torch
 import torch._dynamo
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
 from gpt_lightning.errors import UserError
@@ -20,6 +21,7 @@ from gpt_lightning.scaling.flops import training_flops
 from gpt_lightning.training.optimizers import build_optimizer, group_settings
 
 from conftest import REPO
+from test_readme import README
 
 SHAPE = dict(block_size=16, vocab_size=128, n_layer=2, n_head=2, n_embd=32)
 MODERN = GPTConfig(**SHAPE, bias=False, rotary=True, norm="rmsnorm", norm_affine=False, qk_norm=True,
@@ -159,10 +161,15 @@ def test_muon_takes_the_blocks_matrices_and_the_embedding_and_head_get_their_own
 def test_the_preset_trains_exports_to_safetensors_and_refuses_hf(tmp_path, small_text):
     main(["fit", "--config", str(REPO / "configs" / "modern-tiny-cpu.yaml"), "--model.compile", "false",
           "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--data.batch_size", "2",
-          "--data.block_size", "16", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0",
+          "--data.block_size", "16", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0", "--trainer.log_every_n_steps", "1",
           "--model.val_sample_tokens", "0", "--data.data_path", str(small_text),
           "--data.cache_dir", str(tmp_path / "cache"), "--trainer.logger.init_args.save_dir", str(tmp_path)])
     (ckpt,) = tmp_path.glob("modern-tiny-cpu/version_0/checkpoints/last.ckpt")
+    events = EventAccumulator(str(ckpt.parent.parent))
+    events.Reload()
+    rates = sorted(tag for tag in events.Tags()["scalars"] if tag.startswith("lr-"))
+    assert rates == [f"lr-MuonWithAdamW/{name}" for name in ("adamw_no_decay", "embedding", "head", "muon")]
+    assert "`/muon`, `/embedding`, `/head`, `/adamw_no_decay`" in README  # its TensorBoard table
     model = gpt_from_checkpoint(ckpt).eval()
     assert model.config.rotary and not model.config.tie_embeddings  # recorded in the checkpoint
     assert model.config.value_embeddings and model.transformer.h[0].attn.value_embedding is not None  # 1 layer: the last
