@@ -450,9 +450,11 @@ class GPT(nn.Module):
         return self.logits(x[:, -1])  # (B, vocab_size)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Final norm, LM head and (``logit_softcap``) the tanh softcap: (..., C) -> (..., vocab_size)."""
+        """Final norm, LM head and (``logit_softcap``) the tanh softcap: (..., C) -> (..., vocab_size).
+        The softcap runs in float32, as nanochat's and modded-nanogpt's: in bf16 the logits near the
+        cap (steps of 0.06 at 15) round onto it."""
         logits = self.lm_head(self.transformer.ln_f(x))  # (..., vocab_size)
         if self.config.logit_softcap is not None:
             cap = self.config.logit_softcap
-            logits = cap * torch.tanh(logits / cap)  # (..., vocab_size), in (-cap, cap)
+            logits = cap * torch.tanh(logits.float() / cap)  # (..., vocab_size), float32, in (-cap, cap)
         return logits

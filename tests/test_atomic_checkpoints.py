@@ -225,6 +225,74 @@ def test_a_remote_path_is_saved_as_lightning_saves_it():
     assert io.load_checkpoint("memory://run/checkpoints/last.ckpt")["global_step"] == 7
 
 
+class Killed(BaseException):
+    """A SIGKILL's stand-in: raised at one step of a save, and at every step after it (no cleanup runs)."""
+
+
+class KillAt:
+    """Counts the file operations of ``SwappedCheckpointStrategy.save_checkpoint`` after its write
+    (and the leftovers' removal before it), and kills the save before operation ``at`` (None: never)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, at: int | None, exchange: bool) -> None:
+        from gpt_lightning.scaling import swapped_checkpoints as swap
+
+        self.at, self.done, self.dead = at, [], False
+        replace = self.step("replace", os.replace)
+
+        class Os:  # the module's os, its replace counted
+            def __getattr__(self, name: str):
+                return replace if name == "replace" else getattr(os, name)
+
+        monkeypatch.setattr(swap, "os", Os())
+        for name in ("_remove", "_flush", "sync_folder"):
+            monkeypatch.setattr(swap, name, self.step(name, getattr(swap, name)))
+        monkeypatch.setattr(swap, "_exchange", self.step("exchange", swap._exchange if exchange else lambda a, b: False))
+
+    def step(self, name: str, real):
+        def counted(*args):
+            if self.dead or len(self.done) == self.at:
+                self.dead = True
+                raise Killed(name)
+            self.done.append(name)
+            return real(*args)
+        return counted
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP in one process, no group
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "two-renames"])
+def test_a_kill_at_each_moment_of_an_fsdp2_swap_resumes_from_the_newest_whole_checkpoint(tmp_path, monkeypatch, exchange):
+    """Killed before each file operation of a swap (renameat2's exchange, or NFS's two renames),
+    ``--ckpt_path last`` finds a whole checkpoint: the new one once the old is out of ``last.ckpt``,
+    as after the first of two renames (it used to put the old one back, and the next save deleted
+    the new one); the next save then leaves ``last.ckpt`` alone in the folder."""
+    from gpt_lightning.lightning_cli import GPTLightningCLI
+    from gpt_lightning.scaling.swapped_checkpoints import SwappedCheckpointStrategy
+
+    def save(last: Path, step: int, at: int | None = None) -> list[str]:
+        with monkeypatch.context() as patch:
+            kill = KillAt(patch, at, exchange)
+            try:
+                strategy.save_checkpoint({"state_dict": {"w": torch.full((4,), float(step))}, "global_step": step}, last)
+            except Killed:
+                pass
+        return kill.done
+
+    strategy = SwappedCheckpointStrategy()
+    moments = save(tmp_path / "plan" / "last.ckpt", 1) and save(tmp_path / "plan" / "last.ckpt", 2)
+    assert moments.count("replace") == (0 if exchange else 2)  # exchanged: one call; else two renames
+    for at in range(len(moments) + 1):
+        run = tmp_path / str(at)
+        last = run / "version_0" / "checkpoints" / "last.ckpt"
+        save(last, 1)
+        save(last, 2, at)
+        newest = 2 if {"replace", "exchange" if exchange else "replace"} & set(moments[:at]) else 1  # once moved
+        assert GPTLightningCLI._newest_last_checkpoint(run) == last
+        assert torch.load(last / "meta.pt")["global_step"] == newest, (at, moments[:at])
+        save(last, 3)
+        assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]
+        assert torch.load(last / "meta.pt")["global_step"] == 3
+
+
 def test_a_run_killed_between_the_two_renames_of_a_swap_resumes_from_the_checkpoint_set_aside(tmp_path):
     """Where the filesystem has no atomic exchange (NFS), a swap is two renames; killed between them,
     the whole previous checkpoint is under .last.ckpt.old, which --ckpt_path last used not to see."""

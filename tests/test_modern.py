@@ -8,6 +8,7 @@ import hashlib
 import pytest
 import torch
 import torch._dynamo
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
 from gpt_lightning.errors import UserError
@@ -20,6 +21,7 @@ from gpt_lightning.scaling.flops import training_flops
 from gpt_lightning.training.optimizers import build_optimizer, group_settings
 
 from conftest import REPO
+from test_readme import README
 
 SHAPE = dict(block_size=16, vocab_size=128, n_layer=2, n_head=2, n_embd=32)
 MODERN = GPTConfig(**SHAPE, bias=False, rotary=True, norm="rmsnorm", norm_affine=False, qk_norm=True,
@@ -62,6 +64,23 @@ def test_the_modern_model_has_its_layers_and_no_others():
     assert not model.lm_head.weight.any()
     logits, _ = trained_modern()(torch.randint(0, 128, (1, 16)))
     assert logits.abs().max() < 15.0  # the softcap
+
+
+def test_the_softcap_keeps_the_logits_gaps_to_the_cap_under_bf16_autocast():
+    """In bf16 a logit near the cap rounds onto it (steps of 0.06 at 15); the softcap runs in float32."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SHAPE, logit_softcap=15.0))
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(100)  # raw logits out to several times the cap
+    idx = torch.randint(0, 128, (2, 16))
+    reference = model(idx)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        capped = model(idx)[0]
+    assert capped.dtype == torch.float32
+    near = reference.abs() > 12  # where tanh is flat, the bf16 head's own rounding hardly shows
+    assert near.float().mean() > 0.1
+    gap, reference_gap = 15.0 - capped.abs()[near], 15.0 - reference.abs()[near]
+    assert ((gap - reference_gap) / reference_gap).abs().max() < 0.05  # bf16 softcap: 1.0 (gaps of 0)
 
 
 @pytest.mark.parametrize("n_layer, with_value_embedding", [(2, [1]), (3, [0, 2]), (4, [1, 3])])
@@ -142,10 +161,15 @@ def test_muon_takes_the_blocks_matrices_and_the_embedding_and_head_get_their_own
 def test_the_preset_trains_exports_to_safetensors_and_refuses_hf(tmp_path, small_text):
     main(["fit", "--config", str(REPO / "configs" / "modern-tiny-cpu.yaml"), "--model.compile", "false",
           "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--data.batch_size", "2",
-          "--data.block_size", "16", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0",
+          "--data.block_size", "16", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0", "--trainer.log_every_n_steps", "1",
           "--model.val_sample_tokens", "0", "--data.data_path", str(small_text),
           "--data.cache_dir", str(tmp_path / "cache"), "--trainer.logger.init_args.save_dir", str(tmp_path)])
     (ckpt,) = tmp_path.glob("modern-tiny-cpu/version_0/checkpoints/last.ckpt")
+    events = EventAccumulator(str(ckpt.parent.parent))
+    events.Reload()
+    rates = sorted(tag for tag in events.Tags()["scalars"] if tag.startswith("lr-"))
+    assert rates == [f"lr-MuonWithAdamW/{name}" for name in ("adamw_no_decay", "embedding", "head", "muon")]
+    assert "`/muon`, `/embedding`, `/head`, `/adamw_no_decay`" in README  # its TensorBoard table
     model = gpt_from_checkpoint(ckpt).eval()
     assert model.config.rotary and not model.config.tie_embeddings  # recorded in the checkpoint
     assert model.config.value_embeddings and model.transformer.h[0].attn.value_embedding is not None  # 1 layer: the last

@@ -2,12 +2,12 @@
 
 Every byte counted here is named: float32 weights, gradients and AdamW's two moments (16 bytes a
 parameter), DDP's gradient buckets and autocast's bfloat16 weight copies, and the activations
-autograd keeps for the backward pass. The activation count follows the tensors this package's
-``Block`` saves in eager mode (SDPA attention keeps q, k, v, its output and a log-sum-exp, never the
-T x T matrix); in float32 it equals what autograd really keeps, byte for byte up to a few bytes a
-token (tests/test_memory.py measures it). ``torch.compile`` fuses GELU and the loss and keeps less,
-so the figures are an upper bound for compiled runs. CUDA's allocator, NCCL buffers and the
-backward's transient tensors (about 6 x vocab_size bytes a token at the LM head) come on top.
+autograd keeps for the backward pass, every modern switch included (SDPA keeps q, k, v, its output
+and a log-sum-exp, never the T x T matrix). In eager mode on the CPU the activation count is what
+autograd keeps, in float32 and under bf16 autocast, to a few bytes (tests/test_memory.py); CUDA's
+fused kernels may keep less, and ``torch.compile`` fuses elementwise ops and the loss: an upper
+bound there. CUDA's allocator, NCCL buffers and the backward's transient tensors (about 6 x
+vocab_size bytes a token at the LM head) come on top.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt_lightning.model import GPT, GPTConfig
+from gpt_lightning.model import GPT, VALUE_GATE_CHANNELS, GPTConfig
 
 GIB = 2**30
 
@@ -28,30 +28,61 @@ def parameter_count(config: GPTConfig) -> int:
         return GPT(config).num_parameters()
 
 
-def activation_bytes_per_token(config: GPTConfig, mixed: bool = True, activation_checkpointing: bool = False) -> int:
-    """Bytes autograd keeps per token of a micro-batch until the backward pass.
+def activation_bytes_per_token(
+    config: GPTConfig, mixed: bool = True, activation_checkpointing: bool = False, rows: int = 1
+) -> float:
+    """Bytes autograd keeps per token of a micro-batch until the backward pass, every switch counted.
 
     Args:
         config: the architecture.
-        mixed: ``bf16-mixed`` (matmul inputs kept as bfloat16 copies; LayerNorms and the loss in
+        mixed: ``bf16-mixed`` (matmul inputs kept as bfloat16 copies; norms and the loss in
             float32) rather than ``32-true``.
         activation_checkpointing: each block keeps only its float32 input; one block's activations
             exist at a time while it is recomputed.
+        rows: rows per micro-batch, which share the tensors made per position (positions, rotary angles).
     """
     C, V = config.n_embd, config.vocab_size
-    head = (6 if mixed else 8) * C + 4 * V + 20  # final LayerNorm, LM-head input, float32 log-softmax, ids
-    layer = block_activation_bytes_per_token(config, mixed)
+    ids = 16 + (0 if config.rotary else 8 / rows)  # ids and targets (int64); positions, one per position
+    embedding = 4 * C + 4 if config.norm == "rmsnorm" else 0  # the embedding's RMSNorm (no gain): input, rstd
+    logits = 4 * V * (2 if config.logit_softcap is not None else 1)  # float32 log-softmax (and tanh) outputs
+    head = ids + embedding + norm_bytes_per_token(config) + (2 if mixed else 4) * C + logits
+    blocks = [block_activation_bytes_per_token(config, mixed, layer, rows) for layer in range(config.n_layer)]
     if activation_checkpointing:
-        return config.n_layer * 4 * C + layer + head  # the blocks' inputs, and one block recomputed
-    return config.n_layer * layer + head
+        return config.n_layer * 4 * C + max(blocks) + head  # the blocks' inputs, and one block recomputed
+    return sum(blocks) + head
 
 
-def block_activation_bytes_per_token(config: GPTConfig, mixed: bool = True) -> int:
-    """Bytes one ``Block`` keeps per token. float32: LayerNorm inputs 2 x 4C, q/k/v 12C, attention
-    output 4C and its contiguous copy 4C, LayerNorm outputs (the matmuls' inputs) 2 x 4C, GELU input
-    and output 2 x 16C; plus a log-sum-exp per head and LayerNorm means and rstds. bf16-mixed keeps
-    every matmul input and the attention tensors as 2-byte copies; LayerNorm inputs stay float32."""
-    return (38 if mixed else 64) * config.n_embd + 4 * config.n_head + 16
+def norm_bytes_per_token(config: GPTConfig) -> int:
+    """Bytes one norm keeps per token: its float32 input and statistics (LayerNorm: mean and rstd;
+    RMSNorm: rstd, and the normed input where a gain multiplies it)."""
+    C = config.n_embd
+    if config.norm == "layernorm":
+        return 4 * C + 8
+    return 4 * C + 4 + (4 * C if config.norm_affine else 0)
+
+
+def block_activation_bytes_per_token(config: GPTConfig, mixed: bool = True, layer: int | None = None, rows: int = 1) -> float:
+    """Bytes ``Block`` number ``layer`` (None: the largest) keeps per token, counted from the
+    tensors its backward reads: matmul and attention inputs in ``a`` bytes a value (bfloat16 copies
+    under bf16-mixed), norms' inputs and statistics in float32. ``rows`` as in ``activation_bytes_per_token``."""
+    if layer is None:
+        return max(block_activation_bytes_per_token(config, mixed, i, rows) for i in range(config.n_layer))
+    C, nh = config.n_embd, config.n_head
+    hs, a = C // nh, 2 if mixed else 4
+    value_embedding = config.has_value_embedding(layer)
+    attention = a * C + a * C + 4 * nh  # c_attn's input; SDPA's output and log-sum-exp
+    if config.rotary or config.qk_norm:  # q and k new tensors: SDPA's inputs, and its output is copied for c_proj
+        attention += 3 * a * C
+    if config.rotary:
+        attention += 2 * a * hs / rows  # cos and sin, (T, hs/2), for q and for k
+    if config.qk_norm:  # an rstd per head, and the input in float32: an upcast copy under autocast
+        attention += 2 * 4 * nh + (2 * 4 * C if mixed or config.rotary else 0)  # (else views of qkv)
+    if value_embedding:  # the table's rows and the gated values; the gate's sigmoid, scaled, and bf16 input
+        attention += 2 * a * C + 2 * a * nh + (2 * VALUE_GATE_CHANNELS if mixed else 0)
+    if not value_embedding or not config.rotary and not (config.qk_norm and mixed):
+        attention += 3 * a * C  # c_attn's output, while SDPA or a float32 rms_norm reads a view of it
+    mlp = a * C + 2 * 4 * a * C  # c_fc's input; the activation's input and output
+    return 2 * norm_bytes_per_token(config) + attention + mlp
 
 
 @dataclass(frozen=True)
@@ -96,7 +127,7 @@ def training_memory(
         weights_grads_adamw=16 * n / shards,
         ddp_buckets=4 * n if unsharded and ddp else 0.0,
         bf16_weight_copies=2 * n if unsharded and mixed else 0.0,
-        activations=tokens * activation_bytes_per_token(config, mixed, activation_checkpointing),
+        activations=tokens * activation_bytes_per_token(config, mixed, activation_checkpointing, micro_batch_size),
         tokens=tokens,
     )
 

@@ -32,8 +32,8 @@ class SwappedCheckpointStrategy(ModelParallelStrategy):
     A save needs room for two checkpoints: where the folder has less free than the previous
     checkpoint's size, it fails at once in one line. The swap is one atomic exchange of the two names where
     the filesystem has one (Linux ``renameat2(RENAME_EXCHANGE)``: ext4, xfs, btrfs, tmpfs); elsewhere
-    two renames, between which (microseconds) the checkpoint is under its ``.NAME.old`` name, put
-    back by the next save if the run died there.
+    two renames, between which (microseconds) there is no ``NAME``: a run killed there resumes from
+    ``.NAME.new``, whole by then, which ``--ckpt_path last`` or the next save renames into place.
 
     Args:
         timeout: how long a rank waits at a collective for the others (``dead_rank.PROCESS_GROUP_TIMEOUT``,
@@ -83,14 +83,18 @@ class SwappedCheckpointStrategy(ModelParallelStrategy):
 
 
 def put_back_swapped_aside(path: Path) -> None:
-    """Rename ``.NAME.old`` back to ``path`` where a run was killed between the two renames of a swap
-    (the checkpoint under that name is whole), so that ``--ckpt_path last`` and the next save find it."""
-    old = path.parent / f".{path.name}.old"
-    if old.exists() and not path.exists():
-        try:
-            os.replace(old, path)
-        except FileNotFoundError:  # another rank put it back first
-            pass
+    """Where a run was killed between the two renames of a swap (no ``path``, ``.NAME.old`` beside
+    it), rename the newest whole checkpoint to ``path``: ``.NAME.new`` (set aside only once it was
+    whole and flushed), else ``.NAME.old``. ``.NAME.new`` is looked for first, so that ranks doing
+    this at once never put the older one over the newer."""
+    new, old = path.parent / f".{path.name}.new", path.parent / f".{path.name}.old"
+    newer = new.exists()
+    if path.exists() or not old.exists():
+        return
+    try:
+        os.replace(new if newer else old, path)
+    except FileNotFoundError:  # another rank put it back first
+        pass
 
 
 def _no_room_for(path: Path) -> str | None:
