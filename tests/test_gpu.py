@@ -10,7 +10,7 @@ from gpt_lightning.cli import main
 from gpt_lightning.scaling.memory import parameter_count, training_memory
 from gpt_lightning.model import GPTConfig
 
-from conftest import REPO
+from conftest import MODERN_FLAGS, REPO
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -74,11 +74,21 @@ def test_fsdp2_validates_on_nccl(small_text, tmp_path):
                          ids=["one-gpu", "fsdp2"])
 def test_peak_memory_of_gpt2_124m_is_near_the_guide_estimate(overlay, small_text, tmp_path):
     """The memory guide's figures (docs/multi-gpu.md), measured: GPT-2 124M, eager, bf16-mixed, B=4, T=1024."""
+    check_peak_memory(overlay, GPTConfig(), small_text, tmp_path)
+
+
+def test_peak_memory_of_the_modern_124m_shape_is_near_the_estimate(small_text, tmp_path):
+    """The same at 124M's shape with every modern switch (the softcap's float32 logits, value embeddings, ...)."""
+    config = GPTConfig(bias=False, rotary=True, norm="rmsnorm", norm_affine=False, qk_norm=True, activation="relu2",
+                       tie_embeddings=False, zero_init_proj=True, logit_softcap=15.0, value_embeddings=True)
+    check_peak_memory(MODERN_FLAGS, config, small_text, tmp_path)
+
+
+def check_peak_memory(overlay, config, small_text, tmp_path):
     summary = fit_on_cuda(small_text, tmp_path, *overlay, "--model.n_layer", "12", "--model.n_head", "12",
                           "--model.n_embd", "768", "--data.block_size", "1024", "--data.batch_size", "4",
                           "--data.val_fraction", "0", "--model.compile", "false", "--trainer.max_steps", "3",
                           "--model.val_sample_tokens", "0")
-    config = GPTConfig()
     estimate = training_memory(config, 4, 1024)
     # One process, so no DDP buckets: float32 states, autocast's bf16 weight copies, activations.
     expected = estimate.weights_grads_adamw + 2 * parameter_count(config) + estimate.activations
