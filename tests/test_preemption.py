@@ -1,8 +1,9 @@
 """A scheduler's SIGTERM (or Ctrl-C) during ``gpt-lightning fit``: the run saves ``last.ckpt`` at the
 end of the optimizer step in flight, exits 143 (130), and the same command relaunched ends at the very
-weights of a run never stopped. Real processes and real signals, sent while a chosen micro-batch of
-an accumulated step runs, or while the ranks of a DDP run restore a checkpoint or run the sanity
-check (to one rank or to both); and a plain Trainer reusing the callback, as in a notebook."""
+weights of a run never stopped. Real signals, sent while a chosen micro-batch of an accumulated step
+runs (one process: the CLI in this one; DDP: real processes), or while the ranks of a DDP run
+restore a checkpoint or run the sanity check (to one rank or to both); and a plain Trainer reusing
+the callback, as in a notebook."""
 
 import json
 import os
@@ -86,18 +87,45 @@ def uninterrupted(tmp_path_factory) -> Path:
     return last_ckpt(root, "whole", 0)
 
 
-def test_ctrl_c_mid_accumulation_saves_the_step_and_the_same_command_resumes_exactly(tmp_path, uninterrupted):
+class SignalDuringMicroBatch(Callback):
+    """Sends ``signum`` to this process as micro-batch ``micro`` (of ``MICRO``) of optimizer step ``step``
+    starts; ``sent``: when."""
+
+    sent = 0.0
+
+    def __init__(self, step: int, micro: int, signum: int = int(signal.SIGTERM)) -> None:
+        self.step, self.micro, self.signum = step, micro, signum
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step and batch_idx % MICRO == self.micro:
+            SignalDuringMicroBatch.sent = time.monotonic()
+            os.kill(os.getpid(), self.signum)
+
+
+class SignalDuringSanity(Callback):
+    """Sends SIGTERM to this process as the sanity check's second batch starts."""
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if trainer.sanity_checking and batch_idx == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_ctrl_c_mid_accumulation_saves_the_step_and_the_same_command_resumes_exactly(tmp_path, uninterrupted, capfd):
     """Lightning alone exits 1 on Ctrl-C with no checkpoint. (SIGTERM takes the same path: the DDP and
     FSDP2 tests below send it.)"""
     signum, code = signal.SIGINT, 130
     job = [*TINY, "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.logger.init_args.name", "job",
            "--ckpt_path", "last"]
-    started = launch([*job, probe(tmp_path / "steps")])
-    signal_during(started, tmp_path / "steps" / "rank0.log", step=2, micro=1, signum=signum)
-    sent = time.monotonic()
-    err = finish(started)
-    assert started.returncode == code, err[-3000:]
-    assert time.monotonic() - sent < 30  # well inside a scheduler's grace period
+    signal_at = {"class_path": "test_preemption.SignalDuringMicroBatch", "init_args": {"step": 2, "micro": 1, "signum": signum}}
+    previous = signal.getsignal(signum)
+    try:  # in this process (one process: a launch adds nothing); a real signal
+        with pytest.raises(SystemExit) as stopped:
+            main([*job, f"--trainer.callbacks+={json.dumps(signal_at)}"])
+    finally:
+        signal.signal(signum, previous)
+    err = capfd.readouterr().err
+    assert stopped.value.code == code, err[-3000:]
+    assert time.monotonic() - SignalDuringMicroBatch.sent < 30  # well inside a scheduler's grace period
     ckpt = last_ckpt(tmp_path, "job", 0)
     assert f"stopped by {signal.Signals(signum).name} at step 3; saved {ckpt}" in err
     assert load(ckpt)["global_step"] == 3  # the step in flight finished (its third micro-batch ran) and was saved
@@ -158,19 +186,21 @@ def test_a_reused_preemption_does_not_save_a_step_twice_and_forgets_its_stop(tmp
         signal.signal(signal.SIGINT, previous)
 
 
-def test_a_sigterm_during_the_sanity_check_exits_143_with_nothing_to_save(tmp_path):
+def test_a_sigterm_during_the_sanity_check_exits_143_with_nothing_to_save(tmp_path, capfd):
     """Lightning's handler, in place until the first step, ended the run at the sanity check's next
-    batch with exit code 0 and no message: a job script took the job for finished."""
+    batch with exit code 0 and no message: a job script took the job for finished. The CLI in this
+    process (one process: a launch adds nothing), the signal a real one."""
     job = [*TINY, "--trainer.limit_val_batches", "3", "--trainer.num_sanity_val_steps", "3",
-           "--trainer.logger.init_args.save_dir", str(tmp_path), "--ckpt_path", "last"]
-    started = launch([*job, probe(tmp_path / "steps")])
-    log = tmp_path / "steps" / "rank0-sanity.log"
-    deadline = time.monotonic() + 300
-    while not (log.exists() and "\n1 " in log.read_text()) and started.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)  # the sanity check's second batch has started
-    started.send_signal(signal.SIGTERM)
-    err = finish(started)
-    assert started.returncode == 143, err[-3000:]
+           "--trainer.logger.init_args.save_dir", str(tmp_path), "--ckpt_path", "last",
+           "--trainer.callbacks+=test_preemption.SignalDuringSanity"]
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            main(job)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    err = capfd.readouterr().err
+    assert stopped.value.code == 143, err[-3000:]
     assert "SIGTERM received; stopping before the first training step." in err
     assert "stopped by SIGTERM before this run trained a step: nothing new to save" in err
     assert not list(tmp_path.rglob("*.ckpt"))
@@ -307,10 +337,14 @@ def test_under_fsdp2_a_sigterm_saves_the_sharded_checkpoint_and_the_same_command
              "--trainer.devices", "1", "--model.compile", "false", "--trainer.logger.init_args.save_dir", str(tmp_path)]
     main([*fsdp2, "--trainer.logger.init_args.name", "whole"])
     job = [*fsdp2, "--trainer.logger.init_args.name", "job", "--ckpt_path", "last"]
-    started = launch([*job, probe(tmp_path / "steps")])
-    signal_during(started, tmp_path / "steps" / "rank0.log", step=2, micro=1, signum=signal.SIGTERM)
-    err = finish(started)
-    assert started.returncode == 143, err[-3000:]
+    signal_at = {"class_path": "test_preemption.SignalDuringMicroBatch", "init_args": {"step": 2, "micro": 1}}
+    previous = signal.getsignal(signal.SIGTERM)
+    try:  # in this process, as the two fits around it (one process: a launch adds nothing); a real signal
+        with pytest.raises(SystemExit) as stopped:
+            main([*job, f"--trainer.callbacks+={json.dumps(signal_at)}"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.code == 143
     assert read_checkpoint(last_ckpt(tmp_path, "job", 0), weights=False)["global_step"] == 3
     main(job)  # the requeue: the same command
     expected, got = (read_checkpoint(last_ckpt(tmp_path, name, version)) for name, version in (("whole", 0), ("job", 1)))
