@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from gpt_lightning.data.corpus import CACHE_ENV, Corpus
 
@@ -19,6 +20,12 @@ REPO = Path(__file__).resolve().parents[1]
 # private one, set before any test module imports it, so no test writes ~/.cache/huggingface.
 os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="gpt-lightning-tests-datasets-")
 atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=True)
+
+# Under `-n auto` each core runs a test worker: one torch thread each, in the processes the tests
+# launch too, or the workers' thread pools spin against each other for the same cores.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # A model small enough to train in a second per few steps on 2 CPU cores.
 TINY_MODEL = dict(n_layer=2, n_head=2, n_embd=32, compile=False)
