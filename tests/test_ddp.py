@@ -145,7 +145,7 @@ def test_two_nodes_launched_by_torchrun(small_text, tmp_path):
 
 def test_torchrun_max_restarts_resumes_after_a_rank_dies(ddp_run, tmp_path):
     """``ddp_run``'s job under ``torchrun --max-restarts 1`` with ``--ckpt_path last``, rank 1 SIGKILLed
-    after step 5 (an OOM kill, a lost node): the survivor stops in one line, torchrun relaunches both
+    after step 5 (an OOM kill, a lost node): the survivor stops without a traceback, torchrun relaunches both
     ranks, they resume from the newest last.ckpt (step 4) and end at the weights of ``ddp_run``, which
     was never interrupted. The launch is docs/resume.md's: ``--standalone`` with
     ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, a fresh store for each attempt."""
@@ -160,9 +160,14 @@ def test_torchrun_max_restarts_resumes_after_a_rank_dies(ddp_run, tmp_path):
     )
     log = launch.stdout + launch.stderr
     assert launch.returncode == 0, log[-3000:]
-    assert "gpt-lightning: error: another rank of this run went away, and this one (rank 0 of 2) stopped" in log
-    error_file = tmp_path / "tb" / "tiny-cpu" / "version_0" / "error-rank0.txt"  # the whole error, named by the line
-    assert f"the whole error is in {error_file})" in log and "Traceback" in error_file.read_text(), error_file.read_text()
+    # torchrun reports the killed rank and SIGTERMs the survivor. Whichever reaches the survivor first,
+    # gloo's closed connection or that SIGTERM, it ends without a traceback on the console; if it was
+    # the connection, in the dead-rank line, which names the file holding the whole error.
+    assert "failed (exitcode: -9) local_rank: 1" in log and "Traceback" not in log, log[-3000:]
+    if "another rank of this run went away" in log:
+        assert "gpt-lightning: error: another rank of this run went away, and this one (rank 0 of 2) stopped" in log
+        error_file = tmp_path / "tb" / "tiny-cpu" / "version_0" / "error-rank0.txt"
+        assert f"the whole error is in {error_file})" in log and "Traceback" in error_file.read_text(), error_file.read_text()
     first, relaunched = [line for line in log.splitlines() if line.startswith("--ckpt_path last:")]
     assert "starting fresh" in first  # the job's first launch: no last.ckpt yet
     assert relaunched.endswith("tiny-cpu/version_0/checkpoints/last.ckpt"), relaunched
