@@ -181,7 +181,7 @@ def test_the_compiled_decode_step_gives_the_eager_tokens(monkeypatch):
 
 
 def test_on_a_cpu_the_decode_step_is_frozen_and_compiled_again_after_training():
-    """Inductor's freezing packs the weights for MKL's matmul (torch.compile's options={"freezing":
+    """Inductor's freezing packs the weights for the CPU's matmul (torch.compile's options={"freezing":
     True} did not freeze: the step multiplied the plain weights). Frozen weights are copies: once
     training changes the weights, the next generation compiles a new step instead of sampling
     from the old ones."""
