@@ -94,8 +94,9 @@ def _generate_cached(model: GPT, idx: torch.Tensor, max_new_tokens: int, sample:
     block_size = model.config.block_size
     max_len = min(block_size, T + max_new_tokens)  # positions the window holds
     keep = max(1, block_size // 2)  # tokens a full window keeps when it slides
-    if compile:  # caches of all block_size positions, the step masking those past its own
-        step, caches = compiled_decoding(model, B, idx.device)
+    if compile:  # caches of a power of two positions (a few lengths, a graph each), the step masking those past its own
+        cache_len = min(block_size, max(64, 1 << (max_len - 1).bit_length()))
+        step, caches = compiled_decoding(model, B, cache_len, idx.device)
     else:
         step, caches = model.forward_cached, [KVCache(max_len) for _ in model.transformer.h]
     positions = torch.arange(max_len, device=idx.device)  # (max_len,)
@@ -125,7 +126,7 @@ def _generate_cached(model: GPT, idx: torch.Tensor, max_new_tokens: int, sample:
                 continue
             pos.fill_(length)  # on the device: no host read, the same tensor for a compiled step
             if compile:
-                logits = step(token, caches, pos)  # all block_size positions, masked
+                logits = step(token, caches, pos)  # all the caches' positions, masked
             else:
                 logits = step(token, caches, pos, length + 1)
     return out
@@ -138,9 +139,9 @@ class CompiledDecoding:
     # The weights when the steps froze them (a CPU): other weights need other steps. None on CUDA.
     weights: tuple | None
     # torch.compile of a copy of _decode, (model, idx (B, 1), caches, pos (1,)) -> logits (B, V), per
-    # (device, dtype, batch size: on a CPU only whether it is 1).
+    # (batch size: on a CPU only whether it is 1, cache length, device, dtype).
     steps: dict[tuple, Callable[..., torch.Tensor]] = field(default_factory=dict)
-    # Caches of block_size positions per (batch, device, dtype): the same tensors at every call.
+    # Caches per (batch, length, device, dtype): the same tensors at every call.
     caches: dict[tuple, list[KVCache]] = field(default_factory=dict)
 
 
@@ -148,27 +149,29 @@ class CompiledDecoding:
 _COMPILED: weakref.WeakKeyDictionary[GPT, CompiledDecoding] = weakref.WeakKeyDictionary()
 
 
-def compiled_decoding(model: GPT, batch: int, device: torch.device) -> tuple[Callable[..., torch.Tensor], list[KVCache]]:
-    """The model's compiled decode step for ``batch`` rows in this call's dtype, and its caches;
-    compiled again once the weights a CPU step froze have changed."""
+def compiled_decoding(
+    model: GPT, batch: int, length: int, device: torch.device
+) -> tuple[Callable[..., torch.Tensor], list[KVCache]]:
+    """The model's compiled decode step for ``batch`` rows, caches of ``length`` positions and this
+    call's dtype, and those caches; compiled again once the weights a CPU step froze have changed."""
     cuda = device.type == "cuda"
     weights = None if cuda else _weights_key(model)
     decoding = _COMPILED.get(model)
     if decoding is None or decoding.weights != weights:
         decoding = _COMPILED[model] = CompiledDecoding(weights)
     dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else model.lm_head.weight.dtype
-    if (batch, device, dtype) not in decoding.caches:
-        decoding.caches[batch, device, dtype] = [KVCache(model.config.block_size) for _ in model.transformer.h]
+    if (batch, length, device, dtype) not in decoding.caches:
+        decoding.caches[batch, length, device, dtype] = [KVCache(length) for _ in model.transformer.h]
     # CUDA graphs record static shapes: a graph per batch size. On a CPU, batch 1 has static shapes
     # (inductor packs the weights for MKL's matmul) and larger batches share a graph with a dynamic
     # batch size (inductor packs the weights for oneDNN's, faster there: docs/sampling.md).
-    key = (batch if cuda else batch > 1, device, dtype)
+    key = (batch if cuda else batch > 1, length, device, dtype)
     if key not in decoding.steps:
         # A copy of _decode with a code object of its own: dynamo keeps graphs per code object, so this
         # one holds a single graph, freed with it (frozen weights included), and never meets torch's recompile limit.
         decode = types.FunctionType(_decode.__code__.replace(), _decode.__globals__, _decode.__name__)
         decoding.steps[key] = torch.compile(decode, mode="reduce-overhead" if cuda else None, fullgraph=True, dynamic=False)
-    return functools.partial(decoding.steps[key], model), decoding.caches[batch, device, dtype]
+    return functools.partial(decoding.steps[key], model), decoding.caches[batch, length, device, dtype]
 
 
 def _weights_key(model: GPT) -> tuple:

@@ -146,10 +146,11 @@ def test_a_sharded_model_generates_what_the_unsharded_one_does(model, tmp_path, 
 
 
 def test_the_compiled_decode_step_gives_the_eager_tokens(monkeypatch):
-    """And it keeps its KV caches per model and batch: on CUDA they are static inputs of a CUDA graph,
-    so fresh caches at each call would record a new graph each time. A second prompt decodes from the
-    same caches and still gives its own eager tokens; so do twenty prompt lengths after it, with
-    neither a new cache set nor a new graph (a long-lived model serving prompts of many lengths)."""
+    """And it keeps its KV caches per model, batch and length (a power of two, at most block_size): on
+    CUDA they are static inputs of a CUDA graph, so fresh caches at each call would record a new graph
+    each time. A second prompt decodes from the same caches and still gives its own eager tokens; so
+    do twenty prompt lengths after it, with neither a new cache set nor a new graph (a long-lived
+    model serving prompts of many lengths)."""
     from torch._dynamo.utils import counters
 
     import gpt_lightning.generation as generation
