@@ -11,10 +11,12 @@ training ``forward`` is left as it is, and no layer of the model is changed whil
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import types
 import weakref
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -38,15 +40,11 @@ def generate(
     use_cache: bool = True,
     compile: bool = False,
 ) -> torch.Tensor:
-    """Extend ``idx`` (B, T) by sampling ``max_new_tokens`` tokens from ``model``, all B rows in one batch.
+    """Extend ``idx`` (B, T) by ``max_new_tokens`` tokens sampled from ``model``, all B rows in one batch.
 
-    With the cache (the default), the context goes through the blocks once and each new token
-    alone, attending to the cached keys and values. Each token is predicted from at most
-    ``block_size`` tokens: a longer prompt is cut to its last ``block_size``, and when the cache
-    is full the window slides, keeping its last ``block_size // 2`` tokens (positions restart
-    at 0, so they are prefilled again) and filling up once more: one prefill every
-    ``block_size // 2`` tokens instead of a full forward pass for each token. Nothing is read
-    back to the host until the tokens are returned.
+    Each token sees at most ``block_size`` tokens: a longer prompt keeps its last ``block_size``, and a
+    full KV cache slides to its last ``block_size // 2`` tokens. Nothing is read back to the host
+    until the tokens are returned.
 
     Args:
         model: the GPT to sample from (in eval mode: dropout would apply otherwise).
@@ -59,9 +57,8 @@ def generate(
             padded past it (50304 rows for GPT-2's 50257 tokens), so every id decodes.
         use_cache: False recomputes the last ``block_size`` tokens' forward pass for each new
             token (the reference the cache is tested against; slow).
-        compile: run each decode step through ``torch.compile`` (static shapes; CUDA graphs on
-            CUDA; on a CPU inductor freezes the weights into its own matmul layout). It compiles
-            at the first call, so it pays only for long or repeated generations.
+        compile: compile the decode step once per batch size (CUDA graphs on CUDA, frozen weights
+            on a CPU; docs/sampling.md): pays for long or repeated generations.
 
     Returns:
         token ids of shape (B, T + max_new_tokens).
@@ -95,85 +92,86 @@ def _generate_cached(model: GPT, idx: torch.Tensor, max_new_tokens: int, sample:
     if max_new_tokens == 0:
         return out
     block_size = model.config.block_size
-    max_len = min(block_size, T + max_new_tokens)
+    max_len = min(block_size, T + max_new_tokens)  # positions the window holds
     keep = max(1, block_size // 2)  # tokens a full window keeps when it slides
-    caches = decode_caches(model, B, max_len, idx.device) if compile else [KVCache(max_len) for _ in model.transformer.h]
+    if compile:  # caches of a power of two positions (a few lengths, a graph each), the step masking those past its own
+        cache_len = min(block_size, max(64, 1 << (max_len - 1).bit_length()))
+        step, caches = compiled_decoding(model, B, cache_len, idx.device)
+    else:
+        step, caches = model.forward_cached, [KVCache(max_len) for _ in model.transformer.h]
     positions = torch.arange(max_len, device=idx.device)  # (max_len,)
     pos = torch.zeros(1, dtype=torch.long, device=idx.device)  # (1,): the decode step's position
-    step = compiled_decode_step(model) if compile else model.forward_cached
+    token = torch.empty((B, 1), dtype=idx.dtype, device=idx.device)  # (B, 1): its token, strides unchanged at any length
     start = max(0, T - block_size)  # the window: out[:, start:end] is in the cache
     logits = model.forward_cached(out[:, start:T], caches, positions[: T - start])  # prefill
-    if compile and idx.is_cuda:  # the caches exist now and stay where they are: CUDA graphs may keep their addresses
-        # (not on a CPU: with freezing, a static input would be frozen into the graph like a weight).
-        # The same caches serve every call of this model, batch and length: one graph, not one per call.
+    if compile and idx.is_cuda:  # the caches exist now and stay where they are: CUDA graphs keep their addresses
         for cache in caches:
             torch._dynamo.mark_static_address(cache.k)
             torch._dynamo.mark_static_address(cache.v)
-    for end in range(T, T + max_new_tokens):
-        out[:, end : end + 1] = sample(logits)  # (B, 1)
-        if end + 1 == T + max_new_tokens:
-            break
-        length = end - start  # tokens in the cache
-        if length == max_len:  # full: slide the window and prefill it again
-            start = end + 1 - keep
-            logits = model.forward_cached(out[:, start : end + 1], caches, positions[:keep])
-            continue
-        pos.fill_(length)  # on the device: no host read, the same tensor for a compiled step
-        if compile:
-            logits = step(out[:, end : end + 1], caches, pos)  # all max_len positions, masked
-        else:
-            logits = step(out[:, end : end + 1], caches, pos, length + 1)
+    elif compile and B > 1:  # one CPU graph for every batch size above 1 (see compiled_decoding)
+        for tensor in (token, *(cache.k for cache in caches), *(cache.v for cache in caches)):
+            torch._dynamo.mark_dynamic(tensor, 0)
+    # On a CPU, inductor freezes the weights while it compiles (at the first step); the option must be
+    # on while dynamo traces too, so torch.compile(options=...) cannot do it.
+    freezing = torch._inductor.config.patch(freezing=True) if compile and not idx.is_cuda else contextlib.nullcontext()
+    with freezing:
+        for end in range(T, T + max_new_tokens):
+            out[:, end : end + 1] = token.copy_(sample(logits))  # (B, 1)
+            if end + 1 == T + max_new_tokens:
+                break
+            length = end - start  # tokens in the cache
+            if length == max_len:  # full: slide the window and prefill it again
+                start = end + 1 - keep
+                logits = model.forward_cached(out[:, start : end + 1], caches, positions[:keep])
+                continue
+            pos.fill_(length)  # on the device: no host read, the same tensor for a compiled step
+            if compile:
+                logits = step(token, caches, pos)  # all the caches' positions, masked
+            else:
+                logits = step(token, caches, pos, length + 1)
     return out
 
 
-def compiled_decode_step(model: GPT) -> Callable[..., torch.Tensor]:
-    """``model.forward_cached`` for one token, compiled once per model (static shapes: the same
-    graph at every position). On CUDA, ``reduce-overhead`` replays it as a CUDA graph. On a CPU,
-    inductor's freezing treats the weights as constants and packs them for MKL's matmul once (the
-    decode-time weight layout a skinny matmul needs, which the eager path cannot do): 1.24x eager
-    and 1.28x ``transformers`` at batch 1 on a 2-core CPU (docs/benchmarks.md). Packed weights are
-    copies: once a weight has changed (training goes on), the next call compiles a new step."""
-    cuda = model.lm_head.weight.is_cuda
+@dataclass
+class CompiledDecoding:
+    """A model's compiled decode steps and their KV caches, for the weights a CPU step froze."""
+
+    # The weights when the steps froze them (a CPU): other weights need other steps. None on CUDA.
+    weights: tuple | None
+    # torch.compile of a copy of _decode, (model, idx (B, 1), caches, pos (1,)) -> logits (B, V), per
+    # (batch size: on a CPU only whether it is 1, cache length, device, dtype).
+    steps: dict[tuple, Callable[..., torch.Tensor]] = field(default_factory=dict)
+    # Caches per (batch, length, device, dtype): the same tensors at every call.
+    caches: dict[tuple, list[KVCache]] = field(default_factory=dict)
+
+
+# Each model's compiled decoding, held beside the model: it deep-copies and pickles as before.
+_COMPILED: weakref.WeakKeyDictionary[GPT, CompiledDecoding] = weakref.WeakKeyDictionary()
+
+
+def compiled_decoding(
+    model: GPT, batch: int, length: int, device: torch.device
+) -> tuple[Callable[..., torch.Tensor], list[KVCache]]:
+    """The model's compiled decode step for ``batch`` rows, caches of ``length`` positions and this
+    call's dtype, and those caches; compiled again once the weights a CPU step froze have changed."""
+    cuda = device.type == "cuda"
     weights = None if cuda else _weights_key(model)
-    held = _DECODE_STEPS.get(model)
-    if held is None or held[1] != weights:
-        # A copy of _decode with a code object of its own: dynamo keeps compiled graphs per code
-        # object, so each model (and each version of its weights) has its own within torch's
-        # recompile limit, and the packed weights of an old version are freed with it.
-        decode = types.FunctionType(_decode.__code__.replace(), _decode.__globals__, _decode.__name__)
-        held = (torch.compile(decode, mode="reduce-overhead" if cuda else None, fullgraph=True, dynamic=False), weights)
-        _DECODE_STEPS[model] = held  # not an attribute of the model: it deep-copies and pickles as before
-    step = held[0]
-    if cuda:
-        return functools.partial(step, model)
-
-    def frozen(idx: torch.Tensor, caches: list[KVCache], pos: torch.Tensor) -> torch.Tensor:
-        # torch.compile(options={"freezing": True}) does not freeze on torch 2.13 (its output code
-        # multiplied the plain weights): inductor reads the flag from its config while compiling,
-        # which happens at the first call.
-        with torch._inductor.config.patch(freezing=True):
-            return step(model, idx, caches, pos)
-    return frozen
-
-
-# Each model's compiled decode step and the key of the weights it froze (None on CUDA).
-_DECODE_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# Each model's KV caches for its compiled decode step, per (batch, length, device, dtype).
-_DECODE_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def decode_caches(model: GPT, batch: int, max_len: int, device: torch.device) -> list[KVCache]:
-    """The model's KV caches for a compiled decode of ``batch`` rows and ``max_len`` positions, the same
-    tensors at every call with these: a CUDA graph reads its static inputs at fixed addresses, so fresh
-    caches at each call would record a new graph each time. A prefill overwrites what a decode step
-    attends to, and the step masks the positions past it, so what an earlier call left is never read.
-    They live as long as the model (one set per batch, length, device and dtype used)."""
+    decoding = _COMPILED.get(model)
+    if decoding is None or decoding.weights != weights:
+        decoding = _COMPILED[model] = CompiledDecoding(weights)
     dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else model.lm_head.weight.dtype
-    held = _DECODE_CACHES.setdefault(model, {})
-    key = (batch, max_len, device, dtype)
-    if key not in held:
-        held[key] = [KVCache(max_len) for _ in model.transformer.h]
-    return held[key]
+    if (batch, length, device, dtype) not in decoding.caches:
+        decoding.caches[batch, length, device, dtype] = [KVCache(length) for _ in model.transformer.h]
+    # CUDA graphs record static shapes: a graph per batch size. On a CPU, batch 1 has static shapes
+    # (inductor packs the weights for MKL's matmul) and larger batches share a graph with a dynamic
+    # batch size (inductor packs the weights for oneDNN's, faster there: docs/sampling.md).
+    key = (batch if cuda else batch > 1, length, device, dtype)
+    if key not in decoding.steps:
+        # A copy of _decode with a code object of its own: dynamo keeps graphs per code object, so this
+        # one holds a single graph, freed with it (frozen weights included), and never meets torch's recompile limit.
+        decode = types.FunctionType(_decode.__code__.replace(), _decode.__globals__, _decode.__name__)
+        decoding.steps[key] = torch.compile(decode, mode="reduce-overhead" if cuda else None, fullgraph=True, dynamic=False)
+    return functools.partial(decoding.steps[key], model), decoding.caches[batch, length, device, dtype]
 
 
 def _weights_key(model: GPT) -> tuple:

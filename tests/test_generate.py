@@ -146,9 +146,13 @@ def test_a_sharded_model_generates_what_the_unsharded_one_does(model, tmp_path, 
 
 
 def test_the_compiled_decode_step_gives_the_eager_tokens(monkeypatch):
-    """And it keeps its KV caches per model, batch and length: on CUDA they are static inputs of a
-    CUDA graph, so fresh caches at each call would record a new graph each time. A second prompt
-    decodes from the same caches and still gives its own eager tokens."""
+    """And it keeps its KV caches per model, batch and length (a power of two, at most block_size): on
+    CUDA they are static inputs of a CUDA graph, so fresh caches at each call would record a new graph
+    each time. A second prompt decodes from the same caches and still gives its own eager tokens; so
+    do twenty prompt lengths after it, with neither a new cache set nor a new graph (a long-lived
+    model serving prompts of many lengths)."""
+    from torch._dynamo.utils import counters
+
     import gpt_lightning.generation as generation
 
     made = []
@@ -168,10 +172,17 @@ def test_the_compiled_decode_step_gives_the_eager_tokens(monkeypatch):
     other = (idx * 7 + 1) % 256
     assert torch.equal(generate(model, other, 12, temperature=0, compile=True), generate(model, other, 12, temperature=0))
     assert len(made) == model.config.n_layer + 1  # compiled: one set for both calls; +1: the eager call's
+    prompts = [prompt(length=length, vocab=256, seed=length) for length in range(1, 21)]  # 9 to 20 past block_size
+    eager = [generate(model, idx, 4, temperature=0) for idx in prompts]
+    made.clear()
+    counters.clear()
+    for idx, expected in zip(prompts, eager):
+        assert torch.equal(generate(model, idx, 4, temperature=0, compile=True), expected), idx.shape
+    assert made == [] and counters["stats"]["unique_graphs"] == 0  # memory flat, no recompilation
 
 
 def test_on_a_cpu_the_decode_step_is_frozen_and_compiled_again_after_training():
-    """Inductor's freezing packs the weights for MKL's matmul (torch.compile's options={"freezing":
+    """Inductor's freezing packs the weights for the CPU's matmul (torch.compile's options={"freezing":
     True} did not freeze: the step multiplied the plain weights). Frozen weights are copies: once
     training changes the weights, the next generation compiles a new step instead of sampling
     from the old ones."""
