@@ -1,7 +1,5 @@
-"""``gpt-lightning bench``: one config trained several ways (eager, compiled, by scope, ``--also``
-configs), each in its own process, side by side: a summary row per run and ``bench.json`` /
-``bench.png``; exits 1 if a compiled run's windowed loss leaves eager's by more than
-``--tolerance`` (docs/benchmarks.md)."""
+"""``gpt-lightning bench``: one config trained several ways, each in its own process, side by side;
+exits 1 if a compiled run's loss leaves eager's by more than ``--tolerance`` (docs/benchmarks.md)."""
 
 from __future__ import annotations
 

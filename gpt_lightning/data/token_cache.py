@@ -1,7 +1,5 @@
-"""Token ids of a text, tokenized once and cached as a flat uint16 file beside a JSON manifest, keyed
-by the source's sha256 and verified (tokenizer, count, the file's own sha256), written atomically.
-A file's hash is remembered with its size and mtime (``stamps/``) and recomputed only when either
-differs, as make and rsync's quick check trust (docs/data.md)."""
+"""Token ids of a text, tokenized once and cached as uint16 beside a verified JSON manifest, keyed by the
+source's sha256 (rehashed only when size or mtime changes), written atomically (docs/data.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""``TokenWindows``: epochs of ``(B, T)`` windows over a token array, rank-aware (rank ``r`` of ``W``
-takes batches ``r, r+W, ...``), shuffled on request, and resumable through Lightning's
-stateful-loader protocol. In order, batch ``g`` is nanoGPT's ``tokens[g*B*T : (g+1)*B*T + 1]``."""
+"""``TokenWindows``: epochs of nanoGPT's ``(B, T)`` windows over a token array, per rank, shuffled on
+request, resumable through Lightning's stateful-loader protocol."""
 
 from __future__ import annotations
 

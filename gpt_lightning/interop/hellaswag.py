@@ -1,7 +1,5 @@
-"""HellaSwag scored build-nanogpt's way: for each of the 4 endings, the mean cross-entropy of its
-tokens given the context, the lowest winning (``acc_norm``; ``acc`` sums instead); several examples
-per forward pass. ``evaluation.hellaswag_callback.HellaSwagEval`` scores the model being trained
-with these. How this differs from the harness's ``hellaswag``: docs/hellaswag.md."""
+"""HellaSwag scored build-nanogpt's way: the ending of lowest mean cross-entropy wins (``acc_norm``;
+``acc`` sums), several examples per forward pass; how this differs from the harness's: docs/hellaswag.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""A rank of a multi-process run that went away (killed, out of memory, a lost node, hung): the
-others' next collective fails. The ``gpt-lightning`` command ends each survivor with one line that
-says so, names a file holding the full error and says how to resume. Only the errors a gone peer
-raises, after the fit's first optimizer step, are told that way; any other error keeps its traceback.
-The CLI also sets the process group's timeout to ``PROCESS_GROUP_TIMEOUT`` instead of Lightning's 30 minutes."""
+"""A rank that went away (killed, out of memory, lost, hung): the CLI ends each survivor with one line
+naming a file with the full error and how to resume, and sets ``PROCESS_GROUP_TIMEOUT`` (docs/multi-gpu.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Bits per byte: the summed cross-entropy of the target tokens, in bits, over the UTF-8 bytes those
-tokens decode to. Unlike the loss per token it does not depend on the tokenizer, so models with
-other vocabularies compare (nanochat reports it). As in nanochat, special tokens
-(``<|endoftext|>``, and the padded rows past GPT-2's 50257) decode to no text: they count neither
-bits nor bytes.
+"""Bits per byte: the target tokens' summed cross-entropy in bits over the UTF-8 bytes they decode to,
+which compares across tokenizers (docs/evaluation.md); special tokens count neither bits nor bytes.
 """
 
 from __future__ import annotations

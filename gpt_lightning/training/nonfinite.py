@@ -1,7 +1,5 @@
-"""``NonFiniteGuard``: a non-finite loss or gradient never updates the weights, with no per-step
-host sync: the decision is a device tensor the optimizer takes as ``found_inf`` (as ``GradScaler``
-skips a step), and the host reads the first bad step only at logging intervals and before a
-checkpoint (docs/gpu-fast-path.md)."""
+"""``NonFiniteGuard``: a non-finite loss or gradient never updates the weights, with no per-step host
+sync (the skip is a device ``found_inf``, read at logging intervals; docs/gpu-fast-path.md)."""
 
 from __future__ import annotations
 
