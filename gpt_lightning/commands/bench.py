@@ -89,9 +89,8 @@ def repository_root() -> Path:
 
 
 def repo_relative(value: Any, root: Path | None = None) -> Any:
-    """``value`` (JSON-like) with every absolute path under ``root`` (default: ``repository_root()``)
-    written relative to it, alone or after ``=`` (``--opt=/path``): a result committed to the
-    repository names ``configs/tiny-cpu.yaml``, not the directory of the machine that made it."""
+    """``value`` (JSON-like) with absolute paths under ``root`` (default: the repository) made relative,
+    so a committed result does not name the machine's directories."""
     root = repository_root() if root is None else root
     under = re.compile(r"(^|=)" + re.escape(str(root).rstrip("/") + "/"))
     if isinstance(value, str):
@@ -126,9 +125,8 @@ def window_means(losses: list[float], window: int) -> list[float]:
 
 
 def compare(run: dict[str, Any], eager: dict[str, Any] | None, window: int = 10) -> dict[str, Any]:
-    """One summary row: the run's own figures, and its speedup and loss difference against eager:
-    the largest difference of ``window``-step mean losses (``max_loss_diff_step``: the window's
-    first step), and, for information, of single steps."""
+    """One summary row: the run's figures, speedup and largest ``window``-step mean loss difference
+    against eager (``max_loss_diff_step``: the window's first step), and of single steps."""
     s = run["summary"] or {}
     row: dict[str, Any] = {
         "tokens_per_sec_median": s.get("tokens_per_sec_median"),

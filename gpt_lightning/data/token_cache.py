@@ -45,9 +45,7 @@ def cache_paths(cache_dir: Path, source_sha256: str, tokenizer: str = "gpt2") ->
 
 
 def stamped_sha256(path: Path, cache_dir: Path) -> str:
-    """The sha256 of the file at ``path``, from its stamp when the file still has the size and mtime
-    it was hashed at (a ``stat``, no read); otherwise the file is hashed, then stamped once its mtime
-    has settled, for the other ranks and the next launch."""
+    """The sha256 of the file at ``path``: its stamp's while size and mtime match, else hashed and stamped."""
     path = Path(path).absolute()
     stamp_path = cache_dir / "stamps" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:24]}.json"
     before = path.stat()

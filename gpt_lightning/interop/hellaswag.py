@@ -141,9 +141,8 @@ def batches(examples: Iterable[Example], encode, block_size: int, batch_size: in
 @torch.no_grad()
 def count_correct(model: GPT, batches: Iterable[Batch | None], device: torch.device,
                   autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> torch.Tensor:
-    """Counts (3,) on ``device``: right by mean loss (``acc_norm``), right by summed loss (``acc``),
-    examples; each pass under a fresh ``autocast()``. A ``None`` batch is a pass left uncounted, so
-    that every FSDP rank runs as many (each all-gathers the weights)."""
+    """Counts (3,) on ``device``: right by mean loss (``acc_norm``), by summed loss (``acc``), examples.
+    A ``None`` batch is an uncounted pass, so every FSDP rank runs as many."""
     counts = torch.zeros(3, dtype=torch.long, device=device)
     last = None
     for batch in batches:

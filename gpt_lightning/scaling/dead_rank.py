@@ -44,9 +44,8 @@ def peer_went_away(err: BaseException) -> bool:
 
 
 class PeerGoneReport(Callback):
-    """Marks a gone peer's error raised after this fit's first optimizer step (``peer_went_away``) with
-    the file its traceback is to be written to, ``error-rank<N>.txt`` in the run's log directory;
-    ``exit_if_peer_went_away`` then tells it in one line. Attached by the CLI."""
+    """Marks a gone peer's error (after the first optimizer step) with its traceback file,
+    ``error-rank<N>.txt`` in the log directory, for ``exit_if_peer_went_away``. Attached by the CLI."""
 
     def __init__(self) -> None:
         self._error_file: Path | None = None  # set once this fit completed an optimizer step
