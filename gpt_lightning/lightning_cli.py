@@ -163,14 +163,9 @@ def _is_model_parallel(strategy: Any) -> bool:
 
 
 class GPTLightningCLI(CheckpointArguments, LightningCLI):
-    """LightningCLI with the GPT module and token-stream data, TensorBoard logging under ``logs/``,
-    and checkpointing, learning-rate and throughput callbacks always attached (``--checkpoint.*``,
-    ``--lr_monitor.*`` and ``--throughput.*`` configure them).
-
-    With ``--ckpt_path``, the checkpoint's model and data settings fill in only what the user did
-    not give: flags and config files on the command line win, so ``fit --ckpt_path last.ckpt``
-    resumes the same run, and ``--model.compile false`` or a new learning rate is honoured.
-    """
+    """LightningCLI with the GPT module and data, TensorBoard logs under ``logs/``, and checkpoint, learning-rate
+    and throughput callbacks (``--checkpoint.*``, ...). With ``--ckpt_path`` the checkpoint's settings fill in
+    only what the user did not give (docs/resume.md)."""
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("seed_everything_default", 42)
