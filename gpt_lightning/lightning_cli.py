@@ -66,8 +66,7 @@ def quiet_lightning_console() -> None:
 
 
 class GPTArgumentParser(LightningArgumentParser):
-    """Lightning's parser, with errors a person can read: the error on one line, a close match for a
-    misspelt option, and where to find the rest, instead of ~100 lines of usage first."""
+    """Lightning's parser, with errors on one line with a close match for a misspelt option, not ~100 of usage."""
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:  # a caller that asked for exceptions gets them
@@ -92,8 +91,7 @@ def _did_you_mean(message: str, parser: LightningArgumentParser) -> str:
 
 
 def check_config_files(args: list[str]) -> None:
-    """Read every ``--config`` file first, so a YAML mistake is reported with the file's own name
-    (jsonargparse reports it as ``"<unicode string>"``)."""
+    """Read every ``--config`` file first, so a YAML mistake is reported with the file's name."""
     for i, arg in enumerate(args):
         if arg in ("-c", "--config") and i + 1 < len(args):
             value = args[i + 1]
@@ -240,8 +238,7 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
             _refuse_a_finished_run(ckpt_path, checkpoint, self.config.fit.trainer.max_steps, newest=bool(resolved))
 
     def _runs_folder(self) -> Path | None:
-        """Where ``--ckpt_path last`` looks for ``fit``: this logger's folder of numbered runs; None
-        (``last`` left to Lightning) where checkpoints are not in numbered run folders."""
+        """This logger's folder of numbered runs, where ``--ckpt_path last`` looks; None: not numbered (Lightning's)."""
         fit = self.config.fit
         logger = fit.trainer.get("logger")
         init_args = getattr(logger, "init_args", None) or {}
@@ -271,8 +268,7 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
             config.model.block_size = config.data.block_size
 
     def instantiate_classes(self) -> None:
-        """Lightning's, with the model built on the meta device under ``ModelParallelStrategy``, so no
-        rank allocates the whole GPT; ``configure_model`` shards and initializes it."""
+        """Lightning's, with the model built on the meta device under ``ModelParallelStrategy`` (sharded later)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         strategy = config.get("trainer", {}).get("strategy")
         if not _is_model_parallel(strategy):

@@ -135,8 +135,7 @@ def _uniform_(weight: torch.Tensor, low: float, high: float, generator: torch.Ge
 
 
 def _draw_(weight: torch.Tensor, draw: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    """``draw`` (fills a CPU tensor in place) applied to ``weight``: directly on a plain CPU tensor, else
-    to a whole CPU tensor of its shape copied in, so that every placement gets a CPU build's values."""
+    """``draw`` (fills a CPU tensor in place) applied to ``weight``, through a whole CPU copy where it is not one."""
     if weight.device.type == "cpu" and not isinstance(weight, DTensor):
         with torch.no_grad():
             draw(weight)
@@ -269,8 +268,7 @@ class Block(nn.Module):
     def forward_cached(
         self, x: torch.Tensor, idx: torch.Tensor, cache: KVCache, pos: torch.Tensor, length: int | None
     ) -> torch.Tensor:
-        """``forward`` for generation (eval mode: no dropout), through ``cache``: see
-        ``CausalSelfAttention.forward_cached``."""
+        """``forward`` for generation (no dropout), through ``cache``: see ``CausalSelfAttention.forward_cached``."""
         x = x + self.attn.forward_cached(self.ln_1(x), idx, cache, pos, length)
         return x + self.mlp(self.ln_2(x))
 
@@ -337,8 +335,7 @@ class GPT(nn.Module):
         self.apply(lambda module: self._init_weights(module, generator))
 
     def _draw_default_inits(self, generator: torch.Generator | None) -> None:
-        """Consume the CPU generator as the layers' default initializations do (as nanoGPT's build does),
-        so that a seed gives nanoGPT's weights."""
+        """Consume the CPU generator as the layers' default inits do, so a seed gives nanoGPT's weights."""
         with torch.random.fork_rng(devices=[], enabled=generator is not None):
             if generator is not None:  # the layers draw from the global generator: lend it this state
                 torch.random.set_rng_state(generator.get_state())
@@ -404,8 +401,7 @@ class GPT(nn.Module):
     def head_and_loss(
         self, x: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Final LayerNorm, LM head and loss: a method of its own so that it can be compiled as one
-        region (``compile_scope: blocks``) beside the blocks, without renaming any parameter."""
+        """Final norm, LM head and loss: a method of its own, compiled as one region by ``compile_scope: blocks``."""
         B, T, _ = x.shape
         logits = self.logits(x)  # (B, T, vocab_size)
         loss = None
@@ -414,8 +410,7 @@ class GPT(nn.Module):
         return logits, loss
 
     def logits_at(self, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits (N, vocab_size) at flat ``positions`` (N,) b * T + t into ``idx`` (B, T): the LM head
-        only where scoring reads it."""
+        """Logits (N, vocab_size) at flat ``positions`` (N,) b * T + t into ``idx`` (B, T), the head run only there."""
         B, T = idx.shape
         x = self.embed(idx, torch.arange(T, device=idx.device))  # (B, T, C)
         for block in self.transformer.h:

@@ -33,8 +33,7 @@ RUNS = {
 
 
 class LossRecorder(Callback):
-    """Keeps each optimizer step's loss (the sum of Lightning's accumulation-divided micro-batch losses)
-    as a device tensor, read once at the end."""
+    """Keeps each optimizer step's loss (summed over micro-batches) as a device tensor, read at the end."""
 
     def __init__(self) -> None:
         self.losses: list[torch.Tensor] = []
@@ -80,8 +79,7 @@ def train_one(args: list[str]) -> dict[str, Any]:
 
 
 def repository_root() -> Path:
-    """The checkout this package runs from (the folder holding its pyproject.toml), else the working
-    directory: where a user keeps their configs and logs."""
+    """The checkout this package runs from (holding its pyproject.toml), else the working directory."""
     import gpt_lightning
 
     source = Path(gpt_lightning.__file__).resolve().parents[1]

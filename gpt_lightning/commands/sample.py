@@ -35,8 +35,7 @@ SAMPLE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto``: bfloat16 on a CUDA GPU that has it (the precision the configs train in), else float32;
-    any other name as given."""
+    """``auto``: bfloat16 on a CUDA GPU that has it, else float32; any other name as given."""
     if dtype == "auto":
         dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
     return getattr(torch, dtype)

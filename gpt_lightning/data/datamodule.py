@@ -189,8 +189,7 @@ class TokenStreamDataModule(LightningDataModule):
         return remembered[1] if remembered is not None and remembered[0]() is self.trainer else None
 
     def _round_batch_limit(self, batches: int, accumulate: int) -> None:
-        """Round ``trainer.limit_train_batches`` down to whole optimizer steps (Lightning would end the
-        epoch with a short step divided by the full accumulation)."""
+        """Round ``trainer.limit_train_batches`` down to whole optimizer steps (no short last step)."""
         trainer = self.trainer
         if trainer is None or accumulate == 1 or trainer.fast_dev_run:  # fast_dev_run: Lightning's smoke run, as it is
             return
