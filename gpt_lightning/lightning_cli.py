@@ -286,8 +286,7 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
         return config.get(key, default)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """The trainer, with our validation samples, step-counting progress bar and FLOPs summary
-        unless the user turned those off or brought their own, and ``Preemption``."""
+        """The trainer, with our samples, progress bar and FLOPs summary unless off or the user's, and ``Preemption``."""
         trainer_config = self.config_section("trainer", default={})
         callbacks = list(kwargs.pop("callbacks", None) or trainer_config.get("callbacks") or [])
         callbacks.append(PeerGoneReport())  # a rank gone after the first step: one line from the CLI
