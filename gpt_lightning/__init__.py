@@ -1,7 +1,5 @@
-"""Train GPT-2 style language models with PyTorch Lightning, fast.
-
-The names below are imported on first use (PEP 562), so ``gpt-lightning tokenize`` and its worker
-processes do not load torch and Lightning (hundreds of MB and seconds of start-up) to encode text.
+"""Train GPT-2 style language models with PyTorch Lightning, fast. Names below are imported on first use
+(PEP 562), so ``gpt-lightning tokenize`` does not load torch and Lightning.
 """
 
 from __future__ import annotations

@@ -50,15 +50,8 @@ class _DropUnactionable(logging.Filter):
 
 
 def quiet_lightning_console() -> None:
-    """Drop what a user of the CLI cannot act on. Called by ``GPTLightningCLI`` only: importing
-    gpt-lightning into another project changes no warning or log filter there.
-
-    Dropped: the messages above; the ``LeafSpec`` deprecation warning Lightning's own code triggers
-    on newer torch; notices that are wrong for step-driven training (a resume's new checkpoint
-    directory, epochs shorter than the logging interval); and two about the data module's loaders
-    that are true by design (a sized ``IterableDataset``, exact here since it loads in the main
-    process; no validation batches with ``data.val_fraction 0``).
-    """
+    """Drop the messages a CLI user cannot act on (above and below: wrong for step-driven training, or true
+    by design). Called by ``GPTLightningCLI`` only: importing the package filters nothing."""
     # Lightning routes rank-zero messages through this module-level logger (set when it is imported).
     if not any(isinstance(f, _DropUnactionable) for f in rank_zero_logger().filters):
         rank_zero_logger().addFilter(_DropUnactionable())
@@ -73,8 +66,7 @@ def quiet_lightning_console() -> None:
 
 
 class GPTArgumentParser(LightningArgumentParser):
-    """Lightning's parser, with errors a person can read: the error on one line, a close match for a
-    misspelt option, and where to find the rest, instead of ~100 lines of usage first."""
+    """Lightning's parser, with errors on one line with a close match for a misspelt option, not ~100 of usage."""
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:  # a caller that asked for exceptions gets them
@@ -99,8 +91,7 @@ def _did_you_mean(message: str, parser: LightningArgumentParser) -> str:
 
 
 def check_config_files(args: list[str]) -> None:
-    """Read every ``--config`` file first, so a YAML mistake is reported with the file's own name
-    (jsonargparse reports it as ``"<unicode string>"``)."""
+    """Read every ``--config`` file first, so a YAML mistake is reported with the file's name."""
     for i, arg in enumerate(args):
         if arg in ("-c", "--config") and i + 1 < len(args):
             value = args[i + 1]
@@ -128,9 +119,7 @@ def check_config_files(args: list[str]) -> None:
 
 
 def _refuse_a_finished_run(ckpt_path: str, checkpoint: dict[str, Any], max_steps: int, newest: bool) -> None:
-    """A resume whose checkpoint already reached ``max_steps`` would train nothing and exit 0. Given
-    by path, that is a mistake; found by ``--ckpt_path last`` (a job's requeue after the run ended),
-    it is the run being done: said in one line, exit 0."""
+    """Refuse resuming a checkpoint already at ``max_steps``; found by ``--ckpt_path last``, exit 0 (done)."""
     step = checkpoint.get("global_step")
     if isinstance(step, int) and max_steps is not None and 0 <= max_steps <= step:
         if newest:
@@ -144,11 +133,8 @@ def _refuse_a_finished_run(ckpt_path: str, checkpoint: dict[str, Any], max_steps
 
 
 def _without_slurm_requeue(plugins: Any) -> list[Any]:
-    """The user's plugins, with ``SLURMEnvironment(auto_requeue=False)`` where they name no cluster
-    environment. Lightning's auto-requeue (SIGUSR1: ``hpc_ckpt_N.ckpt`` in the working directory and
-    ``scontrol requeue``) saves outside the run's folder, where ``--ckpt_path last`` does not look
-    and where Lightning later resumes any run started there from it; under the CLI, ``Preemption``
-    saves ``last.ckpt`` on SIGTERM instead, and the job script requeues (examples/slurm_multinode.sbatch)."""
+    """The user's plugins, plus ``SLURMEnvironment(auto_requeue=False)`` where they name no cluster
+    environment: ``Preemption`` saves instead of Lightning's ``hpc_ckpt_N.ckpt`` (docs/resume.md)."""
     plugins = list(plugins) if isinstance(plugins, (list, tuple)) else ([] if plugins is None else [plugins])
     if not any(isinstance(p, ClusterEnvironment) for p in plugins):
         plugins.append(SLURMEnvironment(auto_requeue=False))
@@ -156,9 +142,7 @@ def _without_slurm_requeue(plugins: Any) -> list[Any]:
 
 
 def _put_preemption_last(trainer: Trainer) -> None:
-    """``Preemption`` (SIGTERM / Ctrl-C: ``last.ckpt`` at the step reached, exit 143 / 130), the user's
-    or ours, after every other callback Lightning appended (the learning-rate and throughput monitors
-    see the stop step), before the checkpoint callbacks, which Lightning runs last."""
+    """``Preemption`` (the user's or ours) after every other callback, before the checkpoint callbacks."""
     preemption = next((c for c in trainer.callbacks if isinstance(c, Preemption)), None) or Preemption()
     others = [c for c in trainer.callbacks if c is not preemption]
     at = next((i for i, c in enumerate(others) if isinstance(c, Checkpoint)), len(others))
@@ -166,8 +150,7 @@ def _put_preemption_last(trainer: Trainer) -> None:
 
 
 def _is_model_parallel(strategy: Any) -> bool:
-    """Whether a ``trainer.strategy`` setting (a name, a class path, a parsed ``class_path`` entry or
-    an instance) is ``ModelParallelStrategy`` or a subclass (``SwappedCheckpointStrategy``)."""
+    """Whether a ``trainer.strategy`` setting (name, class path or instance) is ``ModelParallelStrategy``."""
     if isinstance(strategy, ModelParallelStrategy):
         return True
     class_path = str(strategy if isinstance(strategy, str) else getattr(strategy, "class_path", ""))
@@ -178,14 +161,9 @@ def _is_model_parallel(strategy: Any) -> bool:
 
 
 class GPTLightningCLI(CheckpointArguments, LightningCLI):
-    """LightningCLI with the GPT module and token-stream data, TensorBoard logging under ``logs/``,
-    and checkpointing, learning-rate and throughput callbacks always attached (``--checkpoint.*``,
-    ``--lr_monitor.*`` and ``--throughput.*`` configure them).
-
-    With ``--ckpt_path``, the checkpoint's model and data settings fill in only what the user did
-    not give: flags and config files on the command line win, so ``fit --ckpt_path last.ckpt``
-    resumes the same run, and ``--model.compile false`` or a new learning rate is honoured.
-    """
+    """LightningCLI with the GPT module and data, TensorBoard logs under ``logs/``, and checkpoint, learning-rate
+    and throughput callbacks (``--checkpoint.*``, ...). With ``--ckpt_path`` the checkpoint's settings fill in
+    only what the user did not give (docs/resume.md)."""
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("seed_everything_default", 42)
@@ -201,8 +179,7 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        """Lightning's, less ``predict``: the module has no ``predict_step`` and the data module no
-        predict loader (text comes out of ``gpt-lightning sample``)."""
+        """Lightning's, less ``predict`` (text comes out of ``gpt-lightning sample``)."""
         return {name: skip for name, skip in LightningCLI.subcommands().items() if name != "predict"}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -231,13 +208,8 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
         super().parse_arguments(parser, args)
 
     def parse_ckpt_path(self) -> None:
-        """Put the checkpoint's settings *before* the user's arguments and parse again.
-
-        Lightning's own ``_parse_ckpt_path`` (which runs this instead: ``CheckpointArguments``) merges the checkpoint's
-        hyper-parameters *over* the parsed config, so anything the user gave on resume is silently
-        replaced. Parsed first, the checkpoint's values are defaults that the user's config files and
-        flags, parsed after them, override.
-        """
+        """Put the checkpoint's settings *before* the user's arguments and parse again, so the user's
+        win (Lightning's ``_parse_ckpt_path``, which this replaces, merges them over)."""
         subcommand = self.config.get("subcommand")
         if not subcommand or self._cli_args is None or subcommand not in self._cli_args:
             return lightning_parse_ckpt_path(self)
@@ -266,10 +238,7 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
             _refuse_a_finished_run(ckpt_path, checkpoint, self.config.fit.trainer.max_steps, newest=bool(resolved))
 
     def _runs_folder(self) -> Path | None:
-        """Where ``--ckpt_path last`` looks for ``fit``: this logger's folder of numbered runs. None,
-        leaving ``last`` to Lightning, where the checkpoints are not in numbered run folders: no
-        logger or several, a logger without a save_dir or with a fixed version, or
-        ``--checkpoint.dirpath`` given."""
+        """This logger's folder of numbered runs, where ``--ckpt_path last`` looks; None: not numbered (Lightning's)."""
         fit = self.config.fit
         logger = fit.trainer.get("logger")
         init_args = getattr(logger, "init_args", None) or {}
@@ -280,9 +249,7 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
 
     @staticmethod
     def _newest_last_checkpoint(runs: Path) -> Path | None:
-        """The ``last.ckpt`` of the newest run under ``runs`` that has one (Lightning's own ``last``
-        looks in the new run's empty folder, and silently starts from scratch); None, said in one
-        line, when no run has one yet: the job's first launch starts fresh."""
+        """The ``last.ckpt`` of the newest run under ``runs`` that has one; None (said once) if none has."""
         for aside in runs.glob("version_*/checkpoints/.last.ckpt.old"):  # a swap the run was killed in
             put_back_swapped_aside(aside.parent / "last.ckpt")
         found = [p for p in runs.glob("version_*/checkpoints/last.ckpt") if p.parent.parent.name[8:].isdigit()]
@@ -295,18 +262,13 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
 
     # --- building ---------------------------------------------------------------------------------
     def before_instantiate_classes(self) -> None:
-        """T is given once, to the data, and the model's position table follows it, unless
-        ``model.block_size`` is given, or ``model.init_from`` is: a pretrained model keeps its
-        context (its position table) whatever length it is fine-tuned on."""
+        """``model.block_size`` follows ``data.block_size`` unless it, or ``model.init_from``, is given."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.model.block_size is None and config.model.init_from is None:
             config.model.block_size = config.data.block_size
 
     def instantiate_classes(self) -> None:
-        """Lightning's, with the model built on the meta device under ``ModelParallelStrategy``, as
-        ``trainer.init_module(empty_init=True)`` builds it: no rank allocates or initializes the whole
-        GPT (GPT-2 XL: 6 GB in float32); ``configure_model`` shards it, then gives each rank its
-        shard, initialized. The data module and callbacks, built in the same call, make no tensors."""
+        """Lightning's, with the model built on the meta device under ``ModelParallelStrategy`` (sharded later)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         strategy = config.get("trainer", {}).get("strategy")
         if not _is_model_parallel(strategy):
@@ -324,8 +286,7 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
         return config.get(key, default)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """The trainer, with our validation samples, step-counting progress bar and FLOPs summary
-        unless the user turned those off or brought their own, and ``Preemption``."""
+        """The trainer, with our samples, progress bar and FLOPs summary unless off or the user's, and ``Preemption``."""
         trainer_config = self.config_section("trainer", default={})
         callbacks = list(kwargs.pop("callbacks", None) or trainer_config.get("callbacks") or [])
         callbacks.append(PeerGoneReport())  # a rank gone after the first step: one line from the CLI

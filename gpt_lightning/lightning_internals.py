@@ -1,31 +1,15 @@
-"""The one place gpt-lightning reaches past Lightning's public API (and the few private torch and
-argparse names that go with it); none has a public equivalent. ``tests/test_lightning_internals.py``
-checks each against the installed versions (``check()`` names what moved), which is why
-``pyproject.toml`` pins ``lightning<2.7``. Each name, who uses it, and why:
+"""The one place gpt-lightning reaches past Lightning's public API (and the private torch and argparse
+names that go with it); none has a public equivalent. ``tests/test_lightning_internals.py`` checks each
+against the installed versions (``check()`` names what moved), hence ``lightning<2.7`` in pyproject.toml.
 
-- ``epoch_loop._batches_that_stepped`` (read, written): the step loggers log at (``training/resume.py``).
-- ``epoch_loop.batch_progress.current.ready``: batches of the epoch already run when a pass
-  starts, for a mid-epoch resume (``data/datamodule.py``).
-- ``model_summary._format_summary_table``: the summary's table, plus our FLOPs line (``observing/console.py``).
-- ``LightningCLI._parse_ckpt_path``: routed by ``CheckpointArguments`` to ``parse_ckpt_path`` (``lightning_cli.py``).
-- ``LightningCLI._add_configure_optimizers_method_to_model``: what ``instantiate_classes`` does
-  after building the classes, redone by our meta-device ``instantiate_classes``.
-- ``epoch_loop._broadcast_sigterm_tensor``: a SIGTERM broadcast and host read before every
-  micro-batch under DDP; ``training/preemption.py`` agrees on stopping once per optimizer step instead.
-- ``strategy._timeout``: the process group's timeout, which ``Preemption``'s side group waits as
-  long (no public property says it).
-- ``lightning_utilities.core.rank_zero.log``: the rank-zero logger the CLI filters.
-- ``GradScaler._get_scale_async``: the loss scale without a host read (``training/nonfinite.py``).
-- ``Optimizer._step_supports_amp_scaling``: whether an optimizer unscales in its own step (fused AdamW).
-- ``ArgumentParser._actions``: every option, for "did you mean" (``lightning_cli.py``).
-- ``Tensor._version``: the in-place change counter; ``generation.py`` recompiles a frozen decode step
-  once a weight changed.
-- ``torch.optim._muon._zeropower_via_newtonschulz`` and ``_adjust_lr``: torch's Muon math, for
-  ``MuonWithAdamW``'s step gated on the device (``training/optimizers.py``).
-- ``nn.Module._compiled_call_impl``: set by ``nn.Module.compile``; whether a module was compiled in
-  place (``training/compilation.py``).
-- ``torch._inductor``'s ``default_cache_dir``: where inductor caches when ``$TORCHINDUCTOR_CACHE_DIR``
-  is unset, for the line that says so (``training/compilation.py``).
+Names (user): ``epoch_loop._batches_that_stepped`` (resume), ``batch_progress.current.ready`` (mid-epoch
+resume), ``_format_summary_table`` (FLOPs line in the summary), ``LightningCLI._parse_ckpt_path`` and
+``_add_configure_optimizers_method_to_model`` (lightning_cli.py), ``epoch_loop._broadcast_sigterm_tensor``
+and ``strategy._timeout`` (preemption), ``lightning_utilities.core.rank_zero.log`` (CLI log filter),
+``GradScaler._get_scale_async`` (nonfinite), ``Optimizer._step_supports_amp_scaling`` (fused AdamW),
+``ArgumentParser._actions`` ("did you mean"), ``Tensor._version`` (generation.py), torch Muon's
+``_zeropower_via_newtonschulz`` and ``_adjust_lr`` (optimizers.py), ``nn.Module._compiled_call_impl`` and
+inductor's ``default_cache_dir`` (compilation.py).
 """
 
 from __future__ import annotations

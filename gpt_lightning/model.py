@@ -1,10 +1,5 @@
-"""GPT-2 as a plain ``nn.Module``: no Lightning in here, so the weights work anywhere.
-
-Parameter names follow OpenAI's GPT-2 layout (``transformer.wte``, ``transformer.h.N.attn.c_attn``,
-...), so GPT-2 checkpoints map onto it with only the usual Conv1D -> Linear transposes.
-
-Beside the training ``forward``, ``forward_cached`` runs tokens through the blocks reading and
-extending one ``KVCache`` per block: what ``gpt_lightning.generation`` samples with.
+"""GPT-2 as a plain ``nn.Module`` (no Lightning in here, so the weights work anywhere), with OpenAI's
+parameter names; ``forward_cached`` runs tokens through one ``KVCache`` per block, for generation.
 """
 
 from __future__ import annotations
@@ -140,8 +135,7 @@ def _uniform_(weight: torch.Tensor, low: float, high: float, generator: torch.Ge
 
 
 def _draw_(weight: torch.Tensor, draw: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    """``draw`` (fills a CPU tensor in place) applied to ``weight``: directly on a plain CPU tensor, else
-    to a whole CPU tensor of its shape copied in, so that every placement gets a CPU build's values."""
+    """``draw`` (fills a CPU tensor in place) applied to ``weight``, through a whole CPU copy where it is not one."""
     if weight.device.type == "cpu" and not isinstance(weight, DTensor):
         with torch.no_grad():
             draw(weight)
@@ -223,13 +217,9 @@ class CausalSelfAttention(nn.Module):
     def forward_cached(
         self, x: torch.Tensor, idx: torch.Tensor, cache: KVCache, pos: torch.Tensor, length: int | None
     ) -> torch.Tensor:
-        """Attention for generation: ``x`` (B, T, C) holds the tokens ``idx`` (B, T) at positions ``pos`` (T,).
-
-        T > 1 is a prefill, which starts at position 0: causal attention within ``x``. T == 1 is a
-        decode step: the token attends to the cache's first ``length`` positions, or, with
-        ``length`` None (static shapes, for a compiled step), to all of them with those after
-        ``pos`` masked out.
-        """
+        """Attention for generation of ``x`` (B, T, C), tokens ``idx`` (B, T) at ``pos`` (T,): T > 1 is a causal
+        prefill from position 0; T == 1 attends to the cache's first ``length`` positions (None: all of
+        them, those after ``pos`` masked, static shapes for a compiled step)."""
         B, T, C = x.shape
         q, k, v = self.heads(x, idx, pos)  # 3 x (B, nh, T, hs): the cache holds rotated keys, gated values
         cache.store(k, v, pos)
@@ -278,8 +268,7 @@ class Block(nn.Module):
     def forward_cached(
         self, x: torch.Tensor, idx: torch.Tensor, cache: KVCache, pos: torch.Tensor, length: int | None
     ) -> torch.Tensor:
-        """``forward`` for generation (eval mode: no dropout), through ``cache``: see
-        ``CausalSelfAttention.forward_cached``."""
+        """``forward`` for generation (no dropout), through ``cache``: see ``CausalSelfAttention.forward_cached``."""
         x = x + self.attn.forward_cached(self.ln_1(x), idx, cache, pos, length)
         return x + self.mlp(self.ln_2(x))
 
@@ -317,17 +306,15 @@ class GPT(nn.Module):
             self.init_weights()
 
     def tie_weights(self) -> None:
-        """Weight tying (GPT-2): the output projection is the token embedding, one Parameter. Again after
-        ``load_state_dict(assign=True)`` or ``to_empty``, which give each module a Parameter of its own.
-        Nothing to do when ``tie_embeddings`` is off."""
+        """Tie the output projection to the token embedding (with ``tie_embeddings``); again after
+        ``load_state_dict(assign=True)`` or ``to_empty``, which untie them."""
         if self.config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight
 
     @classmethod
     def from_state_dict(cls, config: GPTConfig, state: dict[str, torch.Tensor]) -> "GPT":
-        """A GPT whose weights are the tensors of ``state`` (``lm_head.weight`` may be left out: it is
-        ``transformer.wte.weight``), built on the meta device and assigned: no random init of weights
-        about to be replaced, no copy. Raises RuntimeError if ``state`` does not match ``config``."""
+        """A GPT assigned the tensors of ``state`` (``lm_head.weight`` optional), built on the meta device:
+        no random init, no copy. Raises RuntimeError if ``state`` does not match ``config``."""
         with torch.device("meta"):
             model = cls(config)
         if config.tie_embeddings:
@@ -340,19 +327,15 @@ class GPT(nn.Module):
         return model
 
     def init_weights(self, generator: torch.Generator | None = None) -> None:
-        """GPT-2's initialization, drawn in ``nn.Module.apply``'s order from the CPU ``generator``
-        (None: the global one) after the draws the layers' default initializations make. A weight
-        that is not a plain CPU tensor (GPU, FSDP2 shard) is drawn whole on the CPU and copied in,
-        so every placement gets the values a CPU build from the same generator state has."""
+        """GPT-2's initialization from the CPU ``generator`` (None: the global one), drawn whole on the CPU
+        for any placement (GPU, FSDP2 shard), so every placement gets a CPU build's values."""
         if self.config.tie_embeddings and self.lm_head.weight is not self.transformer.wte.weight:
             self.tie_weights()  # to_empty gave each module a Parameter of its own
         self._draw_default_inits(generator)
         self.apply(lambda module: self._init_weights(module, generator))
 
     def _draw_default_inits(self, generator: torch.Generator | None) -> None:
-        """Consume the CPU generator as building each layer with its own default initialization does
-        (nanoGPT's GPT draws those before GPT-2's init replaces them): torch's own layers, built on
-        the CPU one at a time and dropped, so that a seed gives the weights it gives there."""
+        """Consume the CPU generator as the layers' default inits do, so a seed gives nanoGPT's weights."""
         with torch.random.fork_rng(devices=[], enabled=generator is not None):
             if generator is not None:  # the layers draw from the global generator: lend it this state
                 torch.random.set_rng_state(generator.get_state())
@@ -418,8 +401,7 @@ class GPT(nn.Module):
     def head_and_loss(
         self, x: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Final LayerNorm, LM head and loss: a method of its own so that it can be compiled as one
-        region (``compile_scope: blocks``) beside the blocks, without renaming any parameter."""
+        """Final norm, LM head and loss: a method of its own, compiled as one region by ``compile_scope: blocks``."""
         B, T, _ = x.shape
         logits = self.logits(x)  # (B, T, vocab_size)
         loss = None
@@ -428,9 +410,7 @@ class GPT(nn.Module):
         return logits, loss
 
     def logits_at(self, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits (N, vocab_size) at ``positions`` (N,), flat indices b * T + t into ``idx`` (B, T):
-        the forward pass with the LM head (a third of GPT-2 124M's FLOPs) only where it is read, as
-        scoring answers (HellaSwag) needs."""
+        """Logits (N, vocab_size) at flat ``positions`` (N,) b * T + t into ``idx`` (B, T), the head run only there."""
         B, T = idx.shape
         x = self.embed(idx, torch.arange(T, device=idx.device))  # (B, T, C)
         for block in self.transformer.h:
@@ -450,9 +430,8 @@ class GPT(nn.Module):
         return self.logits(x[:, -1])  # (B, vocab_size)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Final norm, LM head and (``logit_softcap``) the tanh softcap: (..., C) -> (..., vocab_size).
-        The softcap runs in float32, as nanochat's and modded-nanogpt's: in bf16 the logits near the
-        cap (steps of 0.06 at 15) round onto it."""
+        """Final norm, LM head and the tanh ``logit_softcap``, in float32 (in bf16, logits near the cap
+        round onto it): (..., C) -> (..., vocab_size)."""
         logits = self.lm_head(self.transformer.ln_f(x))  # (..., vocab_size)
         if self.config.logit_softcap is not None:
             cap = self.config.logit_softcap

@@ -1,7 +1,5 @@
-"""``gpt-lightning bench``: one config trained several ways (eager, compiled, by scope, ``--also``
-configs), each in its own process, side by side: a summary row per run and ``bench.json`` /
-``bench.png``; exits 1 if a compiled run's windowed loss leaves eager's by more than
-``--tolerance`` (docs/benchmarks.md)."""
+"""``gpt-lightning bench``: one config trained several ways, each in its own process, side by side;
+exits 1 if a compiled run's loss leaves eager's by more than ``--tolerance`` (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -35,8 +33,7 @@ RUNS = {
 
 
 class LossRecorder(Callback):
-    """Keeps each optimizer step's loss (the sum of Lightning's accumulation-divided micro-batch losses)
-    as a device tensor, read once at the end."""
+    """Keeps each optimizer step's loss (summed over micro-batches) as a device tensor, read at the end."""
 
     def __init__(self) -> None:
         self.losses: list[torch.Tensor] = []
@@ -82,8 +79,7 @@ def train_one(args: list[str]) -> dict[str, Any]:
 
 
 def repository_root() -> Path:
-    """The checkout this package runs from (the folder holding its pyproject.toml), else the working
-    directory: where a user keeps their configs and logs."""
+    """The checkout this package runs from (holding its pyproject.toml), else the working directory."""
     import gpt_lightning
 
     source = Path(gpt_lightning.__file__).resolve().parents[1]
@@ -91,9 +87,8 @@ def repository_root() -> Path:
 
 
 def repo_relative(value: Any, root: Path | None = None) -> Any:
-    """``value`` (JSON-like) with every absolute path under ``root`` (default: ``repository_root()``)
-    written relative to it, alone or after ``=`` (``--opt=/path``): a result committed to the
-    repository names ``configs/tiny-cpu.yaml``, not the directory of the machine that made it."""
+    """``value`` (JSON-like) with absolute paths under ``root`` (default: the repository) made relative,
+    so a committed result does not name the machine's directories."""
     root = repository_root() if root is None else root
     under = re.compile(r"(^|=)" + re.escape(str(root).rstrip("/") + "/"))
     if isinstance(value, str):
@@ -128,9 +123,8 @@ def window_means(losses: list[float], window: int) -> list[float]:
 
 
 def compare(run: dict[str, Any], eager: dict[str, Any] | None, window: int = 10) -> dict[str, Any]:
-    """One summary row: the run's own figures, and its speedup and loss difference against eager:
-    the largest difference of ``window``-step mean losses (``max_loss_diff_step``: the window's
-    first step), and, for information, of single steps."""
+    """One summary row: the run's figures, speedup and largest ``window``-step mean loss difference
+    against eager (``max_loss_diff_step``: the window's first step), and of single steps."""
     s = run["summary"] or {}
     row: dict[str, Any] = {
         "tokens_per_sec_median": s.get("tokens_per_sec_median"),

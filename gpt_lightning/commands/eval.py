@@ -126,8 +126,7 @@ def text_bits_per_byte_of(args: argparse.Namespace) -> None:
 
 
 def write_results(results: dict[str, Any], path: Path) -> None:
-    """The results JSON at ``path`` (a folder: ``results.json`` in it), and each task's samples
-    (``log_samples``) beside it as ``samples_<task>.jsonl``."""
+    """The results JSON at ``path`` (a folder: ``results.json`` in it), samples beside it as ``samples_<task>.jsonl``."""
     from lm_eval.utils import handle_non_serializable
 
     path = path if path.suffix == ".json" else path / "results.json"

@@ -35,8 +35,7 @@ SAMPLE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto``: bfloat16 on a CUDA GPU that has it (the precision the configs train in), else float32;
-    any other name as given."""
+    """``auto``: bfloat16 on a CUDA GPU that has it, else float32; any other name as given."""
     if dtype == "auto":
         dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
     return getattr(torch, dtype)
@@ -54,12 +53,9 @@ def sample(
     compile: bool = False,
     dtype: str = "auto",
 ) -> list[str]:
-    """Continuations of ``prompt`` sampled from a ``gpt-lightning`` checkpoint, all
-    ``num_samples`` in one batch; ``compile`` compiles the decode step (see ``gpt_lightning.generation.generate``).
-    ``dtype`` is the weights' (and the cache's) type while sampling: decoding reads every weight
-    once per token, so bfloat16 reads half the bytes of float32 (on CPUs with AMX or AVX-512 BF16
-    and on GPUs its matmuls are native); float32 gives the checkpoint's own numbers. ``auto`` (the
-    default): bfloat16 on a CUDA GPU with bfloat16, float32 elsewhere."""
+    """Continuations of ``prompt`` from a ``gpt-lightning`` checkpoint, ``num_samples`` in one batch;
+    ``dtype`` is the weights' and cache's while sampling (``auto``: bfloat16 on a CUDA GPU with it, else
+    float32; docs/sampling.md)."""
     for name, value, least in (("max_new_tokens", max_new_tokens, 0), ("num_samples", num_samples, 1), ("top_k", top_k, 0)):
         if value is not None and value < least:
             raise UserError(f"--{name} must be at least {least}, got {value}.")

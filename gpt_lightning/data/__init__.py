@@ -1,6 +1,5 @@
-"""The data side: text and shards in, contiguous ``(B, T)`` GPT-2 token windows out (``corpus``,
-``documents``, ``encode``, ``tokenizer``, ``token_cache``, ``windows``, ``shards``, ``datamodule``).
-Names are imported on first use, so tokenizing does not load torch and Lightning."""
+"""The data side: text and shards in, ``(B, T)`` GPT-2 token windows out. Names are imported on first
+use, so tokenizing does not load torch and Lightning."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""The token stream as contiguous ``(B, T)`` windows, served by a ``LightningDataModule``.
-
-Windows are cut exactly as nanoGPT's ``DataLoaderLite`` cuts them: batch ``g`` is
-``buf = tokens[g*B*T : (g+1)*B*T + 1]`` with ``x = buf[:-1].view(B, T)`` and ``y = buf[1:].view(B, T)``.
-Under distributed training rank ``r`` of ``W`` takes batches ``r, r+W, r+2W, ...``, so ranks read
-disjoint windows. With ``shuffle``, each epoch serves them in a new seeded order (see ``windows``).
-Under gradient accumulation a training epoch is a whole number of optimizer steps: Lightning's
-end-of-epoch step would otherwise take the epoch's last few micro-batches as a whole step's.
-
-The training loader is stateful (Lightning's ``state_dict`` / ``load_state_dict`` protocol): the
-epoch and the batches it served are saved in the checkpoint, so a resumed run continues with the very
-batches an uninterrupted run would have seen, whatever the accumulation, ``limit_train_batches`` or
-epoch ends in between.
+"""The token stream as contiguous ``(B, T)`` windows (cut as nanoGPT's ``DataLoaderLite`` cuts them,
+disjoint per rank), served by a ``LightningDataModule`` whose stateful loader resumes mid-epoch on the
+very batches an uninterrupted run would see (docs/data.md, docs/resume.md).
 """
 
 from __future__ import annotations
@@ -113,8 +103,7 @@ class TokenStreamDataModule(LightningDataModule):
         return Corpus.tiny_shakespeare() if self.data_path is None else Corpus.from_file(self.data_path)
 
     def prepare_data(self) -> None:
-        """Tokenize the text into the cache (once per machine; shard directories need nothing). The
-        other ranks wait for it at Lightning's barrier, which has no practical timeout."""
+        """Tokenize the text into the cache, once per machine (other ranks wait at Lightning's barrier)."""
         if not self.is_sharded:
             self._verified_token_file = build_token_cache(self.corpus(), self.cache_dir)
 
@@ -159,8 +148,7 @@ class TokenStreamDataModule(LightningDataModule):
         self._check_validation_interval(batches)
 
     def _set_gradient_accumulation(self) -> None:
-        """Derive the trainer's gradient accumulation from ``tokens_per_step`` (as Lightning's
-        ``GradientAccumulationScheduler`` does, by setting ``trainer.accumulate_grad_batches``)."""
+        """Set ``trainer.accumulate_grad_batches`` from ``tokens_per_step``."""
         W, B, T = self.world_size, self.batch_size, self.block_size
         micro = W * B * T  # tokens of one micro-batch over all processes
         if self.tokens_per_step % micro:
@@ -185,10 +173,7 @@ class TokenStreamDataModule(LightningDataModule):
         self._count_validation_interval_in_steps(accumulate)
 
     def _count_validation_interval_in_steps(self, accumulate: int) -> None:
-        """With ``tokens_per_step``, an integer ``trainer.val_check_interval`` counts optimizer steps:
-        it becomes ``interval x accumulate`` batches (Lightning counts micro-batches, and the
-        accumulation depends on the world size). The value given is kept per trainer, so a second
-        ``fit`` or a resume does not multiply it again."""
+        """Make an integer ``val_check_interval`` count optimizer steps (x ``accumulate``), once per trainer."""
         trainer = self.trainer
         given = self._validation_steps_given() or trainer.val_check_interval
         if not isinstance(given, int) or isinstance(given, bool):
@@ -199,18 +184,12 @@ class TokenStreamDataModule(LightningDataModule):
             rank_zero_info(f"validation every {given} optimizer steps = {given * accumulate} micro-batches")
 
     def _validation_steps_given(self) -> int | None:
-        """The integer ``val_check_interval`` the user gave this trainer, before it was counted in
-        micro-batches; None if it was not rescaled."""
+        """The user's integer ``val_check_interval`` for this trainer, before rescaling; None if not rescaled."""
         remembered = self._given_val_check_interval
         return remembered[1] if remembered is not None and remembered[0]() is self.trainer else None
 
     def _round_batch_limit(self, batches: int, accumulate: int) -> None:
-        """Round ``trainer.limit_train_batches`` down to whole optimizer steps, in one line.
-
-        Lightning ends the epoch at the limit with an optimizer step, however few micro-batches it
-        took, each still divided by the full accumulation: 7 batches at 3 a step would train
-        3 + 3 + 1. The limit is rewritten as the number of batches Lightning would have taken,
-        rounded down to a multiple of ``accumulate`` (a fraction of an epoch becomes that count)."""
+        """Round ``trainer.limit_train_batches`` down to whole optimizer steps (no short last step)."""
         trainer = self.trainer
         if trainer is None or accumulate == 1 or trainer.fast_dev_run:  # fast_dev_run: Lightning's smoke run, as it is
             return
@@ -276,15 +255,13 @@ class TokenStreamDataModule(LightningDataModule):
         return TokenWindows(self.tokens[self.train_token_count :], *args) if self.val_fraction > 0 else None
 
     def _trainer_progress(self) -> tuple[int, int]:
-        """The trainer's epoch and the batches of it already done, as a training pass starts: more
-        than 0 when Lightning resumes mid-epoch (it then runs only the epoch's remaining batches)."""
+        """The trainer's epoch and the batches of it already done (more than 0 on a mid-epoch resume)."""
         if self.trainer is None:
             return 0, 0
         return self.trainer.current_epoch, batches_started(self.trainer)
 
     def _accumulation(self) -> int:
-        """Micro-batches per optimizer step: the trainer's ``accumulate_grad_batches`` (which
-        ``tokens_per_step`` sets in ``setup``), 1 without a trainer."""
+        """Micro-batches per optimizer step: the trainer's ``accumulate_grad_batches``, 1 without a trainer."""
         return self.trainer.accumulate_grad_batches if self.trainer is not None else 1
 
     def _train_windows(self) -> TokenWindows | ShardWindows:
@@ -317,8 +294,7 @@ class TokenStreamDataModule(LightningDataModule):
 
 
 class ResumableLoader(DataLoader):
-    """A ``DataLoader`` whose position in its ``ResumableStream`` (the epoch and the batches of it
-    consumed) Lightning saves in checkpoints and restores, through its stateful-loader protocol."""
+    """A ``DataLoader`` whose ``ResumableStream`` position Lightning saves and restores (stateful loader)."""
 
     def state_dict(self) -> dict[str, Any]:
         return self.dataset.state_dict()

@@ -1,6 +1,5 @@
-"""Where documents come from, read as a stream: ``.txt``, ``.jsonl`` / ``.jsonl.gz`` and ``.parquet``
-files, a folder of them or a glob, cut into work items of about ``chunk_chars`` characters (text cut
-only where GPT-2's pre-tokenizer splits anyway: the same ids as encoding it whole)."""
+"""Documents read as a stream (``.txt``, ``.jsonl(.gz)``, ``.parquet``; a folder or glob), cut into work
+items only where GPT-2's pre-tokenizer splits anyway."""
 
 from __future__ import annotations
 

@@ -59,8 +59,7 @@ def encode_pieces_without_separators(item: WorkItem) -> np.ndarray:
 
 
 def _default_sigterm() -> None:
-    """In each pool worker: die on ``Pool.terminate``'s SIGTERM, whatever handler the parent (a process
-    that ran a Lightning ``fit``) left for it to inherit."""
+    """In each pool worker: die on ``Pool.terminate``'s SIGTERM, whatever handler the parent left."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 

@@ -115,9 +115,8 @@ class ShardWriter:
 def tokenize_to_shards(inputs: str, output_dir: Path, shard_tokens: int = 100_000_000, format: str = "npy",
                        workers: int | None = None, text_key: str = "text", separator: str | None = None,
                        progress: bool = True, chunk_chars: int = CHUNK_CHARS) -> list[tuple[Path, int]]:
-    """Tokenize ``inputs`` (a file, folder or glob of .txt / .jsonl(.gz) / .parquet) into shards of
-    ``shard_tokens`` GPT-2 ids on ``workers`` processes, each document after ``<|endoftext|>``; shard 0
-    is validation; ``tokenize.json``, written last, lists them (docs/data.md)."""
+    """Tokenize ``inputs`` into shards of ``shard_tokens`` GPT-2 ids on ``workers`` processes; shard 0 is
+    validation, and ``tokenize.json``, written last, lists them (docs/data.md)."""
     files = find_inputs(inputs)
     writer = ShardWriter(output_dir, shard_tokens, format)
     bar = Progress(sum(p.stat().st_size for p in files), enabled=progress)

@@ -1,7 +1,5 @@
-"""Token ids of a text, tokenized once and cached as a flat uint16 file beside a JSON manifest, keyed
-by the source's sha256 and verified (tokenizer, count, the file's own sha256), written atomically.
-A file's hash is remembered with its size and mtime (``stamps/``) and recomputed only when either
-differs, as make and rsync's quick check trust (docs/data.md)."""
+"""Token ids of a text, tokenized once and cached as uint16 beside a verified JSON manifest, keyed by the
+source's sha256 (rehashed only when size or mtime changes), written atomically (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -47,9 +45,7 @@ def cache_paths(cache_dir: Path, source_sha256: str, tokenizer: str = "gpt2") ->
 
 
 def stamped_sha256(path: Path, cache_dir: Path) -> str:
-    """The sha256 of the file at ``path``, from its stamp when the file still has the size and mtime
-    it was hashed at (a ``stat``, no read); otherwise the file is hashed, then stamped once its mtime
-    has settled, for the other ranks and the next launch."""
+    """The sha256 of the file at ``path``: its stamp's while size and mtime match, else hashed and stamped."""
     path = Path(path).absolute()
     stamp_path = cache_dir / "stamps" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:24]}.json"
     before = path.stat()

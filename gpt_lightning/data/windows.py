@@ -1,6 +1,5 @@
-"""``TokenWindows``: epochs of ``(B, T)`` windows over a token array, rank-aware (rank ``r`` of ``W``
-takes batches ``r, r+W, ...``), shuffled on request, and resumable through Lightning's
-stateful-loader protocol. In order, batch ``g`` is nanoGPT's ``tokens[g*B*T : (g+1)*B*T + 1]``."""
+"""``TokenWindows``: epochs of nanoGPT's ``(B, T)`` windows over a token array, per rank, shuffled on
+request, resumable through Lightning's stateful-loader protocol."""
 
 from __future__ import annotations
 
@@ -15,11 +14,8 @@ from torch.utils.data import IterableDataset
 
 
 class ResumableStream(IterableDataset):
-    """The epoch and position bookkeeping shared by token arrays and shard folders.
-
-    ``state_dict()`` is the stream's own epoch and the batches of it served (Lightning fetches nothing
-    ahead from a sized loader). An epoch is ``len(self)`` batches, a whole number of optimizer steps
-    (docs/data.md says why).
+    """The epoch and position bookkeeping (``state_dict()``: the epoch and its batches served) shared by
+    token arrays and shard folders; an epoch is a whole number of optimizer steps (docs/data.md).
 
     Args:
         progress: under a trainer, ``(epoch, batches of it already done)`` when a pass starts; None:

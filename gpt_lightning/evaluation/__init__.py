@@ -1,5 +1,3 @@
-"""Scoring a ``GPT`` on EleutherAI's lm-evaluation-harness tasks (the optional ``eval`` extra).
-
-``harness_model.GPTHarnessLM`` is the harness's model API on our GPT; ``tasks.run_tasks`` runs the
-harness's tasks on it. Nothing here imports ``lm_eval`` until one of those modules is imported.
+"""Scoring a ``GPT`` on lm-evaluation-harness tasks (the ``eval`` extra): ``harness_model.GPTHarnessLM``
+and ``tasks.run_tasks``. Nothing here imports ``lm_eval`` until one of those modules is imported.
 """

@@ -1,9 +1,4 @@
-"""``HarnessEval``: lm-evaluation-harness tasks on the model being trained, every N steps, logged
-to TensorBoard as ``eval/<task>/<metric>``. The harness builds the requests, splits them over the
-ranks (padded so every rank runs as many) and gathers the per-example scores on rank 0; its
-results are broadcast so every rank holds them. Training's random state and mode are restored
-after each pass, so a run (and its resume) trains exactly as it would without the callback.
-"""
+"""``HarnessEval``: lm-evaluation-harness tasks on the model being trained, every N steps (docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -25,13 +20,8 @@ from gpt_lightning.evaluation.tasks import import_lm_eval, is_offline_error, tas
 class HarnessEval(PeriodicEvaluation):
     """Score the model being trained on lm-evaluation-harness tasks every ``every_n_steps`` optimizer steps.
 
-    It scores at step 0 and at the end of training too (as ``HellaSwagEval`` does), in the training
-    precision, and logs ``eval/<task>/<metric>`` (``eval/arc_easy/acc_norm``; a group's aggregate as
-    ``eval/<group>/<metric>``; a filter other than ``none`` as ``<metric>_<filter>``) and
-    ``eval/<task>/samples``, the examples scored. The tasks' datasets are loaded when ``fit``
-    starts: an unknown task, or a dataset neither cached nor downloadable, stops the run there.
-    Any ``Trainer`` whose LightningModule holds a gpt-lightning ``GPT`` as ``.model``, on one
-    device or under DDP; not under FSDP2 (``ModelParallelStrategy``).
+    Also at step 0 and at the end; logs ``eval/<task>/<metric>`` and ``eval/<task>/samples`` (a filter
+    other than ``none`` as ``<metric>_<filter>``). One device or DDP, not FSDP2 (docs/evaluation.md).
 
     Args:
         tasks: task, group or tag names, as a list or comma-separated (``gpt2-suite``, this

@@ -1,11 +1,6 @@
-"""Scoring continuations: the log-probability of each request's continuation tokens after its
-context, and whether greedy decoding would have produced them.
-
-Requests are grouped by context: the endings of a multiple-choice example share one, which goes
-through the blocks once, its keys and values kept; the endings then go through the blocks together,
-each attending to its context's keys and values and causally to itself. The LM head and the
-log-softmax run only on the positions that predict a continuation token. Truncation is the harness
-``hf`` model's: context and continuation cut from the left to the model's context plus one token.
+"""Scoring continuations: each one's log-probability after its context, and whether greedy decoding
+would produce it. A shared context runs through the blocks once, its keys and values reused by every
+ending; truncation is the harness ``hf`` model's (from the left, to the context plus one token).
 """
 
 from __future__ import annotations

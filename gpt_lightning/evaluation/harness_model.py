@@ -1,11 +1,5 @@
-"""``GPTHarnessLM``: our ``GPT`` as an lm-evaluation-harness model (``lm_eval``'s ``TemplateLM``).
-
-The harness brings the tasks, prompts, few-shot examples and metrics; this class answers its three
-kinds of request as the harness's own ``hf`` model does (same truncation, same windows, same stop
-rules), with the GPT-2 tokenizer and ``<|endoftext|>`` as end of text and rolling prefix:
-
-    lm = GPTHarnessLM(model, batch_size=8, device="cuda", dtype=torch.bfloat16)
-    results = run_tasks(lm, ["hellaswag"])   # gpt_lightning.evaluation.tasks
+"""``GPTHarnessLM``: our ``GPT`` as an lm-evaluation-harness ``TemplateLM``, answering its requests as
+the harness's own ``hf`` model does (same truncation, windows and stop rules), with the GPT-2 tokenizer.
 """
 
 from __future__ import annotations
@@ -77,8 +71,7 @@ class GPTHarnessLM(TemplateLM):
 
     @contextlib.contextmanager
     def inference(self):
-        """The model in eval mode (its mode restored after: a model being trained stays in training),
-        eager even where training compiled it, no gradients, under ``dtype``'s autocast if any."""
+        """The model in eval mode (restored after), eager, no gradients, under ``dtype``'s autocast if any."""
         was_training = self.gpt.training
         self.gpt.eval()
         autocast = torch.autocast(self._device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
@@ -89,8 +82,7 @@ class GPTHarnessLM(TemplateLM):
             self.gpt.train(was_training)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
-        """(log-probability, greedy) of each request's continuation tokens after its context tokens,
-        the two truncated from the left to the model's context plus one, as the hf model does."""
+        """(log-probability, greedy) of each request's continuation after its context."""
         pairs = [(context, continuation) for _, context, continuation in requests]
         with self.inference():
             answers = score_continuations(self.gpt, pairs, self.batch_size, self._device)
@@ -100,8 +92,7 @@ class GPTHarnessLM(TemplateLM):
         return answers
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        """Log-likelihood of each whole document, in the harness's disjoint windows of the model's context,
-        the first conditioned on ``<|endoftext|>``."""
+        """Log-likelihood of each whole document, in the harness's disjoint windows."""
         windows, owners = [], []
         for index, (string,) in enumerate(request.args for request in requests):
             tokens = self.tok_encode(string)

@@ -17,10 +17,8 @@ from gpt_lightning.interop.hellaswag import VAL_URL, Example, batches, cached_fi
 
 
 class HellaSwagEval(PeriodicEvaluation):
-    """Score the model being trained on HellaSwag at step 0, every ``every_n_steps`` optimizer steps
-    and at the end, logging ``eval/hellaswag_acc_norm`` and ``eval/hellaswag_acc``; each rank scores
-    its share. Any ``Trainer`` whose module holds a ``GPT`` as ``.model``. Without the file it says
-    once where to put it and logs nothing: it never downloads.
+    """Score the model being trained on HellaSwag at step 0, every ``every_n_steps`` steps and at the end
+    (``eval/hellaswag_acc_norm``, ``eval/hellaswag_acc``); without the file it says where to put it, never downloads.
 
     Args:
         data_file: ``hellaswag_val.jsonl``. None: the copy in the cache, where

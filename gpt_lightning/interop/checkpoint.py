@@ -1,6 +1,5 @@
-"""Reading a ``gpt-lightning`` checkpoint (a ``.ckpt`` file, or an FSDP2 folder of DCP shards with
-Lightning's ``meta.pt``) with ``weights_only=True`` and ``mmap=True``, each failure (missing,
-damaged, foreign) one ``UserError`` that says what to do, not ``torch.load``'s traceback."""
+"""Reading a ``gpt-lightning`` checkpoint (``.ckpt`` or FSDP2 folder) with ``weights_only`` and ``mmap``,
+each failure one ``UserError`` that says what to do."""
 
 from __future__ import annotations
 

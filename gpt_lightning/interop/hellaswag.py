@@ -1,7 +1,5 @@
-"""HellaSwag scored build-nanogpt's way: for each of the 4 endings, the mean cross-entropy of its
-tokens given the context, the lowest winning (``acc_norm``; ``acc`` sums instead); several examples
-per forward pass. ``evaluation.hellaswag_callback.HellaSwagEval`` scores the model being trained
-with these. How this differs from the harness's ``hellaswag``: docs/hellaswag.md."""
+"""HellaSwag scored build-nanogpt's way: the ending of lowest mean cross-entropy wins (``acc_norm``;
+``acc`` sums), several examples per forward pass; how this differs from the harness's: docs/hellaswag.md."""
 
 from __future__ import annotations
 
@@ -143,9 +141,8 @@ def batches(examples: Iterable[Example], encode, block_size: int, batch_size: in
 @torch.no_grad()
 def count_correct(model: GPT, batches: Iterable[Batch | None], device: torch.device,
                   autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> torch.Tensor:
-    """Counts (3,) on ``device``: right by mean loss (``acc_norm``), right by summed loss (``acc``),
-    examples; each pass under a fresh ``autocast()``. A ``None`` batch is a pass left uncounted, so
-    that every FSDP rank runs as many (each all-gathers the weights)."""
+    """Counts (3,) on ``device``: right by mean loss (``acc_norm``), by summed loss (``acc``), examples.
+    A ``None`` batch is an uncounted pass, so every FSDP rank runs as many."""
     counts = torch.zeros(3, dtype=torch.long, device=device)
     last = None
     for batch in batches:

@@ -1,7 +1,5 @@
-"""GPT-2 checkpoints in Hugging Face format, both ways: OpenAI's weights (or any ``GPT2LMHeadModel``)
-to start from, and a directory ``GPT2LMHeadModel.from_pretrained`` loads. Our names are GPT-2's:
-only ``Conv1D``'s transposed weights, an optional ``transformer.`` prefix, the old mask buffers and
-the tied head differ."""
+"""GPT-2 checkpoints in Hugging Face format, both ways (to start from, and for ``from_pretrained``); our
+names are GPT-2's, bar ``Conv1D``'s transposes, a ``transformer.`` prefix, mask buffers and the tied head."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Plain GPT weights out of a Lightning checkpoint, for use without Lightning, and back: one
-safetensors file of the ``GPT`` state dict (tied head stored once, as ``transformer.wte.weight``)
-with the ``GPTConfig`` in its metadata. ``GPT.from_state_dict`` takes the file's tensors as the
-weights (no random init, no copy; ``benchmarks/export_memory.py``)."""
+"""Plain GPT weights out of a Lightning checkpoint and back: one safetensors file of the ``GPT`` state
+dict (tied head stored once) with the ``GPTConfig`` in its metadata."""
 
 from __future__ import annotations
 

@@ -76,8 +76,7 @@ def dense_bf16_peak_flops(device_name: str) -> float | None:
 
 
 def dense_peak_flops(device_name: str, dtype: torch.dtype | str) -> float | None:
-    """Peak dense FLOP/s at bf16, fp16 or TF32 (``"tfloat32"``) for a device name in our table
-    (``_DENSE_PEAKS``), else None."""
+    """Peak dense FLOP/s at bf16, fp16 or TF32 for a device name in ``_DENSE_PEAKS``, else None."""
     words = set(re.split(r"[^a-z0-9]+", device_name.lower()))
     for keys, half, tf32 in _DENSE_PEAKS:
         if all(key in words for key in keys):
@@ -86,9 +85,8 @@ def dense_peak_flops(device_name: str, dtype: torch.dtype | str) -> float | None
 
 
 def precision_dtype(precision: str) -> torch.dtype | str:
-    """The matmul dtype a Lightning precision string trains in, as ``get_available_flops`` takes it:
-    a ``torch.dtype``, or ``"tfloat32"`` for float32 matmuls that ``float32_matmul_precision`` lets
-    run on TF32 tensor cores."""
+    """The matmul dtype of a Lightning precision string, as ``get_available_flops`` takes it (``"tfloat32"``
+    where ``float32_matmul_precision`` lets float32 matmuls use TF32)."""
     if "bf16" in precision:
         return torch.bfloat16
     if precision.startswith("16"):
@@ -149,9 +147,8 @@ class StepTiming:
 class ThroughputMonitor(Callback):
     """Post-warm-up tokens/sec, step time and MFU, logged under ``throughput/``.
 
-    Logged each logging interval; validation, checkpoints and evaluation passes (a callback with a
-    ``durations`` list of its passes' seconds: ``HellaSwagEval``, ``HarnessEval``) not counted; at the
-    end of ``fit`` a summary line and ``throughput.json`` in ``trainer.log_dir`` (docs/throughput.md).
+    Validation, checkpoints and evaluation passes are not counted; ``fit`` ends with a summary line
+    and ``throughput.json`` in ``trainer.log_dir`` (docs/throughput.md).
 
     Args:
         warmup_steps: optimizer steps, counted from the start of each ``fit`` (a resumed run
@@ -259,9 +256,7 @@ class ThroughputMonitor(Callback):
         self._pause()  # nor does checkpoint writing
 
     def _pause(self) -> None:
-        """Stop the step's clock until its next micro-batch starts. Inside an accumulation (Lightning
-        counts an integer ``val_check_interval`` in micro-batches) the time of the micro-batches
-        already run is kept with their tokens; between steps there is none to keep."""
+        """Stop the step's clock until its next micro-batch starts, keeping the time of micro-batches run."""
         if self._step_start is not None and self._step_tokens:
             self._step_spans.append((self._step_start, self._mark()))
             self._step_evaluating += self._evaluating()
@@ -273,8 +268,7 @@ class ThroughputMonitor(Callback):
             self._passes_seen = [len(evaluator.durations) for evaluator in self._evaluators]
 
     def _evaluating(self) -> float:
-        """Seconds of the HellaSwag passes since the clock last started: they ran inside the span
-        that ends now (a pass that ran before the clock started, as it may at step 0, is outside)."""
+        """Seconds of evaluation passes run since the clock last started."""
         if not self._evaluators:
             return 0.0
         return sum(sum(e.durations[seen:]) for e, seen in zip(self._evaluators, self._passes_seen))

@@ -1,8 +1,5 @@
-"""A rank of a multi-process run that went away (killed, out of memory, a lost node, hung): the
-others' next collective fails. The ``gpt-lightning`` command ends each survivor with one line that
-says so, names a file holding the full error and says how to resume. Only the errors a gone peer
-raises, after the fit's first optimizer step, are told that way; any other error keeps its traceback.
-The CLI also sets the process group's timeout to ``PROCESS_GROUP_TIMEOUT`` instead of Lightning's 30 minutes."""
+"""A rank that went away (killed, out of memory, lost, hung): the CLI ends each survivor with one line
+naming a file with the full error and how to resume, and sets ``PROCESS_GROUP_TIMEOUT`` (docs/multi-gpu.md)."""
 
 from __future__ import annotations
 
@@ -47,9 +44,8 @@ def peer_went_away(err: BaseException) -> bool:
 
 
 class PeerGoneReport(Callback):
-    """Marks a gone peer's error raised after this fit's first optimizer step (``peer_went_away``) with
-    the file its traceback is to be written to, ``error-rank<N>.txt`` in the run's log directory;
-    ``exit_if_peer_went_away`` then tells it in one line. Attached by the CLI."""
+    """Marks a gone peer's error (after the first optimizer step) with its traceback file,
+    ``error-rank<N>.txt`` in the log directory, for ``exit_if_peer_went_away``. Attached by the CLI."""
 
     def __init__(self) -> None:
         self._error_file: Path | None = None  # set once this fit completed an optimizer step

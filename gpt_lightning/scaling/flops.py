@@ -1,8 +1,5 @@
-"""The training FLOPs of one batch, for MFU (``ThroughputMonitor``) and the model summary.
-
-Counted by Lightning's ``measure_flops`` on a meta-device copy of the architecture (no memory, no
-compute): every matmul, attention's included, rather than the ``6 x parameters`` rule of thumb. Embedding
-lookups (the token table, value embeddings) are not matmuls and count nothing; a value gate's matmul counts.
+"""The training FLOPs of one batch, for MFU and the model summary: Lightning's ``measure_flops`` on a
+meta-device copy, every matmul counted (embedding lookups count nothing).
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
 """Memory per GPU of a training run, computed: what decides between DDP and FSDP2 for a GPT-2 size.
-
-Every byte counted here is named: float32 weights, gradients and AdamW's two moments (16 bytes a
-parameter), DDP's gradient buckets and autocast's bfloat16 weight copies, and the activations
-autograd keeps for the backward pass, every modern switch included (SDPA keeps q, k, v, its output
-and a log-sum-exp, never the T x T matrix). In eager mode on the CPU the activation count is what
-autograd keeps, in float32 and under bf16 autocast, to a few bytes (tests/test_memory.py); CUDA's
-fused kernels may keep less, and ``torch.compile`` fuses elementwise ops and the loss: an upper
-bound there. CUDA's allocator, NCCL buffers and the backward's transient tensors (about 6 x
-vocab_size bytes a token at the LM head) come on top.
+What is counted and what is not: docs/multi-gpu.md's memory guide.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Sharded data parallelism (FSDP2) for the GPT under Lightning's ``ModelParallelStrategy``, and the
-meta-device build that goes with it (no rank allocates or initializes the whole model).
-
-Each ``Block`` (with its value embedding and gate) is one FSDP unit; the root takes the rest.
-``fully_shard`` works in place, so ``state_dict`` keys stay ``transformer.h.N...``.
+"""FSDP2 for the GPT under Lightning's ``ModelParallelStrategy``: each ``Block`` one unit, in place (keys
+unchanged), and the meta-device build that goes with it (docs/fsdp2.md).
 """
 
 from __future__ import annotations
@@ -20,10 +17,8 @@ if TYPE_CHECKING:
 
 
 def sharding_mesh(device_mesh: DeviceMesh) -> DeviceMesh:
-    """The mesh FSDP2 shards over, from ``ModelParallelStrategy``'s 2-D ``(data_parallel,
-    tensor_parallel)`` mesh, both of which carry data parallelism here: a dimension of size 1 means
-    FSDP over the other (every rank); both larger than 1 means HSDP (sharded within a node, replicated
-    across nodes). See docs/fsdp2.md."""
+    """The mesh FSDP2 shards over, from ``ModelParallelStrategy``'s 2-D mesh: a dimension of size 1 means
+    FSDP over every rank, both larger than 1 HSDP (docs/fsdp2.md)."""
     if device_mesh.ndim != 2:
         return device_mesh
     outer, inner = device_mesh.mesh_dim_names or ("data_parallel", "tensor_parallel")
@@ -91,9 +86,8 @@ def is_empty(model: GPT) -> bool:
 
 
 def materialize(model: GPT, device: torch.device, rng_state: torch.Tensor) -> None:
-    """Allocate and initialize a meta-device GPT (after sharding: each rank only its shard) with the
-    values an eager build from generator state ``rng_state`` would draw, so sharded and single-device
-    runs with one seed start from the same weights."""
+    """Allocate and initialize a meta-device GPT (each rank its shard) with the values an eager build
+    from ``rng_state`` would draw."""
     model.to_empty(device=device)
     model.tie_weights()  # the same Parameter already under FSDP2; a plain to_empty unties them
     model.init_weights(torch.Generator().set_state(rng_state))

@@ -1,9 +1,5 @@
-"""FSDP2 checkpoint folders replaced whole: a folder that resumes exists after a crash at any moment.
-
-Lightning's ``ModelParallelStrategy`` writes a sharded checkpoint (a folder: each rank's shards and
-``meta.pt``) over the previous one in place, so a kill mid-save leaves a folder of mixed steps, and
-``last.ckpt`` is the run's only checkpoint. ``SwappedCheckpointStrategy`` writes the new folder
-beside it, then swaps: the old one renamed aside, the new one renamed in, the old one removed.
+"""FSDP2 checkpoint folders replaced whole, so a folder that resumes exists after a crash at any moment
+(Lightning's ``ModelParallelStrategy`` overwrites the folder in place; docs/resume.md).
 """
 
 from __future__ import annotations
@@ -29,11 +25,8 @@ class SwappedCheckpointStrategy(ModelParallelStrategy):
     """``ModelParallelStrategy`` (FSDP2) whose checkpoints, folders or files, are written beside
     their destination and swapped in, so the previous checkpoint resumes until the new one is whole.
 
-    A save needs room for two checkpoints: where the folder has less free than the previous
-    checkpoint's size, it fails at once in one line. The swap is one atomic exchange of the two names where
-    the filesystem has one (Linux ``renameat2(RENAME_EXCHANGE)``: ext4, xfs, btrfs, tmpfs); elsewhere
-    two renames, between which (microseconds) there is no ``NAME``: a run killed there resumes from
-    ``.NAME.new``, whole by then, which ``--ckpt_path last`` or the next save renames into place.
+    A save needs room for two checkpoints (else it fails at once, in one line). The swap is one atomic
+    exchange where the filesystem has one (Linux ``renameat2``), else two renames (docs/resume.md).
 
     Args:
         timeout: how long a rank waits at a collective for the others (``dead_rank.PROCESS_GROUP_TIMEOUT``,
@@ -83,10 +76,8 @@ class SwappedCheckpointStrategy(ModelParallelStrategy):
 
 
 def put_back_swapped_aside(path: Path) -> None:
-    """Where a run was killed between the two renames of a swap (no ``path``, ``.NAME.old`` beside
-    it), rename the newest whole checkpoint to ``path``: ``.NAME.new`` (set aside only once it was
-    whole and flushed), else ``.NAME.old``. ``.NAME.new`` is looked for first, so that ranks doing
-    this at once never put the older one over the newer."""
+    """After a kill between a swap's two renames, rename the newest whole checkpoint (``.NAME.new``,
+    looked for first so racing ranks never pick the older, else ``.NAME.old``) to ``path``."""
     new, old = path.parent / f".{path.name}.new", path.parent / f".{path.name}.old"
     newer = new.exists()
     if path.exists() or not old.exists():

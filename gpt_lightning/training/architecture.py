@@ -15,17 +15,9 @@ DEFAULT_CONFIG = GPTConfig()  # the architecture defaults live in GPTConfig alon
 
 
 def build_gpt(hparams: Mapping[str, Any]) -> tuple[GPTConfig, GPT, dict[str, Any]]:
-    """The config and the GPT for a module's hyper-parameters (GPTConfig's fields, ``block_size``
-    None for "not given", and ``init_from``), and the hyper-parameters to record beside them so
-    that checkpoints load without the pretrained source: ``(config, model, to_record)``.
-
-    With ``init_from`` the source's config gives the architecture (options left at their defaults
-    take its values, one set otherwise must agree) and its weights become the model's, without a
-    random initialization first. Without it the GPT is built where the caller builds: on the CPU,
-    randomly initialized; or, under ``torch.device("meta")`` (``trainer.init_module(empty_init=True)``,
-    the CLI under ``ModelParallelStrategy``), empty until ``configure_model`` shards it and gives each
-    rank's shard the values an eager build would have drawn (``gpt_lightning.scaling.sharding``).
-    """
+    """``(config, model, to_record)`` for a module's hyper-parameters: with ``init_from`` the source's
+    architecture and weights, else a fresh GPT built where the caller builds (meta device included);
+    ``to_record`` lets checkpoints load without the pretrained source."""
     options = {f.name: hparams[f.name] for f in fields(GPTConfig)}
     init_from, to_record, pretrained_state = hparams.get("init_from"), {}, None
     if init_from is not None:

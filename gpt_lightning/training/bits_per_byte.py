@@ -1,8 +1,5 @@
-"""Bits per byte: the summed cross-entropy of the target tokens, in bits, over the UTF-8 bytes those
-tokens decode to. Unlike the loss per token it does not depend on the tokenizer, so models with
-other vocabularies compare (nanochat reports it). As in nanochat, special tokens
-(``<|endoftext|>``, and the padded rows past GPT-2's 50257) decode to no text: they count neither
-bits nor bytes.
+"""Bits per byte: the target tokens' summed cross-entropy in bits over the UTF-8 bytes they decode to,
+which compares across tokenizers (docs/evaluation.md); special tokens count neither bits nor bytes.
 """
 
 from __future__ import annotations
@@ -62,10 +59,8 @@ class BitsPerByte(Metric):
 
 @torch.no_grad()
 def text_bits_per_byte(model: torch.nn.Module, ids: list[int], device: torch.device, batch_size: int = 8) -> dict:
-    """Bits per byte of a text's token ids under ``model`` (a ``GPT``), in the harness's rolling
-    windows: ``block_size`` tokens predicted per window, the first from ``<|endoftext|>``, each later
-    one from the tokens before it (the last, shorter one from a whole window of them);
-    ``batch_size`` windows per forward pass. Returns ``bpb``, ``bits``, ``bytes`` and ``tokens``."""
+    """``bpb``, ``bits``, ``bytes`` and ``tokens`` of a text's token ids under ``model``, in the harness's
+    rolling windows (the first from ``<|endoftext|>``), ``batch_size`` windows per forward pass."""
     if not ids:
         raise ValueError("no tokens to score")
     T, N = model.config.block_size, len(ids)

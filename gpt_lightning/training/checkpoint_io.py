@@ -1,6 +1,5 @@
-"""Checkpoint files written in their own folder, flushed and renamed over the old one: readers and a
-resume after a crash see the previous checkpoint or the whole new one (Lightning's default writes
-under ``$TMPDIR`` and moves, a copy over the old file across filesystems)."""
+"""Checkpoint files written in their own folder, flushed and renamed over the old one: a reader or a
+resume after a crash sees the previous checkpoint or the whole new one."""
 
 from __future__ import annotations
 

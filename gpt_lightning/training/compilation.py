@@ -1,6 +1,4 @@
-"""How the GPT is compiled (in place, whole or by regions), when, and saying so: training compiles
-once in its first step; evaluation runs eager unless ``compile_eval`` asks for its own graph (the
-sanity check always eager). Why, with measurements: docs/first-step.md."""
+"""How the GPT is compiled (in place, whole or by regions), when, and saying so; why: docs/first-step.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""``GPTLightningModule``: the GPT trained by Lightning: its optimizer (AdamW, or Muon with AdamW) and
-schedule, the steps, and in-place ``torch.compile``. What happens around them lives with its own concern,
-called from one-line hooks: ``architecture``, ``checks``, ``optimizers``, ``resume``, ``nonfinite``,
-``step_loss``, ``compilation`` (this package) and
-``gpt_lightning.scaling`` (FSDP2, FLOPs). Validation text samples are a callback: ``ValidationSamples``.
+"""``GPTLightningModule``: the GPT trained by Lightning: optimizer, schedule, steps and in-place
+``torch.compile``; each concern around them is a module of ``training`` or ``scaling``, called from a hook.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""``NonFiniteGuard``: a non-finite loss or gradient never updates the weights, with no per-step
-host sync: the decision is a device tensor the optimizer takes as ``found_inf`` (as ``GradScaler``
-skips a step), and the host reads the first bad step only at logging intervals and before a
-checkpoint (docs/gpu-fast-path.md)."""
+"""``NonFiniteGuard``: a non-finite loss or gradient never updates the weights, with no per-step host
+sync (the skip is a device ``found_inf``, read at logging intervals; docs/gpu-fast-path.md)."""
 
 from __future__ import annotations
 
@@ -80,9 +78,8 @@ class NonFiniteGuard:
 
     # --- the LightningModule's hooks ---------------------------------------------------------------
     def before_optimizer_step(self, module: LightningModule, optimizer: torch.optim.Optimizer) -> None:
-        """``on_before_optimizer_step``: decide on the device whether this update is skipped, and
-        make the optimizer skip it. The norm (before any clipping) is left in ``grad_norm``: a device
-        tensor, identical on every rank (the gradients are summed over ranks before it is taken)."""
+        """``on_before_optimizer_step``: decide on the device whether this update is skipped; the
+        pre-clipping norm is left in ``grad_norm`` (a device tensor, the same on every rank)."""
         scaler = getattr(module.trainer.precision_plugin, "scaler", None)  # 16-mixed: it handles overflows
         self._float16 = str(module.trainer.precision).startswith("16")
         grads = _gradients(module)
@@ -111,9 +108,8 @@ class NonFiniteGuard:
         clip_val: int | float | None,
         algorithm: str | None,
     ) -> None:
-        """``configure_gradient_clipping``: ``--trainer.gradient_clip_val`` on the device for every
-        precision, fused AdamW kept (Lightning's own clipping refuses fused optimizers under ``*-mixed``).
-        "norm" reuses the guard's norm; under 16-mixed the bound follows the ``GradScaler``'s scale."""
+        """``configure_gradient_clipping``: ``--trainer.gradient_clip_val`` on the device for every precision,
+        fused AdamW kept (Lightning's refuses fused optimizers under ``*-mixed``)."""
         if not clip_val:
             return
         grads = _gradients(module)
@@ -144,9 +140,7 @@ class NonFiniteGuard:
                 grad.clamp_(-bound, bound)
 
     def check_at_logging_interval(self, trainer: Trainer) -> None:
-        """``on_train_batch_end``: read the guard at each logging interval, where the logger reads
-        values from the device anyway. With ``log_every_n_steps`` 0 (no step logging) it is read
-        before each checkpoint and at the end only."""
+        """``on_train_batch_end``: read the guard at each logging interval (with none: before checkpoints and at the end)."""
         step, every = trainer.global_step, trainer.log_every_n_steps
         if every > 0 and step % every == 0 and step != self._checked_at:
             self.raise_if_found(step)
@@ -171,8 +165,6 @@ def _gradients(module: LightningModule) -> list[torch.Tensor]:
 
 
 def _unscaled_in_step(trainer: Trainer, optimizer: torch.optim.Optimizer) -> bool:
-    """Whether the gradients are still multiplied by the ``GradScaler``'s scale: under 16-mixed
-    with an optimizer that unscales inside its own step (fused AdamW), which Lightning leaves the
-    gradients scaled for (with any other, it unscales before ``on_before_optimizer_step``)."""
+    """Whether the gradients are still scaled: 16-mixed with an optimizer that unscales in its own step (fused AdamW)."""
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     return scaler is not None and unscales_in_step(optimizer)

@@ -1,6 +1,5 @@
-"""The optimizers ``GPTLightningModule`` trains with: AdamW on every weight ("adamw"), or Muon on
-the blocks' 2-D matrices and AdamW on the rest ("muon"), as one ``torch.optim.Optimizer`` so that
-Lightning's automatic optimization, clipping, schedule and checkpoints see one (docs/optimizers.md)."""
+"""AdamW ("adamw"), or Muon on the blocks' matrices with AdamW on the rest ("muon") as one
+``torch.optim.Optimizer``, so Lightning sees one (docs/optimizers.md)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""``Preemption``: on SIGTERM (a scheduler stopping the job) or Ctrl-C, finish the optimizer step in
-flight, save ``last.ckpt`` there, and stop with exit code 143 (SIGTERM) or 130 (SIGINT).
-
-Lightning 2.6 alone turns SIGTERM into a ``SystemExit(0)`` at the next batch with no checkpoint, and
-under DDP broadcasts a flag and reads it on the host before every micro-batch. This callback handles
-the signals from the fit's ``setup`` on, turns that broadcast off, and agrees between ranks once per
-optimizer step over a CPU (gloo) process group of its own: no device work and no device-to-host read.
+"""``Preemption``: on SIGTERM or Ctrl-C, finish the optimizer step in flight, save ``last.ckpt`` and
+exit 143 / 130, where Lightning alone exits 0 unsaved. Ranks agree once per step over a gloo group of
+their own, in place of Lightning's per-micro-batch device broadcast (docs/resume.md).
 """
 
 from __future__ import annotations
@@ -53,11 +49,8 @@ class Preemption(Callback):
     """Saves ``last.ckpt`` at the end of the optimizer step during which SIGTERM or SIGINT arrived,
     then raises ``Preempted``. A second Ctrl-C interrupts at once.
 
-    A signal during the checkpoint's restore or the sanity check is recorded, and the run stops at
-    train start with nothing saved; with several processes the ranks agree at each step's end and
-    stop one step later, all at the same one. A signal during a save of the step just trained stops
-    the run there without saving it again. List it after your other callbacks, so they see the
-    saved step's ``on_train_batch_end`` too.
+    List it after your other callbacks, so they see the saved step's ``on_train_batch_end`` too;
+    what a signal does at each stage of a run: docs/resume.md.
 
     Args:
         dirpath: folder of the ``last.ckpt`` written; default: that of the trainer's
@@ -127,8 +120,7 @@ class Preemption(Callback):
         self._release()
 
     def _listen(self, trainer: Trainer) -> None:
-        """Ours again in place of Lightning's handler, registered after the restore (which would end
-        the fit with exit code 0, and under DDP broadcast from inside the handler)."""
+        """Ours again in place of the handler Lightning registers after the restore."""
         if trainer.received_sigterm and not self.signum:
             self.signum = signal.SIGTERM
         self._install()
@@ -168,8 +160,7 @@ class Preemption(Callback):
             self._stop(trainer, signum, save=False)
 
     def _side_group(self, trainer: Trainer) -> Any:
-        """A gloo group for the per-step flag, with the run's timeout; None, said in one line, where
-        a rank cannot form it (gloo finds no usable interface): the default group is used then."""
+        """A gloo group for the per-step flag, with the run's timeout; None (said once) where gloo cannot form one."""
         timeout = process_group_timeout(trainer) or PROCESS_GROUP_TIMEOUT
         trainer.strategy.barrier("preemption-group")  # every rank starts waiting for the others together
         started, group, error = time.monotonic(), None, None
@@ -230,8 +221,7 @@ class Preemption(Callback):
         return int(self._flag[0]) if self._flag_tensor.is_cpu else int(self._flag_tensor.item())
 
     def _agreed_signal(self) -> int:
-        """The signal every rank acts on now: this process's own with one process; with several, the
-        largest posted by any rank at the previous optimizer step (the all-reduce had a step to run)."""
+        """The signal every rank acts on now: the largest any rank posted at the previous optimizer step."""
         if not self._several:
             return self.signum
         agreed = self._read() if self._pending is not None else 0

@@ -1,7 +1,5 @@
-"""What a resumed run checks and re-applies when ``GPTLightningModule`` loads a checkpoint: the
-architecture must be the checkpoint's (else a ``UserError`` naming each difference); the optimizer
-settings, learning rates and schedule are the ones given now, at the restored step (for the
-optimizer and scheduler the module's own ``configure_optimizers`` built). See docs/resume.md."""
+"""What a resumed run checks and re-applies on loading a checkpoint: the same architecture, else a
+``UserError`` naming each difference; the optimizer settings and schedule given now (docs/resume.md)."""
 
 from __future__ import annotations
 

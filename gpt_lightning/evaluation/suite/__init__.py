@@ -1,7 +1,5 @@
-"""Task groups shipped with the package, as lm-evaluation-harness YAMLs in this folder:
-``gpt2-suite`` (``gpt2-suite.yaml``), the tasks GPT-2-size models are compared on. The harness
-finds them when this folder is on its include path (``SUITE_DIR``), as ``gpt-lightning eval`` and
-``HarnessEval`` put it."""
+"""Task groups shipped as lm-evaluation-harness YAMLs in this folder (``gpt2-suite``), found through
+``SUITE_DIR`` on the harness's include path."""
 
 from pathlib import Path
 
