@@ -163,14 +163,6 @@ def test_importing_changes_no_warning_or_log_filter():
     assert f"unchanged {len(modules)}" in result.stdout
 
 
-# Files whose docstrings are being cut on other branches (issue 44): the lead empties this list once
-# they are merged, and the guard below then covers the whole package.
-DOCSTRINGS_NOT_YET_CUT = [
-    "gpt_lightning/scaling/dead_rank.py", "gpt_lightning/cli.py", "gpt_lightning/data/datamodule.py",
-    "gpt_lightning/training/preemption.py", "gpt_lightning/lightning_cli.py", "gpt_lightning/scaling/memory.py",
-    "gpt_lightning/scaling/swapped_checkpoints.py", "gpt_lightning/model.py", "gpt_lightning/generation.py",
-    "gpt_lightning/commands/eval.py", "gpt_lightning/interop/hellaswag.py", "gpt_lightning/training/module.py",
-]
 DOC_SECTIONS = ("Args:", "Returns:", "Raises:", "Yields:", "Attributes:")
 
 
@@ -223,7 +215,6 @@ def test_no_docstring_is_an_essay():
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(REPO).as_posix()
-        if relative not in DOCSTRINGS_NOT_YET_CUT:
-            found += [f"{relative}:{line} {name}: {prose} lines of docstring over {code} of code"
-                      for line, name, prose, code in essays(path.read_text(encoding="utf-8"))]
+        found += [f"{relative}:{line} {name}: {prose} lines of docstring over {code} of code"
+                  for line, name, prose, code in essays(path.read_text(encoding="utf-8"))]
     assert not found, found
