@@ -197,7 +197,7 @@ class Sampler:
             return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
         logits = logits / self.temperature
         if self.top_k is not None:
-            kth = torch.topk(logits, min(self.top_k, logits.size(-1))).values[:, [-1]]  # (B, 1)
+            kth = torch.topk(logits, min(self.top_k, logits.size(-1))).values[:, -1:]  # (B, 1)
             logits = logits.masked_fill(logits < kth, -math.inf)
         probs = F.softmax(logits, dim=-1)  # (B, V)
         # torch.multinomial's one-sample draw (the same numbers from the same generator) without its

@@ -87,7 +87,7 @@ def test_peak_memory_of_the_modern_124m_shape_is_near_the_estimate(small_text, t
 def check_peak_memory(overlay, config, small_text, tmp_path):
     summary = fit_on_cuda(small_text, tmp_path, *overlay, "--model.n_layer", "12", "--model.n_head", "12",
                           "--model.n_embd", "768", "--data.block_size", "1024", "--data.batch_size", "4",
-                          "--data.val_fraction", "0", "--model.compile", "false", "--trainer.max_steps", "3",
+                          "--data.val_fraction", "0", "--model.compile", "false", "--trainer.max_steps", "3", "--throughput.warmup_steps", "1",
                           "--model.val_sample_tokens", "0")
     estimate = training_memory(config, 4, 1024)
     # One process, so no DDP buckets: float32 states, autocast's bf16 weight copies, activations.
