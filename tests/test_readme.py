@@ -133,6 +133,17 @@ def test_gpu_commands_parse(words, capfd, monkeypatch):
     assert "model:" in capfd.readouterr().out  # bench: printed by its (first) run's parser
 
 
+def test_eval_commands_that_need_the_network_parse():
+    """The docs' eval commands in ``text`` blocks (harness datasets from the hub, a GPU): the flags are real."""
+    from gpt_lightning.commands.eval import parser
+
+    commands = [shlex.split(line, comments=True) for block in blocks("text") for line in block.splitlines()]
+    commands = [words for words in commands if words[:2] == ["gpt-lightning", "eval"]]
+    assert len(commands) >= 5, commands
+    for words in commands:
+        parser().parse_args(words[2:])
+
+
 def run_console_script(words: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """The installed `gpt-lightning` script, launched as a user launches it."""
     script = Path(sys.executable).parent / words[0]
