@@ -107,3 +107,30 @@ def test_the_reference_suite_resolves_to_tasks_the_harness_knows():
     assert set(group.task) == {"hellaswag", "arc_easy", "arc_challenge", "piqa", "winogrande", "lambada_openai", "openbookqa"}
     assert set(group.task) <= set(manager.all_subtasks)  # each a task of the harness's own, not a group or a typo
     assert [metric.metric for metric in group.aggregate_metric_list] == ["acc"]
+
+
+def test_our_suite_is_looked_up_with_the_harness_tasks_it_names(monkeypatch):
+    """gpt2-suite is a group of the harness's tasks: ``task_manager`` must not settle for the quick
+    index of our own folders (where it found the group but none of its tasks, and loading it died
+    in a TypeError). Offline, loading it then ends in the one-line offline error's cause."""
+    import datasets
+    import lm_eval.tasks
+
+    from gpt_lightning.evaluation import tasks
+
+    harness = Path(lm_eval.tasks.__file__).parent
+    folders = [str(harness / name) for name in ("hellaswag", "arc", "piqa", "winogrande", "lambada", "openbookqa")]
+
+    class HarnessIndex(lm_eval.tasks.TaskManager):  # the whole index, cut to these tasks' folders (10 s less)
+        def __init__(self, include_path, include_defaults=True):
+            made.append(include_defaults)
+            super().__init__(include_path=include_path + (folders if include_defaults else []), include_defaults=False)
+
+    made = []
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", HarnessIndex)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    manager = tasks.task_manager(["gpt2-suite"])
+    assert made == [False, True] and "hellaswag" in manager.all_subtasks
+    with pytest.raises(Exception) as raised:
+        manager.load_task_or_group(["gpt2-suite"])
+    assert tasks.is_offline_error(raised.value), repr(raised.value)
