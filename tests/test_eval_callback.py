@@ -134,3 +134,14 @@ def test_our_suite_is_looked_up_with_the_harness_tasks_it_names(monkeypatch):
     with pytest.raises(Exception) as raised:
         manager.load_task_or_group(["gpt2-suite"])
     assert tasks.is_offline_error(raised.value), repr(raised.value)
+
+
+def test_a_limit_below_the_number_of_ranks_is_refused_before_training():
+    """A rank given no example fails inside the harness while the others wait in its gather."""
+    from types import SimpleNamespace
+
+    from gpt_lightning import HarnessEval
+    from gpt_lightning.errors import UserError
+
+    with pytest.raises(UserError, match="limit 1 is below the 2 ranks"):
+        HarnessEval(tasks="my_task", limit=1).setup(SimpleNamespace(world_size=2), SimpleNamespace(device_mesh=None), "fit")

@@ -58,6 +58,9 @@ class HarnessEval(PeriodicEvaluation):
         if pl_module.device_mesh is not None:
             raise UserError("HarnessEval does not run under ModelParallelStrategy (FSDP2): use DDP, or "
                             "`gpt-lightning eval --tasks` on a checkpoint.")
+        if self.limit is not None and self.limit < trainer.world_size:  # a rank with no example fails in the harness
+            raise UserError(f"HarnessEval limit {self.limit} is below the {trainer.world_size} ranks: give each rank "
+                            "an example at least (limit >= the number of processes).")
         self._task_manager = task_manager(self.tasks, self.include_path)
         try:  # every dataset now, not after hours of training
             self._task_manager.load_task_or_group(self.tasks)

@@ -13,6 +13,7 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
+from gpt_lightning.errors import UserError
 from gpt_lightning.data.tokenizer import END_OF_TEXT, GPT2_VOCAB_SIZE, gpt2_encoding
 from gpt_lightning.evaluation.continuations import score_continuations
 from gpt_lightning.generation import generate
@@ -118,7 +119,9 @@ class GPTHarnessLM(TemplateLM):
             until = handle_stop_sequences(kwargs.pop("until", None), eos=END_OF_TEXT)
             max_gen_toks = kwargs.pop("max_gen_toks")
             if max_gen_toks >= self.max_length:
-                raise ValueError(f"max_gen_toks {max_gen_toks} leaves no room for a prompt in the model's context of {self.max_length}.")
+                raise UserError(f"A generation task asks for up to {max_gen_toks} new tokens, which leaves no room for a "
+                                f"prompt in the model's context of {self.max_length}: set its generation_kwargs.max_gen_toks "
+                                "below that (in the task's YAML).")
             sampling = sampling_options(kwargs)
             prompts = [self.tok_encode(context)[-(self.max_length - max_gen_toks):] for context in contexts]
             for context, prompt, text in zip(contexts, prompts, self._generate(prompts, max_gen_toks, until, sampling)):
