@@ -7,6 +7,7 @@ training ``forward`` is left as it is, and no layer of the model is changed whil
 
     from gpt_lightning.generation import generate
     out = generate(model, idx, 100, temperature=0.8, top_k=200)   # (B, T + 100) token ids
+    out = generate(model, idx, 100, temperature=0.8, top_p=0.9)   # nucleus sampling
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def generate(
     generator: torch.Generator | None = None,
     vocab_limit: int | None = None,
     *,
+    top_p: float | None = None,
     use_cache: bool = True,
     compile: bool = False,
 ) -> torch.Tensor:
@@ -55,6 +57,8 @@ def generate(
         generator: random generator for reproducible samples (on ``idx``'s device).
         vocab_limit: sample only ids below this: the tokenizer's size when the embedding is
             padded past it (50304 rows for GPT-2's 50257 tokens), so every id decodes.
+        top_p: nucleus sampling: only the likeliest ids whose probabilities add up to ``top_p``
+            (after ``top_k``); None or 1 for all of them.
         use_cache: False recomputes the last ``block_size`` tokens' forward pass for each new
             token (the reference the cache is tested against; slow).
         compile: compile the decode step once per batch size (CUDA graphs on CUDA, frozen weights
@@ -69,9 +73,11 @@ def generate(
         raise ValueError(f"temperature must be >= 0, got {temperature}.")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1 or None, got {top_k}.")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p}.")
     if idx.dim() != 2 or idx.size(1) == 0:
         raise ValueError(f"idx must be token ids of shape (B, T) with T >= 1, got shape {tuple(idx.shape)}.")
-    sample = Sampler(temperature, top_k, generator, vocab_limit)
+    sample = Sampler(temperature, top_k, generator, vocab_limit, top_p)
     if use_cache:
         return _generate_cached(model, idx, max_new_tokens, sample, compile)
     # Eager, even when the model or its blocks are compiled for fixed (B, T) training shapes:
@@ -186,10 +192,13 @@ def _decode(model: GPT, idx: torch.Tensor, caches: list[KVCache], pos: torch.Ten
 
 class Sampler:
     """The next token (B, 1) from next-token logits (B, V): greedy at temperature 0, else a draw
-    from the softmax of logits / temperature over the ``top_k`` likeliest ids below ``vocab_limit``."""
+    from the softmax of logits / temperature over the ``top_k`` likeliest ids below ``vocab_limit``,
+    cut to the nucleus of probability ``top_p`` (the fewest likeliest ids that reach it)."""
 
-    def __init__(self, temperature: float, top_k: int | None, generator: torch.Generator | None, vocab_limit: int | None):
+    def __init__(self, temperature: float, top_k: int | None, generator: torch.Generator | None, vocab_limit: int | None,
+                 top_p: float | None = None):
         self.temperature, self.top_k, self.generator, self.vocab_limit = temperature, top_k, generator, vocab_limit
+        self.top_p = top_p if top_p is not None and top_p < 1 else None
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         logits = logits[:, : self.vocab_limit].float()  # (B, V)
@@ -200,6 +209,10 @@ class Sampler:
             kth = torch.topk(logits, min(self.top_k, logits.size(-1))).values[:, -1:]  # (B, 1)
             logits = logits.masked_fill(logits < kth, -math.inf)
         probs = F.softmax(logits, dim=-1)  # (B, V)
+        if self.top_p is not None:
+            sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V) each
+            outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= self.top_p  # the mass before it reaches top_p
+            probs = probs.masked_fill(outside.scatter(1, order, outside), 0.0)  # (B, V); the likeliest id always stays
         # torch.multinomial's one-sample draw (the same numbers from the same generator) without its
         # check that probs is a distribution, which reads a value back to the host (a CUDA sync).
         noise = torch.empty_like(probs).exponential_(1, generator=self.generator)  # (B, V)

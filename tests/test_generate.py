@@ -1,5 +1,5 @@
 """gpt_lightning.generation.generate with its KV cache: the same tokens as the uncached path and as transformers' greedy
-generate, reproducible sampling, top-k, temperature 0, a padded vocabulary, past block_size, batched,
+generate, reproducible sampling, top-k, top-p, temperature 0, a padded vocabulary, past block_size, batched,
 sharded, and a compiled decode step."""
 
 import pytest
@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from gpt_lightning.interop.pretrained import export_hf
-from gpt_lightning.generation import generate
+from gpt_lightning.generation import Sampler, generate
 from gpt_lightning.model import GPT, GPTConfig, KVCache
 from gpt_lightning.scaling.sharding import shard_gpt
 
@@ -69,6 +69,24 @@ def test_top_k_samples_only_among_the_k_likeliest(model):
     with torch.no_grad():
         allowed = model(idx)[0][:, -1].topk(3).indices  # (8, 3)
     assert (allowed == out[:, -1:]).any(dim=1).all()
+
+
+def test_top_p_draws_only_from_the_nucleus(model):
+    """Nucleus sampling: top_p 1 is plain sampling, a tiny top_p is greedy, and only the fewest
+    likeliest ids whose probabilities reach top_p are ever drawn (each of them is)."""
+    idx = prompt()
+
+    def seeded(**kwargs):
+        return generate(model, idx, 10, temperature=1.0, generator=torch.Generator().manual_seed(3), **kwargs)
+
+    assert torch.equal(seeded(top_p=1.0), seeded())
+    assert torch.equal(seeded(top_p=1e-6), generate(model, idx, 10, temperature=0))
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    sample = Sampler(1.0, None, torch.Generator().manual_seed(0), None, top_p=0.7)
+    drawn = torch.cat([sample(probs.log()) for _ in range(400)])  # (400, 1)
+    assert set(drawn.flatten().tolist()) == {0, 1}  # 0.5 + 0.3 reach 0.7; 0.5 alone does not
+    with pytest.raises(ValueError, match="top_p must be in"):
+        generate(model, idx, 1, top_p=0.0)
 
 
 def test_a_padded_vocabulary_is_never_sampled():
