@@ -162,6 +162,7 @@ def test_eval_tasks_from_the_command_line_scores_a_modern_checkpoint(setup):
         capture_output=True, text=True, timeout=300, cwd=root, env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "not a git repository" not in result.stderr  # the harness's git probe, outside a repository
     assert "|shakespeare_mc" in result.stdout and "bits_per_byte" in result.stdout  # the harness's table
     results = json.loads((out / "results.json").read_text())
     assert set(results["results"]) == {"shakespeare_mc", "shakespeare_rolling", "shakespeare_gen"}
@@ -201,8 +202,7 @@ def test_a_dataset_that_cannot_be_downloaded_is_one_clear_error(setup, monkeypat
 
 
 def test_generate_until_samples_as_gen_kwargs_say(setup):
-    """``do_sample`` draws from the model (seeded: reproducible), greedy otherwise; what our sampler
-    cannot do (``top_p``) is refused rather than ignored."""
+    """``do_sample`` draws from the model (seeded: reproducible), greedy otherwise, ``top_p`` from the nucleus."""
     from lm_eval.api.instance import Instance
 
     from gpt_lightning.evaluation.harness_model import GPTHarnessLM
@@ -222,8 +222,7 @@ def test_generate_until_samples_as_gen_kwargs_say(setup):
     assert generate() == greedy  # the harness's default: greedy
     sampled = generate(do_sample=True, temperature=1.0, top_k=50)
     assert sampled != greedy and sampled == generate(do_sample=True, temperature=1.0, top_k=50)
-    with pytest.raises(ValueError, match="top_p"):
-        generate(do_sample=True, top_p=0.9)
+    assert generate(do_sample=True, top_p=1e-6) == greedy  # a nucleus of the likeliest token alone
 
 
 def test_without_lm_eval_tasks_says_how_to_install_it(setup, monkeypatch, capsys):
@@ -246,3 +245,126 @@ def test_the_speed_table_in_the_docs_is_the_committed_benchmarks():
     for key, run in written.items():
         assert f"**{run['speedup']:.2f}x**" in table, key
     assert written["gpt2-124m/float32"]["speedup"] >= 2  # the issue's target, at GPT-2 124M's shape in float32
+
+
+EDGE_TASKS = {  # name -> the YAML's own lines, over shakespeare.jsonl
+    "nucleus_gen": TASKS["shakespeare_gen"].replace("do_sample: false", "do_sample: true\n  top_p: 0.9"),
+    "penalty_gen": TASKS["shakespeare_gen"].replace("do_sample: false", "repetition_penalty: 1.2"),
+    "empty_prompt_gen": TASKS["shakespeare_gen"].replace('doc_to_text: "{{context}}"', 'doc_to_text: ""'),
+    "blank_context": TASKS["shakespeare_next"].replace('doc_to_text: "{{context}}"', 'doc_to_text: "  "'),
+    "long_continuation": TASKS["shakespeare_next"].replace("{{' ' + choices[0]}}", "{{passage}}"),
+}
+
+
+def eval_cli(capsys, *argv):
+    """``gpt-lightning eval`` as typed, in this process: (exit code, stdout, stderr)."""
+    from gpt_lightning.cli import main
+
+    try:
+        main(["eval", *argv])
+        code = 0
+    except SystemExit as exit_info:
+        code = exit_info.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def edge_tasks(setup):
+    root, _, _ = setup
+    folder = root / "edge_tasks"
+    folder.mkdir()
+    for name, body in EDGE_TASKS.items():
+        (folder / f"{name}.yaml").write_text(
+            f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files: {root / 'tasks' / 'shakespeare.jsonl'}\n"
+            f"test_split: train\n{body}")
+    return folder
+
+
+def test_task_files_that_ended_in_a_traceback(setup, edge_tasks, capsys):
+    """Nucleus sampling, an empty generation prompt and a context of only whitespace are answered (an
+    empty one starts after <|endoftext|>, as the harness's empty contexts do); a generation option we
+    do not take and a continuation longer than the model's context are one line naming the task."""
+    _, gpt2, _ = setup
+    common = ["--include_path", str(edge_tasks), "--ckpt_path", str(gpt2), "--limit", "2", "--device", "cpu", "--bootstrap_iters", "0"]
+    code, out, err = eval_cli(capsys, "--tasks", "nucleus_gen,empty_prompt_gen,blank_context", *common)
+    assert code == 0, err[-3000:]
+    assert all(f"|{name}" in out for name in ("nucleus_gen", "empty_prompt_gen", "blank_context"))
+    for task, words in (("penalty_gen", "repetition_penalty"), ("long_continuation", "longer than the model's context of 64")):
+        code, _, err = eval_cli(capsys, "--tasks", task, *common)
+        assert code == 2
+        assert f"Task {task}" in err.strip().splitlines()[-1] and words in err.strip().splitlines()[-1], err[-2000:]
+
+
+def test_the_harness_flags(setup, tmp_path, capsys):
+    """``--gen_kwargs`` (parsed as the harness does) over the task's own, ``--seed`` as the harness's
+    four seeds, ``--batch_size auto``, ``--output_path`` to a file of any name; ``--num_fewshot -1`` refused."""
+    root, gpt2, _ = setup
+    out = tmp_path / "scores.txt"
+    code, stdout, err = eval_cli(capsys, "--tasks", "shakespeare_gen", "--include_path", str(root / "tasks"), "--ckpt_path", str(gpt2),
+                                 "--limit", "3", "--device", "cpu", "--bootstrap_iters", "0", "--gen_kwargs", "max_gen_toks=2",
+                                 "--seed", "0,None,8", "--batch_size", "auto", "--output_path", str(out), "--log_samples")
+    assert code == 0, err[-3000:]
+    assert "--batch_size auto: 64" in stdout  # a tiny model: the largest tried
+    results = json.loads(out.read_text())  # the file itself, not a folder of that name
+    config = results["config"]
+    assert (config["random_seed"], config["numpy_seed"], config["torch_seed"], config["fewshot_seed"]) == (0, None, 8, 1234)
+    assert results["configs"]["shakespeare_gen"]["generation_kwargs"]["max_gen_toks"] == 2
+    from gpt_lightning.data.tokenizer import gpt2_encoding
+
+    samples = [json.loads(line) for line in (tmp_path / "samples_shakespeare_gen.jsonl").read_text().splitlines()]
+    lengths = [len(gpt2_encoding().encode(sample["resps"][0][0])) for sample in samples]
+    assert len(lengths) == 3 and max(lengths) == 2  # the task's own max_gen_toks is 12
+
+    code, _, err = eval_cli(capsys, "--tasks", "shakespeare_gen", "--ckpt_path", str(gpt2), "--num_fewshot", "-1")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--num_fewshot must be 0 or more" in err
+
+
+def test_the_largest_batch_size_that_fits_halves_until_one_does():
+    from gpt_lightning.evaluation.harness_model import largest_batch_size
+
+    assert largest_batch_size(lambda size: size <= 12, 64) == 8
+    assert largest_batch_size(lambda size: False, 64) == 1
+
+
+def test_a_stopped_evaluation_resumes_from_its_cache(setup, tmp_path, capsys, monkeypatch):
+    """``--use_cache``: each batch's answers are kept as it finishes; run again, only the rest is scored,
+    and a third run scores nothing."""
+    from gpt_lightning.evaluation import harness_model
+
+    root, gpt2, _ = setup
+    scored, stop_after = [], [1]
+
+    def counting(model, requests, batch_size, device, on_batch=None):
+        def done(indices, answers):
+            on_batch(indices, answers)
+            scored.extend(indices)
+            if stop_after and len(scored) >= stop_after[0] * batch_size:
+                raise KeyboardInterrupt  # as Ctrl-C mid-run
+        return score(model, requests, batch_size, device, on_batch=done)
+
+    score = harness_model.score_continuations
+    monkeypatch.setattr(harness_model, "score_continuations", counting)
+    argv = ["--tasks", "shakespeare_mc", "--include_path", str(root / "tasks"), "--ckpt_path", str(gpt2), "--limit", "5",
+            "--device", "cpu", "--bootstrap_iters", "0", "--batch_size", "4", "--use_cache", str(tmp_path / "cache")]
+    with pytest.raises(KeyboardInterrupt):
+        eval_cli(capsys, *argv)
+    assert len(scored) == 4  # one batch of the 20 requests (5 examples, 4 choices)
+    stop_after.clear()
+    code, first, err = eval_cli(capsys, *argv)
+    assert code == 0, err[-3000:]
+    assert len(scored) == 20  # the other 16
+    code, second, _ = eval_cli(capsys, *argv)
+    assert code == 0 and len(scored) == 20  # nothing scored
+    table = [line for line in first.splitlines() if line.startswith("|shakespeare_mc")]
+    assert table and table == [line for line in second.splitlines() if line.startswith("|shakespeare_mc")]
+
+
+def test_eval_help_is_quick():
+    """``eval --help`` imports neither torch nor the harness (seconds on 2 cores)."""
+    probe = ("import sys\nfrom gpt_lightning.cli import main\ntry:\n    main(['eval', '--help'])\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in ('torch', 'lm_eval', 'transformers', 'lightning') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0 and "--gen_kwargs" in result.stdout, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"

@@ -9,26 +9,23 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from gpt_lightning.atomic import atomic_write_bytes
-from gpt_lightning.commands.sample import resolve_device
-from gpt_lightning.data.corpus import default_cache_dir
-from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.errors import UserError
-from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
-from gpt_lightning.interop.hellaswag import evaluate, read_examples, validation_file
-from gpt_lightning.interop.pretrained import gpt_from_hf
-from gpt_lightning.model import GPT
-from gpt_lightning.training.bits_per_byte import text_bits_per_byte
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# torch, the model and lm_eval are imported where used: `eval --help` answers without them.
+DTYPES = ("float32", "bfloat16", "float16")
 
 
-def load_model(ckpt_path: str | None, init_from: str | None) -> GPT:
+def load_model(ckpt_path: str | None, init_from: str | None):
+    """The ``GPT`` of a checkpoint or of a Hugging Face GPT-2."""
     if (ckpt_path is None) == (init_from is None):
         raise UserError("Give exactly one of --ckpt_path (a gpt-lightning checkpoint) and --init_from (a Hugging Face GPT-2).")
-    return gpt_from_checkpoint(ckpt_path) if ckpt_path is not None else gpt_from_hf(init_from)
+    if ckpt_path is not None:
+        from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
+
+        return gpt_from_checkpoint(ckpt_path)
+    from gpt_lightning.interop.pretrained import gpt_from_hf
+
+    return gpt_from_hf(init_from)
 
 
 def limit_value(text: str) -> int | float:
@@ -37,6 +34,54 @@ def limit_value(text: str) -> int | float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
     return int(value) if value >= 1 and value.is_integer() else value
+
+
+def batch_size_value(text: str) -> int | str:
+    """``--batch_size``: a number, or ``auto`` / ``auto:N`` as the harness takes them."""
+    if text == "auto" or (text.startswith("auto:") and text[5:].isdigit()):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number, auto or auto:N, got {text}") from None
+
+
+def seed_value(text: str) -> list[int | None]:
+    """``--seed``, as the harness reads it: one number for Python's, NumPy's, torch's and the few-shot
+    sampler's seeds, or four comma-separated (``None`` leaves one unset; missing ones keep its defaults)."""
+    items = [item.strip() for item in text.split(",")]
+    try:
+        values = [None if item.lower() == "none" else int(item) for item in items]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number or 4 comma-separated numbers (or None), got {text}") from None
+    if len(values) == 1:
+        return values * 4
+    if not 3 <= len(values) <= 4:
+        raise argparse.ArgumentTypeError(f"1 or 4 comma-separated values, got {len(values)}")
+    return values + SEEDS[len(values):]
+
+
+SEEDS = [0, 1234, 1234, 1234]  # the harness's defaults: random, numpy, torch, few-shot
+
+
+def gen_kwargs_value(values: list[str] | None) -> dict[str, Any] | None:
+    """``--gen_kwargs`` as the harness parses it: ``temperature=0,top_p=0.9`` (or several such words, or a JSON object)."""
+    if not values:
+        return None
+    from lm_eval.utils import simple_parse_args_string
+
+    try:
+        parsed = json.loads(values[0])
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        return parsed
+    merged: dict[str, Any] = {}
+    for value in values:
+        if "=" not in value:
+            raise UserError(f"--gen_kwargs {value!r}: give key=value pairs, such as temperature=0,top_p=0.9.")
+        merged.update(simple_parse_args_string(value))
+    return merged or None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -50,13 +95,25 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--include_path", help="--tasks: a folder of your own task YAMLs (e.g. on local data files)")
     parser.add_argument("--num_fewshot", type=int, help="--tasks: examples in each prompt (default: each task's own)")
     parser.add_argument("--limit", type=limit_value, help="score only the first N examples of each task (--tasks: below 1, that share)")
-    parser.add_argument("--batch_size", type=int, default=8, help="requests (--task hellaswag: examples) per forward pass (default: %(default)s)")
+    parser.add_argument("--batch_size", type=batch_size_value, default=8,
+                        help="requests (--task hellaswag: examples) per forward pass; --tasks: auto (or auto:N) picks the "
+                             "largest power of two up to --max_batch_size that fits in memory, once (default: %(default)s)")
+    parser.add_argument("--max_batch_size", type=int, default=64, help="--batch_size auto: the largest it tries (default: %(default)s)")
+    parser.add_argument("--gen_kwargs", nargs="+", metavar="KEY=VALUE",
+                        help="--tasks: generation options for every generation task, over its own: temperature=0,top_p=0.9 "
+                             "(do_sample, temperature, top_k, top_p, until, max_gen_toks)")
+    parser.add_argument("--seed", type=seed_value, default=SEEDS,
+                        help="--tasks: Python's, NumPy's, torch's and the few-shot sampler's seeds: one number for all four, "
+                             "or four comma-separated, None to leave one unset (default: 0,1234,1234,1234, the harness's)")
+    parser.add_argument("--use_cache", metavar="PATH",
+                        help="--tasks: keep each answer in the SQLite file PATH_rank0.db as it is computed; a run stopped "
+                             "and started again with it scores only what is not there")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ... (default: %(default)s)")
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
                         help="--tasks, --text_file: bfloat16/float16 run under autocast; auto: bfloat16 on a CUDA GPU that has it, "
                              "else the checkpoint's own (default: %(default)s)")
-    parser.add_argument("--output_path", help="--tasks: write the harness's results JSON to this file (or folder/results.json); "
-                        "--text_file: the result JSON")
+    parser.add_argument("--output_path", help="--tasks: write the harness's results JSON to this file (a folder, or a path "
+                        "without a suffix: results.json in it); --text_file: the result JSON")
     parser.add_argument("--log_samples", action="store_true", help="--tasks: also write each request's inputs and outputs, "
                         "samples_<task>.jsonl beside the results (needs --output_path)")
     parser.add_argument("--bootstrap_iters", type=int, default=100_000, help="--tasks: resamples for standard errors; 0 skips them")
@@ -67,8 +124,15 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> None:
     args = parser().parse_args(argv)
-    if args.batch_size < 1:
+    auto = isinstance(args.batch_size, str)
+    if auto and args.tasks is None:
+        raise UserError("--batch_size auto is for --tasks: give --task hellaswag and --text_file a number.")
+    if not auto and args.batch_size < 1:
         raise UserError(f"--batch_size must be at least 1, got {args.batch_size}.")
+    if args.max_batch_size < 1:
+        raise UserError(f"--max_batch_size must be at least 1, got {args.max_batch_size}.")
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise UserError(f"--num_fewshot must be 0 or more, got {args.num_fewshot} (leave it out for each task's own).")
     if args.task is not None:
         return hellaswag(args)
     if args.text_file is not None:
@@ -80,11 +144,16 @@ def main(argv: list[str]) -> None:
     import_lm_eval()  # before loading a model: a missing install is said first
     from gpt_lightning.evaluation.harness_model import GPTHarnessLM
 
+    gen_kwargs = gen_kwargs_value(args.gen_kwargs)
     device, dtype = device_and_dtype(args)
-    lm = GPTHarnessLM(load_model(args.ckpt_path, args.init_from), batch_size=args.batch_size, device=device, dtype=dtype)
+    lm = GPTHarnessLM(load_model(args.ckpt_path, args.init_from), batch_size=1 if auto else args.batch_size, device=device, dtype=dtype)
+    if auto:
+        lm.batch_size = lm.auto_batch_size(args.max_batch_size)
+        print(f"--batch_size {args.batch_size}: {lm.batch_size}")
     tasks = [name.strip() for name in args.tasks.split(",") if name.strip()]
     results = run_tasks(lm, tasks, num_fewshot=args.num_fewshot, limit=args.limit, include_path=args.include_path,
-                        log_samples=args.log_samples, bootstrap_iters=args.bootstrap_iters)
+                        log_samples=args.log_samples, bootstrap_iters=args.bootstrap_iters, gen_kwargs=gen_kwargs,
+                        seeds=args.seed, use_cache=args.use_cache)
     from lm_eval.utils import make_table
 
     print(make_table(results))
@@ -94,10 +163,14 @@ def main(argv: list[str]) -> None:
         write_results(results, Path(args.output_path))
 
 
-def device_and_dtype(args: argparse.Namespace) -> tuple[torch.device, torch.dtype | None]:
-    """``--device`` and ``--dtype``; ``auto`` is bfloat16 on a CUDA GPU that has it, else the model's own."""
+def device_and_dtype(args: argparse.Namespace):
+    """``--device`` and ``--dtype`` (torch's); ``auto`` is bfloat16 on a CUDA GPU that has it, else the model's own."""
+    import torch
+
+    from gpt_lightning.commands.sample import resolve_device
+
     device = resolve_device(args.device)
-    dtype = DTYPES.get(args.dtype)
+    dtype = getattr(torch, args.dtype) if args.dtype in DTYPES else None
     if args.dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
         dtype = torch.bfloat16
     return device, dtype
@@ -105,6 +178,12 @@ def device_and_dtype(args: argparse.Namespace) -> tuple[torch.device, torch.dtyp
 
 def text_bits_per_byte_of(args: argparse.Namespace) -> None:
     """``--text_file``: the text's bits per byte (``training.bits_per_byte``), as ``val/bpb`` counts them."""
+    import torch
+
+    from gpt_lightning.atomic import atomic_write_bytes
+    from gpt_lightning.data.tokenizer import gpt2_encoding
+    from gpt_lightning.training.bits_per_byte import text_bits_per_byte
+
     path = Path(args.text_file)
     try:
         text = path.read_text(encoding="utf-8")
@@ -126,10 +205,14 @@ def text_bits_per_byte_of(args: argparse.Namespace) -> None:
 
 
 def write_results(results: dict[str, Any], path: Path) -> None:
-    """The results JSON at ``path`` (a folder: ``results.json`` in it), samples beside it as ``samples_<task>.jsonl``."""
+    """The results JSON at ``path`` (a folder, or a new path without a suffix: ``results.json`` in it), samples
+    beside it as ``samples_<task>.jsonl``."""
     from lm_eval.utils import handle_non_serializable
 
-    path = path if path.suffix == ".json" else path / "results.json"
+    from gpt_lightning.atomic import atomic_write_bytes
+
+    folder = path.is_dir() or (not path.exists() and not path.suffix)
+    path = path / "results.json" if folder else path
     samples = results.pop("samples", None) or {}
     atomic_write_bytes(path, (json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False) + "\n").encode())
     for task, rows in samples.items():
@@ -140,6 +223,12 @@ def write_results(results: dict[str, Any], path: Path) -> None:
 
 def hellaswag(args: argparse.Namespace) -> None:
     """``--task hellaswag``: build-nanogpt's figure (acc_norm: mean loss per ending token)."""
+    from gpt_lightning.atomic import atomic_write_bytes
+    from gpt_lightning.commands.sample import resolve_device
+    from gpt_lightning.data.corpus import default_cache_dir
+    from gpt_lightning.data.tokenizer import gpt2_encoding
+    from gpt_lightning.interop.hellaswag import evaluate, read_examples, validation_file
+
     if args.limit is not None and (args.limit < 1 or not isinstance(args.limit, int)):
         raise UserError(f"--limit must be a whole number of examples for --task hellaswag, got {args.limit}.")
     device = resolve_device(args.device)

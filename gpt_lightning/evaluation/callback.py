@@ -14,7 +14,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_lightning.errors import UserError
 from gpt_lightning.evaluation.periodic import PeriodicEvaluation
-from gpt_lightning.evaluation.tasks import import_lm_eval, is_offline_error, task_manager
+from gpt_lightning.evaluation.tasks import import_lm_eval, is_offline_error, quiet_git_probe, task_manager
 
 
 class HarnessEval(PeriodicEvaluation):
@@ -63,7 +63,7 @@ class HarnessEval(PeriodicEvaluation):
                             "an example at least (limit >= the number of processes).")
         self._task_manager = task_manager(self.tasks, self.include_path)
         try:  # every dataset now, not after hours of training
-            self._task_manager.load_task_or_group(self.tasks)
+            loaded = self._task_manager.load(self.tasks)
         except Exception as err:
             if is_offline_error(err):
                 raise UserError(
@@ -71,6 +71,12 @@ class HarnessEval(PeriodicEvaluation):
                     "downloaded. Run once with network, or give include_path task YAMLs on local files (docs/evaluation.md)."
                 ) from None
             raise
+        for name, task in loaded["tasks"].items():  # the same failure, for a task with fewer examples than ranks
+            examples = len(task.eval_docs) if self.limit is None else min(self.limit, len(task.eval_docs))
+            if examples < trainer.world_size:
+                raise UserError(f"HarnessEval: task {name} has {examples} example(s), fewer than the {trainer.world_size} "
+                                "ranks, and a rank without one fails in the harness: give it more examples, or score it "
+                                "with `gpt-lightning eval --tasks` on a checkpoint.")
         rank_zero_info(f"HarnessEval: {', '.join(self.tasks)} every {self.every_n_steps} steps"
                        + (f", {self.limit} examples each." if self.limit else "."))
 
@@ -82,7 +88,8 @@ class HarnessEval(PeriodicEvaluation):
         was_training = pl_module.training
         try:
             # Eager, even when the model is compiled for the training shapes: every batch has its own.
-            with torch.no_grad(), torch.compiler.set_stance("force_eager"), trainer.precision_plugin.forward_context():
+            with torch.no_grad(), torch.compiler.set_stance("force_eager"), trainer.precision_plugin.forward_context(), \
+                    quiet_git_probe():
                 results = import_lm_eval().simple_evaluate(
                     model=lm, tasks=self.tasks, num_fewshot=self.num_fewshot, limit=self.limit,
                     task_manager=self._task_manager, log_samples=False, bootstrap_iters=0,  # no standard errors

@@ -5,6 +5,8 @@ ending; truncation is the harness ``hf`` model's (from the left, to the context 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -12,7 +14,8 @@ from gpt_lightning.model import GPT, Block
 
 
 def score_continuations(
-    model: GPT, requests: list[tuple[list[int], list[int]]], batch_size: int, device: torch.device
+    model: GPT, requests: list[tuple[list[int], list[int]]], batch_size: int, device: torch.device,
+    on_batch: Callable[[list[int], list[tuple[float, bool]]], None] | None = None,
 ) -> list[tuple[float, bool]]:
     """(summed log-probability, greedy) of each (context tokens, continuation tokens) request.
 
@@ -21,6 +24,7 @@ def score_continuations(
         requests: token ids; each context has at least one token, each continuation one to ``block_size``.
         batch_size: requests per forward pass (the endings of one context count one each).
         device: where the tensors go.
+        on_batch: called after each batch with its requests' indices and the answers so far.
     """
     block_size = model.config.block_size
     groups: dict[tuple[int, ...], list[int]] = {}  # context as the model sees it -> requests
@@ -38,15 +42,15 @@ def score_continuations(
         for start in range(0, len(members), batch_size):
             piece = members[start : start + batch_size]
             if batch and sum(len(m) for _, m in batch) + len(piece) > batch_size:
-                _score_batch(model, batch, requests, answers, device)
+                _score_batch(model, batch, requests, answers, device, on_batch)
                 batch = []
             batch.append((context, piece))
     if batch:
-        _score_batch(model, batch, requests, answers, device)
+        _score_batch(model, batch, requests, answers, device, on_batch)
     return answers
 
 
-def _score_batch(model, batch, requests, answers, device) -> None:
+def _score_batch(model, batch, requests, answers, device, on_batch=None) -> None:
     """Score the requests of ``batch``, (context, request indices) pairs, into ``answers``."""
     block_size = model.config.block_size
     pad = 0  # padding token: read by nothing that is scored
@@ -100,6 +104,8 @@ def _score_batch(model, batch, requests, answers, device) -> None:
     members = [i for _, m in batch for i in m]
     for i, lp, ok in zip(members, logprobs.split(counts), greedy.split(counts)):
         answers[i] = (float(lp.sum()), bool(ok.all()))
+    if on_batch is not None:
+        on_batch(members, answers)
 
 
 def _block(block: Block, x: torch.Tensor, idx: torch.Tensor, pos: torch.Tensor, prefix, visible):

@@ -5,6 +5,7 @@ the harness's own ``hf`` model does (same truncation, windows and stop rules), w
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,10 @@ class GPTHarnessLM(TemplateLM):
         model: the GPT to score, moved to ``device`` (in eval mode while it answers; its mode kept).
         batch_size: requests per forward pass (loglikelihood), prompts per generation batch.
         device: where the model runs: ``cpu``, ``cuda``, ``cuda:1``, ...
-        dtype: None runs the model in its own dtype; ``torch.bfloat16``/``torch.float16`` run it under
-            autocast (the weights stay as they are, as in bf16-mixed training); ``torch.float32``
-            casts the weights.
+        dtype: None runs the model as it is, under whatever autocast is open (the trainer's, in
+            ``HarnessEval``); ``torch.bfloat16``/``torch.float16`` run it under autocast (the weights
+            stay as they are, as in bf16-mixed training); ``torch.float32`` casts the weights and
+            switches autocast off.
     """
 
     def __init__(self, model: GPT, *, batch_size: int = 8, device: str | torch.device = "cpu",
@@ -44,6 +46,7 @@ class GPTHarnessLM(TemplateLM):
             raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
         self._device = torch.device(device)
         self.autocast_dtype = dtype if dtype in (torch.bfloat16, torch.float16) else None
+        self.dtype = dtype
         self.gpt = model.to(device=self._device, dtype=dtype if dtype is not None and self.autocast_dtype is None else None)
         self.batch_size = batch_size
         self.encoding = gpt2_encoding()
@@ -55,6 +58,29 @@ class GPTHarnessLM(TemplateLM):
     def from_checkpoint(cls, path: str | Path, **kwargs: Any) -> "GPTHarnessLM":
         """The model of a ``gpt-lightning fit`` checkpoint (``.ckpt`` or sharded folder); ``kwargs`` as for ``__init__``."""
         return cls(gpt_from_checkpoint(path), **kwargs)
+
+    def auto_batch_size(self, maximum: int = 64) -> int:
+        """The largest batch size, halving from ``maximum`` (a power of two), whose heaviest request fits
+        in memory: a whole window scored at once, as a rolling document's is. On a GPU each size is tried
+        (an out-of-memory error halves it); on a CPU, where running out of memory kills the process, the
+        window's log-probabilities (the largest tensors) must fit in a quarter of the free memory."""
+        block, vocab = self.max_length, self.gpt.config.vocab_size
+        request = ([self.prefix_token_id], [i % self.vocab_limit for i in range(block)])
+
+        def fits(size: int) -> bool:
+            if self._device.type != "cuda":
+                free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+                return size * block * vocab * 4 * 3 <= free // 4  # logits, their float32 copy, log-softmax
+            try:
+                with self.inference():
+                    score_continuations(self.gpt, [request] * size, size, self._device)
+                return True
+            except torch.cuda.OutOfMemoryError:
+                return False
+            finally:
+                torch.cuda.empty_cache()
+
+        return largest_batch_size(fits, maximum)
 
     @property
     def device(self) -> torch.device:
@@ -72,25 +98,54 @@ class GPTHarnessLM(TemplateLM):
 
     @contextlib.contextmanager
     def inference(self):
-        """The model in eval mode (restored after), eager, no gradients, under ``dtype``'s autocast if any."""
+        """The model in eval mode (restored after), eager, no gradients, under ``dtype``'s autocast if any
+        (none given: the caller's autocast, such as the precision plugin's, stays on)."""
         was_training = self.gpt.training
         self.gpt.eval()
-        autocast = torch.autocast(self._device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
+        autocast = contextlib.nullcontext() if self.dtype is None else torch.autocast(
+            self._device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
         try:
             with torch.no_grad(), torch.compiler.set_stance("force_eager"), autocast:
                 yield
         finally:
             self.gpt.train(was_training)
 
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """As the harness's ``TemplateLM`` encodes them; a context of only whitespace is an empty one
+        (its whitespace moves to the continuation, as the harness moves a context's trailing spaces), and
+        a continuation longer than the model's context is refused in one line naming the task."""
+        encoded = []
+        for request in requests:
+            context, continuation = request.args
+            if context.strip():
+                context_enc, continuation_enc = self._encode_pair(context, continuation)
+            else:  # the harness's rule for an empty context: <|endoftext|> first, unless the text starts with it
+                continuation_enc = self.tok_encode(context + continuation)
+                if continuation_enc[:1] == [self.prefix_token_id]:
+                    context_enc, continuation_enc = continuation_enc[:1], continuation_enc[1:]
+                else:
+                    context_enc = [self.prefix_token_id]
+            if len(continuation_enc) > self.max_length:
+                raise UserError(f"Task {request.task_name}: a continuation of {len(continuation_enc)} tokens (document "
+                                f"{request.doc_id}) is longer than the model's context of {self.max_length}: score such "
+                                "text as a loglikelihood_rolling task, or shorten doc_to_target.")
+            encoded.append(((context, continuation), context_enc, continuation_enc))
+        return self._loglikelihood_tokens(encoded)
+
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
-        """(log-probability, greedy) of each request's continuation after its context."""
+        """(log-probability, greedy) of each request's continuation after its context; each batch's
+        answers go to the cache (``--use_cache``) as it finishes, so a stopped evaluation resumes."""
         pairs = [(context, continuation) for _, context, continuation in requests]
+
+        def cache(indices: list[int], answers: list[tuple[float, bool]]) -> None:
+            for i in indices:
+                if requests[i][0] is not None:
+                    self.cache_hook.add_partial("loglikelihood", requests[i][0], answers[i])
+            if getattr(self.cache_hook, "dbdict", None) is not None:
+                self.cache_hook.dbdict.commit()
+
         with self.inference():
-            answers = score_continuations(self.gpt, pairs, self.batch_size, self._device)
-        for (request, _, _), answer in zip(requests, answers):
-            if request is not None:
-                self.cache_hook.add_partial("loglikelihood", request, answer)
-        return answers
+            return score_continuations(self.gpt, pairs, self.batch_size, self._device, on_batch=cache)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Log-likelihood of each whole document, in the harness's disjoint windows."""
@@ -110,25 +165,38 @@ class GPTHarnessLM(TemplateLM):
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Text continuing each prompt until a stop sequence (``until``, and always ``<|endoftext|>``) or
         ``max_gen_toks`` tokens, greedy or sampled as ``gen_kwargs`` say, cut before the stop sequence."""
+        for request in requests:  # every task's generation_kwargs before any generation
+            self._generation_options(request.args[1], request.task_name)
         batches = Collator([request.args for request in requests], sort_fn=lambda args: (-len(self.tok_encode(args[0])), args[0]),
                            group_by="gen_kwargs", group_fn=lambda args: args[1])
         out = []
         for chunk in batches.get_batched(n=self.batch_size):
             contexts, all_kwargs = zip(*chunk)
-            kwargs = normalize_gen_kwargs(all_kwargs[0], self.max_gen_toks)
-            until = handle_stop_sequences(kwargs.pop("until", None), eos=END_OF_TEXT)
-            max_gen_toks = kwargs.pop("max_gen_toks")
-            if max_gen_toks >= self.max_length:
-                raise UserError(f"A generation task asks for up to {max_gen_toks} new tokens, which leaves no room for a "
-                                f"prompt in the model's context of {self.max_length}: set its generation_kwargs.max_gen_toks "
-                                "below that (in the task's YAML).")
-            sampling = sampling_options(kwargs)
-            prompts = [self.tok_encode(context)[-(self.max_length - max_gen_toks):] for context in contexts]
+            until, max_gen_toks, sampling = self._generation_options(all_kwargs[0])
+            # An empty prompt starts after <|endoftext|>, as an empty loglikelihood context does.
+            prompts = [(self.tok_encode(context) or [self.prefix_token_id])[-(self.max_length - max_gen_toks):]
+                       for context in contexts]
             for context, prompt, text in zip(contexts, prompts, self._generate(prompts, max_gen_toks, until, sampling)):
                 text = postprocess_generated_text(text, until, None)
                 out.append(text)
                 self.cache_hook.add_partial("generate_until", (context, all_kwargs[0]), text)
         return batches.get_original(out)
+
+    def _generation_options(self, gen_kwargs: dict[str, Any], task: str | None = None) -> tuple[list[str], int, dict[str, Any]]:
+        """(stop sequences, max_gen_toks, ``generate``'s sampling options) of a request's ``gen_kwargs``;
+        what we cannot do is refused in one line naming the task."""
+        kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
+        until = handle_stop_sequences(kwargs.pop("until", None), eos=END_OF_TEXT)
+        max_gen_toks = kwargs.pop("max_gen_toks")
+        where = f"Task {task}" if task else "A generation task"
+        if max_gen_toks >= self.max_length:
+            raise UserError(f"{where} asks for up to {max_gen_toks} new tokens, which leaves no room for a "
+                            f"prompt in the model's context of {self.max_length}: set its generation_kwargs.max_gen_toks "
+                            "below that (in the task's YAML).")
+        try:
+            return until, max_gen_toks, sampling_options(kwargs)
+        except ValueError as err:
+            raise UserError(f"{where}: {err}") from None
 
     def _generate(self, prompts: list[list[int]], max_gen_toks: int, until: list[str], sampling: dict[str, Any]) -> list[str]:
         """The decoded new tokens of each prompt, prompts of one length generated as one batch."""
@@ -152,18 +220,27 @@ class GPTHarnessLM(TemplateLM):
         return texts
 
 
+def largest_batch_size(fits, maximum: int) -> int:
+    """The first of ``maximum``, ``maximum // 2``, ... 1 for which ``fits(size)``; 1 if none does."""
+    size = maximum
+    while size > 1 and not fits(size):
+        size //= 2
+    return size
+
+
 def sampling_options(gen_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``generate``'s ``temperature`` and ``top_k`` for the harness's ``gen_kwargs``: greedy unless
-    ``do_sample`` (then ``temperature`` 1 unless given); anything else is refused rather than ignored."""
+    """``generate``'s ``temperature``, ``top_k`` and ``top_p`` for the harness's ``gen_kwargs``: greedy
+    unless ``do_sample`` (then ``temperature`` 1 unless given); anything else is refused rather than ignored."""
     kwargs = dict(gen_kwargs)
     do_sample = kwargs.pop("do_sample", False)
     temperature = float(kwargs.pop("temperature", 1.0 if do_sample else 0.0))
     top_k = kwargs.pop("top_k", None)
     top_p = kwargs.pop("top_p", None)
-    if top_p not in (None, 1, 1.0):
-        raise ValueError(f"gen_kwargs top_p={top_p}: gpt-lightning samples with temperature and top_k only.")
     if kwargs:
-        raise ValueError(f"gen_kwargs {', '.join(sorted(kwargs))} are not supported: give do_sample, temperature, top_k, until, max_gen_toks.")
+        raise ValueError(f"generation_kwargs {', '.join(sorted(kwargs))} not supported: give only do_sample, temperature, "
+                         "top_k, top_p, until, max_gen_toks.")
+    if top_p is not None and not 0 < float(top_p) <= 1:
+        raise ValueError(f"generation_kwargs top_p must be in (0, 1], got {top_p}.")
     if not do_sample or temperature == 0.0:
         return dict(temperature=0.0)
-    return dict(temperature=temperature, top_k=int(top_k) if top_k else None)
+    return dict(temperature=temperature, top_k=int(top_k) if top_k else None, top_p=float(top_p) if top_p is not None else None)

@@ -3,6 +3,9 @@ examples, metrics and results dict, with its errors for a missing install or dat
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,9 @@ def run_tasks(
     include_path: str | Path | None = None,
     log_samples: bool = False,
     bootstrap_iters: int = 100_000,
+    gen_kwargs: dict[str, Any] | None = None,
+    seeds: list[int | None] | None = None,
+    use_cache: str | None = None,
 ) -> dict[str, Any] | None:
     """The harness's results dict (``results``, ``groups``, ``configs``, ... and with ``log_samples``
     ``samples``) of ``lm`` on ``tasks``; None on ranks other than 0, as ``simple_evaluate`` returns.
@@ -62,14 +68,21 @@ def run_tasks(
         include_path: a folder of the user's task YAMLs, found beside the harness's own.
         log_samples: keep each request's inputs and outputs in ``samples``.
         bootstrap_iters: resamples for the metrics' standard errors (the harness's default); 0 skips them.
+        gen_kwargs: generation options laid over every generation task's own (``temperature``, ...).
+        seeds: Python's, NumPy's, torch's and the few-shot sampler's seeds (None: the harness's defaults).
+        use_cache: the harness's answer cache, SQLite files ``<use_cache>_rank<N>.db``: answers found there
+            are not computed again.
     """
     lm_eval = import_lm_eval()
     manager = task_manager(tasks, include_path)
+    seeded = dict(zip(("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed"), seeds)) if seeds else {}
     try:
-        results = lm_eval.simple_evaluate(
-            model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit, log_samples=log_samples,
-            bootstrap_iters=bootstrap_iters, task_manager=manager, batch_size=getattr(lm, "batch_size", None),
-        )
+        with quiet_git_probe():
+            results = lm_eval.simple_evaluate(
+                model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit, log_samples=log_samples,
+                bootstrap_iters=bootstrap_iters, task_manager=manager, batch_size=getattr(lm, "batch_size", None),
+                gen_kwargs=gen_kwargs, use_cache=use_cache, **seeded,
+            )
     except Exception as err:
         if is_offline_error(err):
             said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -79,6 +92,31 @@ def run_tasks(
             ) from None
         raise
     return results
+
+
+@contextlib.contextmanager
+def quiet_git_probe():
+    """The harness records the commit of the working folder in its results by running ``git describe``,
+    whose ``fatal: not a git repository`` outside a repository reached the terminal: the same probe, its
+    stderr kept from the terminal."""
+    from lm_eval import evaluator
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    def commit_hash() -> str | None:
+        try:
+            probe = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True)
+        except FileNotFoundError:  # no git installed
+            probe = None
+        if probe is not None and probe.returncode == 0:
+            return probe.stdout.strip()
+        return get_commit_from_path(os.getcwd())
+
+    saved = evaluator.get_git_commit_hash
+    evaluator.get_git_commit_hash = commit_hash
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = saved
 
 
 def is_offline_error(err: BaseException) -> bool:
