@@ -54,6 +54,8 @@ def test_logs_the_tasks_and_trains_the_weights_of_a_run_without_it(tmp_path, sha
     def train(callbacks: list, name: str) -> GPTLightningModule:
         torch.manual_seed(0)
         module = GPTLightningModule(**TINY_MODEL, block_size=32, dropout=0.1, val_sample_tokens=0)
+        module.model.transformer.h[0].attn.c_proj.register_forward_hook(  # the pass runs in eval mode, training does not
+            lambda layer, inputs, output: None if layer.training else pass_dtypes.add(output.dtype))
         data = TokenStreamDataModule(str(tmp_path / "text.txt"), batch_size=2, block_size=32, shuffle=True,
                                      cache_dir=str(tmp_path / "cache"))
         Trainer(accelerator="cpu", precision="bf16-mixed", max_steps=4, limit_val_batches=0, callbacks=callbacks,
@@ -62,7 +64,9 @@ def test_logs_the_tasks_and_trains_the_weights_of_a_run_without_it(tmp_path, sha
         return module
 
     harness = HarnessEval(tasks=TASK, every_n_steps=4, limit=7, include_path=str(tasks))
+    pass_dtypes = set()
     evaluated = train([harness], "with")
+    assert pass_dtypes == {torch.bfloat16}  # the pass runs in the training precision (bf16-mixed's autocast)
     plain = train([], "without")
     assert [result["step"] for result in harness.results] == [0, 4]  # the first step and the end
     (run_dir,) = (tmp_path / "with").iterdir()
@@ -134,6 +138,19 @@ def test_our_suite_is_looked_up_with_the_harness_tasks_it_names(monkeypatch):
     with pytest.raises(Exception) as raised:
         manager.load_task_or_group(["gpt2-suite"])
     assert tasks.is_offline_error(raised.value), repr(raised.value)
+
+
+def test_a_task_with_fewer_examples_than_ranks_is_refused_before_training(tmp_path, shakespeare):
+    """With no limit too: the task's own examples count (7 here, 8 ranks)."""
+    from types import SimpleNamespace
+
+    from gpt_lightning import HarnessEval
+    from gpt_lightning.errors import UserError
+
+    harness = HarnessEval(tasks=TASK, include_path=str(write_task(tmp_path / "tasks", shakespeare, examples=7)))
+    with pytest.raises(UserError, match=f"task {TASK} has 7 example"):
+        harness.setup(SimpleNamespace(world_size=8), SimpleNamespace(device_mesh=None), "fit")
+    harness.setup(SimpleNamespace(world_size=7), SimpleNamespace(device_mesh=None), "fit")  # one each
 
 
 def test_a_limit_below_the_number_of_ranks_is_refused_before_training():
