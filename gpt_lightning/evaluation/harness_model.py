@@ -60,7 +60,7 @@ class GPTHarnessLM(TemplateLM):
         return cls(gpt_from_checkpoint(path), **kwargs)
 
     def auto_batch_size(self, maximum: int = 64) -> int:
-        """The largest batch size, halving from ``maximum`` (a power of two), whose heaviest request fits
+        """The largest batch size, halving from ``maximum``, whose heaviest request fits
         in memory: a whole window scored at once, as a rolling document's is. On a GPU each size is tried
         (an out-of-memory error halves it); on a CPU, where running out of memory kills the process, the
         window's log-probabilities (the largest tensors) must fit in a quarter of the free memory."""
