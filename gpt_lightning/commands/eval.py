@@ -97,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=limit_value, help="score only the first N examples of each task (--tasks: below 1, that share)")
     parser.add_argument("--batch_size", type=batch_size_value, default=8,
                         help="requests (--task hellaswag: examples) per forward pass; --tasks: auto (or auto:N) picks the "
-                             "largest power of two up to --max_batch_size that fits in memory, once (default: %(default)s)")
+                             "first of --max_batch_size, its half, ... that fits in memory, once (default: %(default)s)")
     parser.add_argument("--max_batch_size", type=int, default=64, help="--batch_size auto: the largest it tries (default: %(default)s)")
     parser.add_argument("--gen_kwargs", nargs="+", metavar="KEY=VALUE",
                         help="--tasks: generation options for every generation task, over its own: temperature=0,top_p=0.9 "

@@ -69,7 +69,10 @@ class GPTHarnessLM(TemplateLM):
 
         def fits(size: int) -> bool:
             if self._device.type != "cuda":
-                free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+                try:
+                    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+                except ValueError:  # macOS has no count of free pages: all of them
+                    free = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
                 return size * block * vocab * 4 * 3 <= free // 4  # logits, their float32 copy, log-softmax
             try:
                 with self.inference():
