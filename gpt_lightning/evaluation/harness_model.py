@@ -168,8 +168,10 @@ class GPTHarnessLM(TemplateLM):
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Text continuing each prompt until a stop sequence (``until``, and always ``<|endoftext|>``) or
         ``max_gen_toks`` tokens, greedy or sampled as ``gen_kwargs`` say, cut before the stop sequence."""
-        for request in requests:  # every task's generation_kwargs before any generation
-            self._generation_options(request.args[1], request.task_name)
+        checked = {}  # every task's generation_kwargs before any generation, each once
+        for request in requests:
+            if checked.setdefault((request.task_name, repr(request.args[1])), request) is request:
+                self._generation_options(request.args[1], request.task_name)
         batches = Collator([request.args for request in requests], sort_fn=lambda args: (-len(self.tok_encode(args[0])), args[0]),
                            group_by="gen_kwargs", group_fn=lambda args: args[1])
         out = []
