@@ -304,6 +304,9 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
             # Trainer() only validates the trainer settings it was given: the user's.
             raise UserError(f"The trainer settings are not usable here: {err}") from None
         _put_preemption_last(trainer)
+        if not trainer.loggers:  # --trainer.logger false: our learning-rate monitor has nowhere to write
+            ours = self.config_section("lr_monitor")
+            trainer.callbacks = [c for c in trainer.callbacks if c is not ours]
         return trainer
 
     def before_fit(self) -> None:
