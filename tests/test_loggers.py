@@ -4,6 +4,7 @@ step); and under DDP the validation metrics log without Lightning's ``sync_dist`
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -46,6 +47,23 @@ def test_csv_logger_gets_the_samples_in_a_file_of_its_run_said_once(small_text, 
     assert caplog.text.count("Validation samples: CSVLogger takes no text; they go to") == 1
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     assert [int(r["step"]) for r in rows if r["val/loss"]] == [2, 4]  # the samples' steps
+    # --ckpt_path last finds the newest CSV run, numbered as TensorBoard's.
+    main([*TINY, "--data.data_path", str(small_text), "--trainer.max_steps", "5", "--ckpt_path", "last",
+          "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", "csv"])
+    assert f"--ckpt_path last: resuming from {Path('csv/tiny-cpu/version_0/checkpoints/last.ckpt')}" in caplog.text
+
+
+def test_ckpt_path_last_with_a_logger_that_starts_a_new_folder_each_launch_says_what_to_give(small_text, tmp_path,
+                                                                                          monkeypatch, capsys):
+    """W&B (and MLflow) make a new run folder at each launch: --ckpt_path last looked in ``./<name>/version_*``,
+    found nothing, and started fresh at every requeue."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main([*TINY, "--data.data_path", str(small_text), "--trainer.logger", "lightning.pytorch.loggers.WandbLogger",
+              "--ckpt_path", "last"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert "WandbLogger starts a new run folder at each launch. Give every launch the same --checkpoint.dirpath" in err
 
 
 def test_validation_evaluation_and_samples_land_at_the_same_step(small_text, tmp_path, monkeypatch):
@@ -78,8 +96,8 @@ def test_under_ddp_validation_logs_its_reduced_value_without_the_sync_dist_warni
     from gpt_lightning import GPTLightningModule, TokenStreamDataModule
 
     monkeypatch.chdir(tmp_path)
-    main([*TINY, "--data.data_path", str(small_text), "--trainer.strategy", "ddp", "--trainer.precision", "32-true",
-          "--model.val_sample_tokens", "0", "--trainer.logger.init_args.save_dir", "tb"])
+    main([*TINY, "--data.data_path", str(small_text), "--trainer.strategy", "ddp", "--model.val_sample_tokens", "0",
+          "--trainer.logger.init_args.save_dir", "tb"])
     assert not [str(w.message) for w in recwarn if "sync_dist" in str(w.message)]
     (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
     events = EventAccumulator(str(run_dir))
@@ -88,7 +106,7 @@ def test_under_ddp_validation_logs_its_reduced_value_without_the_sync_dist_warni
     module = GPTLightningModule.load_from_checkpoint(run_dir / "checkpoints" / "last.ckpt", map_location="cpu")
     data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32)
     with torch.no_grad():
-        (plain,) = Trainer(accelerator="cpu", logger=False, limit_val_batches=1, enable_progress_bar=False,
+        (plain,) = Trainer(accelerator="cpu", precision="bf16-mixed", logger=False, limit_val_batches=1, enable_progress_bar=False,
                            enable_model_summary=False).validate(module, data, verbose=False)
     assert logged == pytest.approx({tag: plain[tag] for tag in logged}, rel=1e-6)
 
