@@ -18,6 +18,7 @@ import yaml
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Checkpoint, LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
@@ -243,7 +244,18 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
         logger = fit.trainer.get("logger")
         init_args = getattr(logger, "init_args", None) or {}
         save_dir, name = init_args.get("save_dir"), init_args.get("name") or ""
-        if save_dir is None or init_args.get("version") is not None or fit.get("checkpoint", {}).get("dirpath"):
+        fixed_run = any(init_args.get(key) is not None for key in ("version", "id", "run_id"))  # W&B: id, MLflow: run_id
+        if fixed_run or fit.get("checkpoint", {}).get("dirpath"):
+            return None
+        located = pydoc.locate(str(getattr(logger, "class_path", "")))
+        if isinstance(located, type) and not issubclass(located, (TensorBoardLogger, CSVLogger)):
+            # W&B, MLflow, ...: each launch is a new run folder, where last.ckpt would never be found.
+            raise UserError(
+                f"--ckpt_path last resumes the newest numbered run (version_N/), and {located.__name__} starts a new "
+                "run folder at each launch. Give every launch the same --checkpoint.dirpath (e.g. --checkpoint.dirpath "
+                "checkpoints); --ckpt_path last then finds last.ckpt there."
+            )
+        if save_dir is None:
             return None
         return Path(save_dir).expanduser() / name
 
@@ -304,6 +316,9 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
             # Trainer() only validates the trainer settings it was given: the user's.
             raise UserError(f"The trainer settings are not usable here: {err}") from None
         _put_preemption_last(trainer)
+        if not trainer.loggers:  # --trainer.logger false: our learning-rate monitor has nowhere to write
+            ours = self.config_section("lr_monitor")
+            trainer.callbacks = [c for c in trainer.callbacks if c is not ours]
         return trainer
 
     def before_fit(self) -> None:

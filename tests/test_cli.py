@@ -143,7 +143,7 @@ def test_a_small_corpus_with_epochs_shorter_than_the_validation_interval(shakesp
     (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
     events = EventAccumulator(str(run_dir))
     events.Reload()
-    assert [e.step for e in events.Scalars("val/loss")] == [4]  # after optimizer step 5, across epochs
+    assert [e.step for e in events.Scalars("val/loss")] == [5]  # after optimizer step 5, across epochs
     assert len(events.Scalars("train/loss")) == 2  # steps 3 and 6, across epoch ends
 
 

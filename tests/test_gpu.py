@@ -67,7 +67,7 @@ def test_fsdp2_validates_on_nccl(small_text, tmp_path):
     events = EventAccumulator(str(run_dir))
     events.Reload()
     val = events.Scalars("val/loss")
-    assert [e.step for e in val] == [3, 7] and all(0 < e.value < 12 for e in val)
+    assert [e.step for e in val] == [4, 8] and all(0 < e.value < 12 for e in val)
 
 
 @pytest.mark.parametrize("overlay", [[], ["--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.devices", "1"]],

@@ -90,7 +90,7 @@ def test_with_tokens_per_step_the_validation_interval_counts_optimizer_steps(sma
     (run_dir,) = (tmp_path / "tb").glob("*/version_0")
     events = EventAccumulator(str(run_dir))
     events.Reload()
-    assert [event.step for event in events.Scalars("val/loss")] == [1, 3]  # after optimizer steps 2 and 4 (0-based, as train/loss)
+    assert [event.step for event in events.Scalars("val/loss")] == [2, 4]  # after optimizer steps 2 and 4 (the steps done, as eval/*)
     assert [event.step for event in events.Scalars("train/loss")] == [0, 1, 2, 3]  # one per optimizer step
 
 
@@ -144,7 +144,7 @@ def test_every_optimizer_step_trains_the_whole_budget_across_epoch_ends(source, 
     assert (position["epoch"], position["batches"]) == (2, 3)  # 3 + 3 steps, then 1 of the third epoch
     events = EventAccumulator(str(run_dir))
     events.Reload()
-    assert [e.step for e in events.Scalars("val/loss")] == [1, 3, 5]  # after optimizer steps 2, 4 and 6
+    assert [e.step for e in events.Scalars("val/loss")] == [2, 4, 6]  # after optimizer steps 2, 4 and 6
     saved = json.loads((run_dir / "throughput.json").read_text())
     assert saved["tokens_per_optimizer_step"] == saved.get("tokens_per_optimizer_step_min") == 96
     assert saved["tokens_per_optimizer_step_max"] == 96 and saved["tokens_trained"] == 7 * 96

@@ -1,10 +1,16 @@
-"""``ValidationSamples``: after each validation, text sampled from the model, logged to TensorBoard,
-so you can watch the model learn to write."""
+"""``ValidationSamples``: after each validation, text sampled from the model, logged where the logger
+takes text (TensorBoard, W&B, MLflow) or else to ``samples.txt`` in the run's folder, so you can
+watch the model learn to write."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any, Callable
+
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.errors import UserError
@@ -12,12 +18,15 @@ from gpt_lightning.generation import generate
 from gpt_lightning.model import GPT
 
 TAG = "samples"
+FILENAME = "samples.txt"  # in the run's folder, for loggers that take no text (CSVLogger) or none
 
 
 class ValidationSamples(Callback):
-    """Text sampled after each validation (not the sanity check), logged with the logger's ``add_text``
-    under ``samples``: same seed every time, in the run's precision. Works with any module whose
-    ``model`` is a gpt-lightning ``GPT``.
+    """Text sampled after each validation (not the sanity check) under ``samples``, at the step of
+    ``val/*``: same seed every time, in the run's precision. Each logger that takes text gets it
+    (TensorBoard's ``add_text``, W&B's ``log_text``, MLflow's ``log_text`` artifacts); with none
+    such, ``samples.txt`` in ``trainer.log_dir``, said once. Works with any module whose ``model``
+    is a gpt-lightning ``GPT``.
 
     Args:
         tokens: tokens to sample; 0 turns the samples off. None: the module's ``val_sample_tokens``
@@ -31,6 +40,7 @@ class ValidationSamples(Callback):
             raise UserError(f"ValidationSamples(tokens=...) must be >= 0, got {tokens}.")
         self.tokens = tokens
         self.prompt = prompt
+        self._writers: list[Callable[[str, int], None]] | None = None  # at the first validation
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if not isinstance(getattr(pl_module, "model", None), GPT):
@@ -52,16 +62,15 @@ class ValidationSamples(Callback):
         tokens = self._setting(pl_module, "tokens")
         if not tokens or trainer.sanity_checking:
             return
-        add_text = getattr(getattr(trainer.logger, "experiment", None), "add_text", None)
-        if add_text is None:
-            return
+        if self._writers is None:
+            self._writers = text_writers(trainer)  # every rank: trainer.log_dir is a collective
         # In the run's precision, as validation itself (bf16 autocast under bf16-mixed): what the
         # model computes in training, at the speed of a bf16 GPU; float32 only when the run is.
         with torch.compiler.set_stance("force_eager"), trainer.precision_plugin.forward_context():
             text = self.sample(pl_module, tokens, self._setting(pl_module, "prompt") or "")
         if trainer.is_global_zero:
-            # Markdown would swallow line breaks: indent as a code block.
-            add_text(TAG, "    " + text.replace("\n", "\n    "), trainer.global_step)
+            for write in self._writers:
+                write(text, trainer.global_step)
 
     @staticmethod
     def sample(pl_module: LightningModule, tokens: int, prompt: str) -> str:
@@ -75,3 +84,39 @@ class ValidationSamples(Callback):
             pl_module.model, idx, tokens, temperature=1.0, top_k=50, generator=generator, vocab_limit=encoding.n_vocab
         )
         return encoding.decode(out[0].tolist())
+
+
+def text_writers(trainer: Trainer) -> list[Callable[[str, int], None]]:
+    """A ``write(text, step)`` for each logger that takes text; else one appending to ``samples.txt``
+    in ``trainer.log_dir`` (the working directory without a logger), said once. Call on every rank."""
+    log_dir = trainer.log_dir or trainer.default_root_dir
+    writers = [w for w in map(_logger_text_writer, trainer.loggers) if w is not None]
+    if writers:
+        return writers
+    path = Path(log_dir) / FILENAME
+    names = ", ".join(type(logger).__name__ for logger in trainer.loggers)
+    rank_zero_info(f"Validation samples: {f'{names} takes no text' if names else 'no logger'}; they go to {path}.")
+
+    def append(text: str, step: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as f:
+            f.write(f"--- step {step} ---\n{text}\n\n")
+
+    return [append]
+
+
+def _logger_text_writer(logger: Logger) -> Callable[[str, int], None] | None:
+    """How ``logger`` takes text, found by its public methods; None if it takes none."""
+    experiment: Any = logger.experiment
+    add_text = getattr(experiment, "add_text", None)  # TensorBoard's SummaryWriter
+    if callable(add_text):
+        # Markdown would swallow line breaks: indent as a code block.
+        return lambda text, step: add_text(TAG, "    " + text.replace("\n", "\n    "), step)
+    log_text = getattr(logger, "log_text", None)  # WandbLogger: a table of (step, text)
+    if callable(log_text):
+        return lambda text, step: log_text(TAG, columns=["step", "text"], data=[[step, text]], step=step)
+    run_id = getattr(logger, "run_id", None)  # MLFlowLogger: an MlflowClient, a text artifact per validation
+    client_log_text = getattr(experiment, "log_text", None)
+    if run_id is not None and callable(client_log_text):
+        return lambda text, step: client_log_text(run_id, text, f"{TAG}/step-{step:07d}.txt")
+    return None

@@ -8,9 +8,11 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
+from torchmetrics.metric import CompositionalMetric
 
 from gpt_lightning.scaling.flops import training_flops
 from gpt_lightning.scaling.sharding import is_empty, materialize, shard_once, sync_at_last_micro_batch
@@ -151,6 +153,7 @@ class GPTLightningModule(LightningModule):
         self.model.activation_checkpointing = activation_checkpointing
         with torch.device("cpu"):  # a few scalars: real even when the model is built on the meta device
             self.val_loss = MeanMetric()  # token-weighted mean, reduced across ranks at compute()
+            self.val_perplexity = CompositionalMetric(torch.exp, self.val_loss, None)  # exp of val_loss's compute()
             self.val_bpb = BitsPerByte()  # bits over bytes, each summed across ranks at compute()
         self._byte_lengths: torch.Tensor | None = None  # (vocab_size,) on the device, at the first validation
         self._nonfinite, self._step_loss = NonFiniteGuard(), StepLoss()  # see on_before_optimizer_step
@@ -274,12 +277,17 @@ class GPTLightningModule(LightningModule):
     test_step = validation_step  # the same loss, logged as test/ by on_test_epoch_end
 
     def _log_eval(self, prefix: str) -> None:
-        loss = self.val_loss.compute()
-        self.log(f"{prefix}/loss", loss, prog_bar=prefix == "val")
-        self.log(f"{prefix}/perplexity", torch.exp(loss))
-        self.log(f"{prefix}/bpb", self.val_bpb.compute())  # bits per byte (``bits_per_byte``)
-        self.val_loss.reset()
-        self.val_bpb.reset()
+        # The torchmetrics objects, which reduce over ranks at compute() (Lightning computes and resets them):
+        # as tensors, Lightning warns under DDP to add sync_dist, which would all-reduce reduced values again.
+        metrics = {"loss": self.val_loss, "perplexity": self.val_perplexity, "bpb": self.val_bpb}  # bpb: bits per byte
+        fitting = self.trainer.state.fn == TrainerFn.FITTING
+        for name, metric in metrics.items():
+            self.log(f"{prefix}/{name}", metric, prog_bar=name == "loss" and prefix == "val", logger=False if fitting else None)
+        if fitting and self.loggers and not self.trainer.sanity_checking:
+            # At the optimizer steps done, as eval/* and the checkpoints' step=N (Lightning's step is one less).
+            values = {f"{prefix}/{name}": metric.compute().item() for name, metric in metrics.items()}
+            for logger in self.loggers:
+                logger.log_metrics(values, step=self.global_step)
 
     def on_validation_epoch_end(self) -> None:
         self._log_eval("val")
