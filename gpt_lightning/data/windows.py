@@ -153,8 +153,13 @@ class ResumableStream(IterableDataset):
         layout, order = state_dict.get("layout"), state_dict.get("order")
         if not isinstance(layout, dict) or order is None:  # saved before positions were counted in rows
             if layout is not None and list(layout)[:3] != [self.batch_size, self.block_size, self.world_size]:
-                rank_zero_warn(f"The checkpoint's data position was counted in batches of another layout ({list(layout)}); "
-                               f"the resumed epoch starts after {batches} of the new batches, which is not where the run stopped.")
+                B, T, W = list(layout)[:3]
+                raise UserError(
+                    f"The checkpoint counts its data position in batches of {W} process(es) x {B} rows of {T} tokens "
+                    f"(saved by an older gpt-lightning), this run's are {self.world_size} x {self.batch_size} x "
+                    f"{self.block_size}: resume it once with {W} process(es), --data.batch_size {B} and --data.block_size "
+                    f"{T}; the checkpoints that run saves resume on any number of processes."
+                )
             self._restored = restored
             return
         ended, rows = bool(state_dict["ended"]), int(state_dict["rows"])
