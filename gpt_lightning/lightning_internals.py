@@ -3,7 +3,8 @@ names that go with it); none has a public equivalent. ``tests/test_lightning_int
 against the installed versions (``check()`` names what moved), hence ``lightning<2.7`` in pyproject.toml.
 
 Names (user): ``epoch_loop._batches_that_stepped`` (resume), ``batch_progress.current.ready`` (mid-epoch
-resume), ``_format_summary_table`` (FLOPs line in the summary), ``LightningCLI._parse_ckpt_path`` and
+resume), the other ``batch_progress`` counts (a resume on another layout), ``_format_summary_table``
+(FLOPs line in the summary), ``LightningCLI._parse_ckpt_path`` and
 ``_add_configure_optimizers_method_to_model`` (lightning_cli.py), ``epoch_loop._broadcast_sigterm_tensor``
 and ``strategy._timeout`` (preemption), ``lightning_utilities.core.rank_zero.log`` (CLI log filter),
 ``GradScaler._get_scale_async`` (nonfinite), ``Optimizer._step_supports_amp_scaling`` (fused AdamW),
@@ -37,6 +38,20 @@ def set_batches_that_stepped(trainer: Trainer, value: int) -> None:
 def batches_started(trainer: Trainer) -> int:
     """Batches of the current epoch the fit loop has already started (a mid-epoch resume's offset)."""
     return trainer.fit_loop.epoch_loop.batch_progress.current.ready
+
+
+def move_batch_progress(trainer: Trainer, batches: int, accumulate: int, accumulated: int, ended: bool) -> None:
+    """Restored counts in another layout's micro-batches made this layout's: ``batches`` of the current
+    epoch done, the earlier epochs' whole steps of ``accumulated`` counted at ``accumulate``."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    current, total = progress.current, progress.total
+    earlier = (total.ready - current.ready) // accumulated * accumulate
+    for counts, base in ((total, earlier), (current, 0)):  # total first: it reads current's old counts
+        lags = {name: current.ready - getattr(current, name) for name in ("started", "processed", "completed")}
+        counts.ready = base + batches
+        for name, lag in lags.items():  # a checkpoint saved mid-batch keeps its place in the batch
+            setattr(counts, name, max(base, base + batches - lag))
+    progress.is_last_batch = ended
 
 
 def skip_sigterm_broadcast(trainer: Trainer) -> None:
@@ -172,6 +187,10 @@ CHECKS: dict[str, Callable[[], bool]] = {
     "fit_loop.epoch_loop._batches_that_stepped": lambda: _present(Trainer(logger=False).fit_loop.epoch_loop, "_batches_that_stepped"),
     "fit_loop.epoch_loop.batch_progress.current.ready": lambda: _present(
         getattr(getattr(Trainer(logger=False).fit_loop.epoch_loop, "batch_progress", None), "current", None), "ready"),
+    "fit_loop.epoch_loop.batch_progress": lambda: all(
+        _present(getattr(Trainer(logger=False).fit_loop.epoch_loop.batch_progress, part), name)
+        for part in ("current", "total") for name in ("ready", "started", "processed", "completed")
+    ) and _present(Trainer(logger=False).fit_loop.epoch_loop.batch_progress, "is_last_batch"),
     "fit_loop.epoch_loop._broadcast_sigterm_tensor": lambda: _calls_sigterm_broadcast(),
     "strategy._timeout": lambda: getattr(DDPStrategy(timeout=timedelta(seconds=7)), "_timeout", None) == timedelta(seconds=7),
     "model_summary._format_summary_table": lambda: _present(

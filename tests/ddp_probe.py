@@ -101,3 +101,20 @@ class StopRank(Callback):
         if trainer.global_rank == self.rank and trainer.global_step == self.step:
             Path(self.out).write_text(json.dumps({"pid": os.getpid(), "time": time.time()}))
             os.kill(os.getpid(), signal.SIGSTOP)
+
+
+class RecordSteps(Callback):
+    """Writes ``rank<r>.json`` to ``out_dir``: for each micro-batch this rank trained, the optimizer step
+    it belongs to, the trainer's epoch then and the batch's rows (token ids); and the epoch at the end."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+        self.batches: list = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.batches.append([trainer.global_step, trainer.current_epoch, batch[0].tolist()])
+
+    def on_train_end(self, trainer, pl_module):
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        record = {"batches": self.batches, "epoch": trainer.current_epoch, "world_size": trainer.world_size}
+        (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))

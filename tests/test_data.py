@@ -101,17 +101,68 @@ def test_the_state_counts_the_batches_served_so_far():
     stream = iter(windows)
     for _ in range(5):
         next(stream)
-    assert windows.state_dict() == {"epoch": 0, "batches": 5, "layout": [2, 4, 1, 101]}
+    assert windows.state_dict() == {"epoch": 0, "batches": 5, "ended": False, "rows": 10,
+                                    "layout": {"batch_size": 2, "processes": 1, "accumulate": 1},
+                                    "order": {"block_size": 4, "shuffle": False, "seed": 0, "rows": [25]}}
     resumed = TokenWindows(np.arange(101, dtype=np.uint16), 2, 4)
     resumed.load_state_dict(windows.state_dict())
     assert resumed.state_dict()["batches"] == 5  # restored, not yet served: saved on unchanged
     assert [x[0, 0].item() for x, _ in resumed] == [x[0, 0].item() for x, _ in stream]
 
 
-def test_another_layout_on_resume_is_warned_about():
+def test_a_position_saved_before_rows_were_counted_is_refused_in_another_layout():
+    from gpt_lightning.errors import UserError
+
     windows = TokenWindows(np.arange(101, dtype=np.uint16), 2, 4)
-    with pytest.warns(UserWarning, match="another layout"):
-        windows.load_state_dict({"epoch": 0, "batches": 3, "layout": [4, 4, 1, 101]})
+    with pytest.raises(UserError, match=r"batches of 2 process\(es\) x 4 rows of 4 tokens .* this run's are 1 x 2 x 4: "
+                                        r"resume it once with 2 process\(es\), --data.batch_size 4 and --data.block_size 4;"):
+        windows.load_state_dict({"epoch": 0, "batches": 3, "layout": [4, 4, 2, 101]})
+    windows.load_state_dict({"epoch": 0, "batches": 3, "layout": [2, 4, 1, 101]})  # its own layout: goes on
+    assert next(iter(windows))[0][0, 0].item() == 24
+
+
+def first_rows(ranks, epoch_passes=1):
+    """Each step's rows (first token of each) over all ranks, micro-batch by micro-batch, rank by rank."""
+    served = [[x[:, 0].tolist() for _ in range(epoch_passes) for x, _ in windows] for windows in ranks]
+    return [row for batch in zip(*served) for rows in batch for row in rows]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_position_goes_on_in_another_layout_with_the_same_rows(shuffle):
+    """250 rows of 4 tokens; 2 processes x 2 rows x 2 micro-batches (8 rows a step) stopped after 5 steps,
+    resumed on 1 process x 2 rows x 4: the rest of the epoch's rows, in order, whole steps; the trainer
+    is told the new counts. On 12 rows a step (3 x 4) the rows go on too, from where the run stopped."""
+    tokens = np.arange(1001, dtype=np.uint16)
+    kw = {"shuffle": shuffle, "seed": 7}
+    whole = first_rows([TokenWindows(tokens, 2, 4, **kw)], 2)  # one process, one row per batch slot
+    ranks = [TokenWindows(tokens, 2, 4, rank=r, world_size=2, accumulate=2, **kw) for r in (0, 1)]
+    streams = [iter(w) for w in ranks]
+    for _ in range(10):  # 5 steps of 2 micro-batches
+        for stream in streams:
+            next(stream)
+    saved = ranks[0].state_dict()
+    assert saved["rows"] == 40 and saved["batches"] == 10
+    moves = []
+    for accumulate, done, epoch_rows in ((4, 20, 248), (6, 18, 244)):  # 31 steps of 8 rows an epoch; 20 of 12
+        resumed = TokenWindows(tokens, 2, 4, accumulate=accumulate, moved=lambda *a: moves.append(a), **kw)
+        resumed.load_state_dict(saved)
+        rows = first_rows([resumed]) + first_rows([resumed])
+        assert rows == whole[40:epoch_rows] + whole[250:250 + len(rows) - (epoch_rows - 40)]
+        assert len(rows) - (epoch_rows - 40) == len(resumed) * 2
+        assert moves.pop() == (done, 2, False)  # batches of the epoch this layout counts as done
+
+
+def test_a_mid_epoch_resume_in_another_order_of_rows_is_refused_in_one_line():
+    from gpt_lightning.errors import UserError
+
+    tokens = np.arange(1001, dtype=np.uint16)
+    windows = TokenWindows(tokens, 2, 4, shuffle=True, seed=7)
+    stream = iter(windows)
+    next(stream)
+    with pytest.raises(UserError, match="mid-epoch in the order of rows that --data.block_size 4 --data.seed 7 give .this run: block_size 8, seed 8.; .*resume with --data.block_size 4 --data.seed 7, or"):
+        TokenWindows(tokens, 2, 8, shuffle=True, seed=8).load_state_dict(windows.state_dict())
+    list(stream)  # at the epoch's end another order is the next epoch's
+    TokenWindows(tokens, 2, 8, shuffle=True, seed=8).load_state_dict(windows.state_dict())
 
 
 def shuffled_firsts(windows, epoch):

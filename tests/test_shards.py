@@ -142,3 +142,28 @@ def test_tokenize_refuses_a_folder_that_fills_only_the_validation_shard(small_te
     assert exit_info.value.code == 2 and "nothing would be left to train on" in err
     assert f"holds {n:,} tokens" in err and f"Use --shard_tokens {n // 10} (or less)" in err
     assert not list((tmp_path / "shards").glob("*.npy"))  # nothing half-made
+
+
+def test_an_epoch_of_shards_is_the_same_rows_on_any_number_of_processes(tmp_path):
+    """Shards of 5 and 7 rows of 4 tokens: one process reads them as one stream of 12 rows, and two
+    processes split that stream batch by batch (a batch of rank 1 takes rows from both shards), where
+    each shard's rows used to be cut to whole batches of the layout; resumed on 1 process after 2 steps
+    of 2 processes, the rows go on in the same order."""
+    write_npy(tmp_path / "s_train_0.npy", np.arange(0, 21))
+    write_npy(tmp_path / "s_train_1.npy", np.arange(100, 129))
+    shards = find_shards(tmp_path)["train"]
+    for shuffle in (False, True):
+        def rows(windows):
+            return [row for x, _ in windows for row in x[:, 0].tolist()]
+
+        one = rows(ShardWindows(shards, 2, 4, shuffle=shuffle, seed=3).batches(1, 0))
+        assert len(one) == 12 and sorted(one) == [*range(0, 20, 4), *range(100, 128, 4)]
+        two = [rows(ShardWindows(shards, 2, 4, r, 2, shuffle=shuffle, seed=3).batches(1, 0)) for r in (0, 1)]
+        assert [row for i in range(3) for r in (0, 1) for row in two[r][2 * i : 2 * i + 2]] == one
+        ranks = [ShardWindows(shards, 2, 4, r, 2, shuffle=shuffle, seed=3) for r in (0, 1)]
+        for windows in ranks:
+            stream = iter(windows)
+            next(stream), next(stream)  # epoch 0: 2 steps of 4 rows
+        resumed = ShardWindows(shards, 2, 4, shuffle=shuffle, seed=3)
+        resumed.load_state_dict(ranks[0].state_dict())
+        assert rows(resumed) == rows(ShardWindows(shards, 2, 4, shuffle=shuffle, seed=3).batches(0, 0))[8:]

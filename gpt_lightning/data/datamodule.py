@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from gpt_lightning.data.corpus import Corpus, default_cache_dir
 from gpt_lightning.errors import UserError
-from gpt_lightning.lightning_internals import batches_started
+from gpt_lightning.lightning_internals import batches_started, move_batch_progress
 from gpt_lightning.data.shards import ShardWindows, find_shards, open_shard
 from gpt_lightning.data.token_cache import build_token_cache, load_tokens
 from gpt_lightning.data.tokenizer import GPT2_VOCAB_SIZE
@@ -194,7 +194,7 @@ class TokenStreamDataModule(LightningDataModule):
         if trainer is None or accumulate == 1 or trainer.fast_dev_run:  # fast_dev_run: Lightning's smoke run, as it is
             return
         limit = trainer.limit_train_batches
-        epoch = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+        epoch = self._epoch_batches(batches)
         if epoch % accumulate == 0:
             return
         given = f"{limit}" if isinstance(limit, int) else f"{limit} (= {epoch} of {batches} batches)"
@@ -215,8 +215,7 @@ class TokenStreamDataModule(LightningDataModule):
         interval = getattr(trainer, "val_check_interval", None)
         if not isinstance(interval, int) or getattr(trainer, "check_val_every_n_epoch", None) is None:
             return
-        limit = trainer.limit_train_batches
-        epoch = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+        epoch = self._epoch_batches(batches)
         if interval > epoch and trainer.limit_val_batches > 0:
             steps = self._validation_steps_given() or interval
             accumulate = interval // steps
@@ -226,6 +225,11 @@ class TokenStreamDataModule(LightningDataModule):
                 "epoch, so validation would never run. Add --trainer.check_val_every_n_epoch null to "
                 f"validate every {steps} steps across epochs, or use a val_check_interval <= {epoch // accumulate}."
             )
+
+    def _epoch_batches(self, batches: int) -> int:
+        """The batches of an epoch the trainer trains: ``batches``, or fewer under ``limit_train_batches``."""
+        limit = self.trainer.limit_train_batches if self.trainer is not None else 1.0
+        return min(batches, limit) if isinstance(limit, int) else int(batches * limit)
 
     @property
     def world_size(self) -> int:
@@ -246,7 +250,7 @@ class TokenStreamDataModule(LightningDataModule):
         # Training: shuffled on request, in the trainer's epochs. Validation: always the same batches.
         # Training epochs are whole optimizer steps of the trainer's accumulation (see ResumableStream).
         train = {"shuffle": self.shuffle, "seed": self.seed, "progress": self._trainer_progress,
-                 "accumulate": self._accumulation()} if split == "train" else {}
+                 "accumulate": self._accumulation(), "moved": self._move_trainer_progress} if split == "train" else {}
         if self.shards is not None:
             return ShardWindows(self.shards[split], *args, **train) if self.shards[split] else None
         assert self.tokens is not None, "call setup() first"
@@ -259,6 +263,15 @@ class TokenStreamDataModule(LightningDataModule):
         if self.trainer is None:
             return 0, 0
         return self.trainer.current_epoch, batches_started(self.trainer)
+
+    def _move_trainer_progress(self, batches: int, accumulated: int, ended: bool) -> None:
+        """A resume on another layout: the trainer's batch counts become this layout's (``batches`` of the
+        epoch done; the epochs before it were whole steps of ``accumulated``), so its epochs end with the stream's."""
+        if self.trainer is None:
+            return
+        epoch = self._epoch_batches(len(self._train_windows()))
+        ended = ended or batches >= epoch
+        move_batch_progress(self.trainer, min(batches, epoch), self._accumulation(), accumulated, ended)
 
     def _accumulation(self) -> int:
         """Micro-batches per optimizer step: the trainer's ``accumulate_grad_batches``, 1 without a trainer."""

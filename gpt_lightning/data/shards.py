@@ -3,14 +3,14 @@ memory-mapped one shard at a time; ``val`` / ``train`` in the name picks the spl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import torch
 
 from gpt_lightning.data.shard_writer import LLMC_HEADER_INTS, LLMC_MAGIC, SHARD_SUFFIXES
-from gpt_lightning.data.windows import ResumableStream, TokenWindows
+from gpt_lightning.data.windows import ResumableStream
 from gpt_lightning.errors import UserError
 
 
@@ -52,8 +52,8 @@ def find_shards(directory: Path) -> dict[str, list[Path]]:
 
 
 class ShardWindows(ResumableStream):
-    """``(B, T)`` windows over a list of shards, shard after shard (a window never straddles two, as in
-    build-nanogpt), rank-aware, shuffled on request and resumable like ``TokenWindows``.
+    """``(B, T)`` windows over a list of shards, shard after shard (a row never straddles two; a batch
+    may take its rows from two), rank-aware, shuffled on request and resumable like ``TokenWindows``.
 
     Args:
         shards: shard files, in reading order.
@@ -65,6 +65,7 @@ class ShardWindows(ResumableStream):
         seed: the shuffle's seed: the same orders in every run and on every rank.
         progress: the trainer's epoch and batches done (see ``ResumableStream``).
         accumulate: micro-batches per optimizer step; an epoch serves a multiple of it.
+        moved: the trainer's counts on a resume on another layout (see ``ResumableStream``).
     """
 
     def __init__(
@@ -78,36 +79,29 @@ class ShardWindows(ResumableStream):
         seed: int = 0,
         progress: Callable[[], tuple[int, int]] | None = None,
         accumulate: int = 1,
+        moved: Callable[[int, int, bool], None] | None = None,
     ) -> None:
-        super().__init__(progress, accumulate)
+        super().__init__(batch_size, block_size, rank, world_size, shuffle, progress, accumulate, moved)
         self.shards = list(shards)
-        self.batch_size, self.block_size = batch_size, block_size
-        self.rank, self.world_size = rank, world_size
-        self.shuffle, self.seed = shuffle, seed
-        per_batch = batch_size * block_size * world_size
-        self.batches_per_shard = [max(0, (len(open_shard(p)) - 1) // per_batch) for p in self.shards]
+        self.seed = seed
+        self.rows_per_shard = [max(0, (len(open_shard(p)) - 1) // block_size) for p in self.shards]
 
-    def available(self) -> int:
-        return sum(self.batches_per_shard)
+    def segment_rows(self) -> list[int]:
+        return self.rows_per_shard
 
-    def layout(self) -> list[int]:
-        return [self.batch_size, self.block_size, self.world_size, *self.batches_per_shard]
+    def segment_tokens(self, segment: int) -> np.ndarray:
+        return open_shard(self.shards[segment])  # dropped when the next shard opens
 
-    def shard_order(self, epoch: int) -> list[int]:
+    def segment_order(self, epoch: int) -> list[int]:
         """Indices into ``shards`` in this epoch's reading order."""
         if not self.shuffle:
             return list(range(len(self.shards)))
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.shards)).tolist()
 
-    def batches(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        skip = start
-        for i in self.shard_order(epoch):
-            count = self.batches_per_shard[i]
-            if skip >= count:
-                skip -= count
-                continue
-            # Rows within the shard: seeded by the shard's own number too, so orders differ by shard.
-            windows = TokenWindows(open_shard(self.shards[i]), self.batch_size, self.block_size, self.rank,
-                                   self.world_size, shuffle=self.shuffle, seed=[self.seed, i])
-            yield from windows.batches(epoch, skip)  # the shard's memory map is dropped when the next one opens
-            skip = 0
+    def row_order(self, segment: int, epoch: int) -> np.ndarray | None:
+        # Seeded by the shard's own number too, so orders differ by shard.
+        rows = self.rows_per_shard[segment]
+        return np.random.default_rng([self.seed, segment, epoch]).permutation(rows) if self.shuffle else None
+
+    def order(self) -> dict[str, Any]:
+        return {"block_size": self.block_size, "shuffle": self.shuffle, "seed": self.seed, "rows": self.rows_per_shard}

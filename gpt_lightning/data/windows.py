@@ -1,8 +1,9 @@
 """``TokenWindows``: epochs of nanoGPT's ``(B, T)`` windows over a token array, per rank, shuffled on
-request, resumable through Lightning's stateful-loader protocol."""
+request, resumable through Lightning's stateful-loader protocol, on another number of processes too."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -12,78 +13,186 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import IterableDataset
 
+from gpt_lightning.errors import UserError
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
 
 class ResumableStream(IterableDataset):
-    """The epoch and position bookkeeping (``state_dict()``: the epoch and its batches served) shared by
-    token arrays and shard folders; an epoch is a whole number of optimizer steps (docs/data.md).
+    """An epoch is a sequence of rows (``T + 1`` tokens each) in an order that depends on the data, the
+    seed and the epoch only. Optimizer step ``s`` trains rows ``[s G, (s + 1) G)`` (``G`` rows a step over
+    all processes), and the position saved counts rows: a resume on another layout goes on (docs/resume.md).
 
     Args:
+        batch_size: rows per batch (B).
+        block_size: tokens per row (T).
+        rank: this process's rank; its batch ``i`` holds rows ``(i * world_size + rank) * B`` on.
+        world_size: number of processes sharing the stream.
+        shuffle: a seeded random order of rows, a new one each epoch.
         progress: under a trainer, ``(epoch, batches of it already done)`` when a pass starts; None:
             each ``iter()`` is the next epoch, and a restored position goes on if its epoch has batches left.
         accumulate: micro-batches per optimizer step (``trainer.accumulate_grad_batches``).
+        moved: called as ``moved(batches_done, steps_before, ended)`` when a position saved on another
+            layout is restored: the counts in this layout the trainer takes on (``progress`` reads them).
     """
 
-    def __init__(self, progress: Callable[[], tuple[int, int]] | None = None, accumulate: int = 1) -> None:
+    def __init__(self, batch_size: int, block_size: int, rank: int = 0, world_size: int = 1, shuffle: bool = False,
+                 progress: Callable[[], tuple[int, int]] | None = None, accumulate: int = 1,
+                 moved: Callable[[int, int, bool], None] | None = None) -> None:
         if not isinstance(accumulate, int) or accumulate < 1:
             raise ValueError(f"accumulate must be a positive integer, got {accumulate!r}.")
+        self.batch_size, self.block_size = batch_size, block_size
+        self.rank, self.world_size = rank, world_size
+        self.shuffle = shuffle
         self.progress = progress
         self.accumulate = accumulate
+        self.moved = moved
         self._epoch: int | None = None  # epoch of the pass being served; None before the first
         self._served = 0  # batches of that epoch served
+        self._offset = 0  # the row batch 0 of the epoch begins at (not 0 after a resume on another step size)
         self._restored: dict[str, Any] | None = None
 
-    # Subclasses: the whole batches per epoch the data holds on each rank, the layout that a
-    # position is counted in, and all of one epoch's batches from ``start``.
+    # Subclasses: the rows of each segment (a text, a shard), its tokens, the segments' order in an
+    # epoch, the rows' order within a segment (None: in order), and the settings that fix the order.
+    def segment_rows(self) -> list[int]:
+        raise NotImplementedError
+
+    def segment_tokens(self, segment: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def segment_order(self, epoch: int) -> list[int]:
+        raise NotImplementedError
+
+    def row_order(self, segment: int, epoch: int) -> np.ndarray | None:
+        raise NotImplementedError
+
+    def order(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @property
+    def rows_per_batch(self) -> int:
+        """Rows of one micro-batch over all processes."""
+        return self.world_size * self.batch_size
+
     def available(self) -> int:
-        raise NotImplementedError
-
-    def layout(self) -> list[int]:
-        raise NotImplementedError
-
-    def batches(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        raise NotImplementedError
+        """Whole batches per epoch on each rank."""
+        return sum(self.segment_rows()) // self.rows_per_batch
 
     def __len__(self) -> int:
         """Batches per epoch: a whole number of optimizer steps."""
         return self.available() // self.accumulate * self.accumulate
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def layout(self) -> dict[str, int]:
+        return {"batch_size": self.batch_size, "processes": self.world_size, "accumulate": self.accumulate}
+
+    def batches(self, epoch: int, start: int, offset: int = 0) -> Iterator[Batch]:
+        """This rank's batches ``start, start + 1, ...`` of ``epoch``, batch 0 beginning at row ``offset``."""
+        rows, B, W = sum(self.segment_rows()), self.batch_size, self.world_size
+        order = self.segment_order(epoch)
+        starts = np.cumsum([0, *(self.segment_rows()[i] for i in order)]).tolist()  # of the epoch's segments
+        opened: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}  # one segment open at a time
+        for index in itertools.count(start):
+            first = offset + (index * W + self.rank) * B
+            if offset + (index + 1) * W * B > rows:
+                return
+            parts = []
+            row = first
+            while row < first + B:  # a batch's rows may come from two segments
+                k = bisect.bisect_right(starts, row) - 1
+                if order[k] not in opened:
+                    opened.clear()
+                    opened[order[k]] = (self.segment_tokens(order[k]), self.row_order(order[k], epoch))
+                n = min(first + B - row, starts[k + 1] - row)
+                parts.append(self._rows(*opened[order[k]], row - starts[k], n))
+                row += n
+            yield parts[0] if len(parts) == 1 else (torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts]))
+
+    def _rows(self, tokens: np.ndarray, within: np.ndarray | None, local: int, n: int) -> Batch:
+        """Rows ``local .. local + n`` of a segment as ``(n, T)`` inputs and next-token targets."""
+        T = self.block_size
+        if within is None:  # in order: one slice (each row's last target is the next row's first input)
+            buf = torch.from_numpy(tokens[local * T : (local + n) * T + 1].astype(np.int64))  # (n*T+1,)
+            return buf[:-1].view(n, T), buf[1:].view(n, T)
+        buf = torch.from_numpy(np.stack([tokens[s * T : s * T + T + 1] for s in within[local : local + n]]).astype(np.int64))
+        return buf[:, :-1], buf[:, 1:]  # (n, T+1) rows, each contiguous
+
+    def __iter__(self) -> Iterator[Batch]:
         # A generator: nothing here runs until the first batch is asked for, when the trainer has
         # settled where it stands (Lightning calls iter() before it restores its loops' progress).
-        epoch, start = self._next_pass()
-        self._epoch, self._served = epoch, start
-        for batch in itertools.islice(self.batches(epoch, start), max(0, len(self) - start)):
+        epoch, start, offset = self._next_pass()
+        self._epoch, self._served, self._offset = epoch, start, offset
+        for batch in itertools.islice(self.batches(epoch, start, offset), max(0, len(self) - start)):
             self._served += 1  # counted before the batch leaves: a checkpoint after it includes it
             yield batch
 
-    def _next_pass(self) -> tuple[int, int]:
-        """The epoch and the first batch of the pass about to start."""
+    def _next_pass(self) -> tuple[int, int, int]:
+        """The epoch, the first batch and the grid's offset of the pass about to start."""
         trainer_epoch, done = self.progress() if self.progress is not None else (None, None)
         restored, self._restored = self._restored, None
         if restored is not None:
             if done is None:
-                done = restored["batches"] if restored["batches"] < len(self) else 0
+                done = 0 if restored["ended"] else restored["batches"]
             if done > 0:  # the restored epoch goes on
-                return restored["epoch"], done
-            return restored["epoch"] + (restored["batches"] > 0), 0  # it had ended: the next one
+                return restored["epoch"], done, restored["offset"]
+            return restored["epoch"] + (restored["batches"] > 0 or restored["ended"]), 0, 0  # it had ended
         if self._epoch is None:  # a fresh start (or a checkpoint without a stream state: the trainer's word)
-            return trainer_epoch or 0, done or 0
-        return self._epoch + 1, done or 0
+            return trainer_epoch or 0, done or 0, 0
+        return self._epoch + 1, done or 0, 0
 
     def state_dict(self) -> dict[str, Any]:
         if self._restored is not None:  # restored but not served yet: pass the position on unchanged
-            return dict(self._restored)
-        return {"epoch": self._epoch or 0, "batches": self._served, "layout": self.layout()}
+            return dict(self._restored["state"])
+        steps = self._served // self.accumulate  # whole optimizer steps: a resume reads an unfinished one again
+        return {"epoch": self._epoch or 0, "batches": self._served, "ended": self._served >= len(self),
+                "rows": self._offset + steps * self.accumulate * self.rows_per_batch,
+                "layout": self.layout(), "order": self.order()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        layout = state_dict.get("layout")
-        if layout is not None and list(layout) != self.layout():
-            rank_zero_warn(
-                f"The checkpoint's data position was counted in batches of another layout ({list(layout)}, now "
-                f"{self.layout()}: batch size, block size, processes, data). The resumed epoch starts after "
-                f"{state_dict['batches']} of the new batches, which is not where the run stopped."
+        epoch, batches = int(state_dict["epoch"]), int(state_dict["batches"])
+        restored = {"epoch": epoch, "batches": batches, "offset": 0, "ended": batches >= len(self), "state": state_dict}
+        layout, order = state_dict.get("layout"), state_dict.get("order")
+        if not isinstance(layout, dict) or order is None:  # saved before positions were counted in rows
+            if layout is not None and list(layout)[:3] != [self.batch_size, self.block_size, self.world_size]:
+                B, T, W = list(layout)[:3]
+                raise UserError(
+                    f"The checkpoint counts its data position in batches of {W} process(es) x {B} rows of {T} tokens "
+                    f"(saved by an older gpt-lightning), this run's are {self.world_size} x {self.batch_size} x "
+                    f"{self.block_size}: resume it once with {W} process(es), --data.batch_size {B} and --data.block_size "
+                    f"{T}; the checkpoints that run saves resume on any number of processes."
+                )
+            self._restored = restored
+            return
+        ended, rows = bool(state_dict["ended"]), int(state_dict["rows"])
+        self._check_order(order, rows, ended or rows == 0)
+        if layout == self.layout():
+            steps = batches // self.accumulate
+            restored.update(ended=ended, offset=rows - steps * self.accumulate * self.rows_per_batch)
+        else:  # from row ``rows`` on, in whole steps of this layout; an epoch that had ended stays ended
+            left = 0 if ended else max(0, (sum(self.segment_rows()) - rows) // (self.accumulate * self.rows_per_batch))
+            done = len(self) - left * self.accumulate  # batches of the epoch this layout counts as done
+            restored.update(batches=done, ended=left == 0, offset=rows - done * self.rows_per_batch)
+            if self.moved is not None:
+                self.moved(done, int(layout["accumulate"]), left == 0)
+        self._restored = restored
+
+    def _check_order(self, order: dict[str, Any], rows: int, at_epoch_start: bool) -> None:
+        """Refuse a mid-epoch resume whose rows would come in another order; warn where the data changed."""
+        if at_epoch_start:
+            return
+        now = self.order()
+        changed = [key for key in ("block_size", "shuffle", "seed") if order.get(key) != now[key]]
+        if changed:
+            names = " ".join(f"--data.{key} {order.get(key)}" for key in changed)
+            raise UserError(
+                f"The checkpoint stopped mid-epoch in the order of rows that {names} give (this run: "
+                f"{', '.join(f'{key} {now[key]}' for key in changed)}); the rest of that epoch exists in that order "
+                f"only: resume with {names}, or from a checkpoint saved at an epoch's end."
             )
-        self._restored = {"epoch": int(state_dict["epoch"]), "batches": int(state_dict["batches"]), "layout": layout}
+        if order.get("rows") != now["rows"]:
+            rank_zero_warn(
+                f"The training data changed since the checkpoint ({sum(order['rows'])} rows of {now['block_size']} "
+                f"tokens, now {sum(now['rows'])}): the resumed epoch goes on from row {rows} of the new data."
+            )
 
 
 class TokenWindows(ResumableStream):
@@ -99,6 +208,7 @@ class TokenWindows(ResumableStream):
         seed: the shuffle's seed, with the epoch: the same order in every run and on every rank.
         progress: the trainer's epoch and batches done (see ``ResumableStream``).
         accumulate: micro-batches per optimizer step; an epoch serves a multiple of it (see ``ResumableStream``).
+        moved: the trainer's counts on a resume on another layout (see ``ResumableStream``).
     """
 
     def __init__(
@@ -112,51 +222,26 @@ class TokenWindows(ResumableStream):
         seed: int | Sequence[int] = 0,
         progress: Callable[[], tuple[int, int]] | None = None,
         accumulate: int = 1,
+        moved: Callable[[int, int, bool], None] | None = None,
     ) -> None:
-        super().__init__(progress, accumulate)
+        super().__init__(batch_size, block_size, rank, world_size, shuffle, progress, accumulate, moved)
         self.tokens = tokens
-        self.batch_size = batch_size
-        self.block_size = block_size
-        self.rank = rank
-        self.world_size = world_size
-        self.shuffle = shuffle
         self.seed = [seed] if isinstance(seed, int) else list(seed)
-        # A batch needs B*T + 1 tokens (the targets are shifted by one).
-        self.num_batches = (len(tokens) - 1) // (batch_size * block_size * world_size)
+        self.rows = max(0, (len(tokens) - 1) // block_size)  # every row of T + 1 tokens (targets shifted by one)
 
-    def available(self) -> int:
-        return self.num_batches
+    def segment_rows(self) -> list[int]:
+        return [self.rows]
 
-    def layout(self) -> list[int]:
-        return [self.batch_size, self.block_size, self.world_size, len(self.tokens)]
+    def segment_tokens(self, segment: int) -> np.ndarray:
+        return self.tokens
 
-    def window(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Batch ``index`` of this rank's epoch, in order."""
-        B, T = self.batch_size, self.block_size
-        begin = (index * self.world_size + self.rank) * B * T
-        buf = torch.from_numpy(self.tokens[begin : begin + B * T + 1].astype(np.int64))  # (B*T+1,)
-        return buf[:-1].view(B, T), buf[1:].view(B, T)  # (B, T) inputs, (B, T) next-token targets
+    def segment_order(self, epoch: int) -> list[int]:
+        return [0]
 
-    def row_order(self, epoch: int) -> np.ndarray:
-        """The shuffled epoch's row numbers, batch after batch of the single-process stream."""
-        rows = (len(self.tokens) - 1) // self.block_size  # every row of T + 1 tokens the array holds
-        used = self.num_batches * self.world_size * self.batch_size  # rows a whole number of batches take
-        # The rows left over differ each epoch, so no row is left out for good.
-        return np.random.default_rng([*self.seed, epoch]).permutation(rows)[:used]
+    def row_order(self, segment: int, epoch: int) -> np.ndarray | None:
+        """The shuffled epoch's row numbers (the rows an epoch leaves out differ each epoch); None: in order."""
+        return np.random.default_rng([*self.seed, epoch]).permutation(self.rows) if self.shuffle else None
 
-    def shuffled_window(self, order: np.ndarray, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Batch ``index`` of this rank's shuffled epoch: ``B`` rows picked by ``order``."""
-        B, T = self.batch_size, self.block_size
-        slot = (index * self.world_size + self.rank) * B
-        starts = order[slot : slot + B] * T
-        buf = torch.from_numpy(np.stack([self.tokens[s : s + T + 1] for s in starts]).astype(np.int64))  # (B, T+1)
-        return buf[:, :-1], buf[:, 1:]  # (B, T) inputs, (B, T) next-token targets
-
-    def batches(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        if not self.shuffle:
-            for index in range(start, self.num_batches):
-                yield self.window(index)
-            return
-        order = self.row_order(epoch)
-        for index in range(start, self.num_batches):
-            yield self.shuffled_window(order, index)
+    def order(self) -> dict[str, Any]:
+        seed = self.seed[0] if len(self.seed) == 1 else self.seed
+        return {"block_size": self.block_size, "shuffle": self.shuffle, "seed": seed, "rows": self.segment_rows()}
