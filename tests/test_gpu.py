@@ -73,7 +73,7 @@ def test_fsdp2_validates_on_nccl(small_text, tmp_path):
 @pytest.mark.parametrize("overlay", [[], ["--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.devices", "1"]],
                          ids=["one-gpu", "fsdp2"])
 def test_peak_memory_of_gpt2_124m_is_near_the_guide_estimate(overlay, small_text, tmp_path):
-    """The memory guide's figures (docs/multi-gpu.md), measured: GPT-2 124M, eager, bf16-mixed, B=4, T=1024."""
+    """The memory guide's figures (docs/multi-gpu.md), measured: GPT-2 124M, eager, bf16-mixed, B=4, T=1024, within 10%."""
     check_peak_memory(overlay, GPTConfig(), small_text, tmp_path)
 
 
@@ -94,7 +94,7 @@ def check_peak_memory(overlay, config, small_text, tmp_path):
     expected = estimate.weights_grads_adamw + 2 * parameter_count(config) + estimate.activations
     ratio = summary["peak_device_memory_bytes"] / expected
     print(f"peak {summary['peak_device_memory_bytes'] / 2**30:.2f} GiB, estimate {expected / 2**30:.2f} GiB, ratio {ratio:.2f}")
-    assert 0.7 < ratio < 1.5
+    assert 0.9 < ratio < 1.1  # the guide's promise (docs/multi-gpu.md); the loss chunked, as training runs it
 
 
 def test_generation_reads_nothing_back_and_the_compiled_step_gives_the_eager_tokens():
