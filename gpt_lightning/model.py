@@ -494,7 +494,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
                 g = g.to(h.dtype)  # (n, V), for the matmuls
                 grad_h[start : start + chunk_rows] = g @ w  # (n, C)
                 grad_w += (g.t() @ x).float()  # (V, C)
-            del g
+                del g
         ctx.save_for_backward(grad_h, grad_w)
         ctx.scale = 1.0 / N
         return total / N

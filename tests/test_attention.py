@@ -37,7 +37,7 @@ def test_the_training_forward_runs_in_the_chosen_order_and_decode_does_not(monke
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
     module = GPTLightningModule(n_layer=2, n_head=2, n_embd=32, block_size=16, compile=False)
-    module._attention_backends = training_module.device_attention_backends(module.device)  # what setup sets
+    module._attention_backends = training_module.device_attention_backends(module.device)  # what on_train_start sets
     idx = torch.randint(0, 50257, (2, 16))
     module.training_step((idx, idx), 0).backward()
     assert orders == [int(SDPBackend.CUDNN_ATTENTION)] * 2  # both blocks

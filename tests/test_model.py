@@ -80,5 +80,7 @@ def test_the_chunked_training_loss_is_cross_entropy_s_loss_and_gradients(switche
         (logits, loss, grads), (none, chunked, chunked_grads) = results
         assert logits.shape == (4, 32, 300) and none is None
         assert chunked.item() == pytest.approx(loss.item(), rel=tolerance / 10)
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=mixed):  # no gradients made
+            assert model(idx, targets, return_logits=False)[1].item() == pytest.approx(chunked.item(), rel=1e-6)
         for name, grad in grads.items():  # the head's weight included (tied: the embedding's too)
             assert torch.allclose(chunked_grads[name], grad, rtol=tolerance, atol=tolerance * grad.abs().max()), (mixed, name)

@@ -163,7 +163,7 @@ class GPTLightningModule(LightningModule):
         self._final_step: int | None = None  # the same, for logging its last step (None: no end)
         self._step_values: tuple[torch.Tensor | None, torch.Tensor | None] | None = None  # this step's loss, grad norm
         self._built: tuple[torch.optim.Optimizer, LambdaLR | None] | None = None  # by configure_optimizers: resume's to set
-        self._attention_backends = None  # the training forward's SDPA backends (``attention``), set in setup
+        self._attention_backends = None  # the training forward's SDPA backends (``attention``), set at train start
 
     def configure_callbacks(self) -> list:
         """None; applies ``float32_matmul_precision`` in this first hook, before the device is set up."""
@@ -181,7 +181,6 @@ class GPTLightningModule(LightningModule):
         hp, trainer = self.hparams, self.trainer
         check_cuda_graphs_accumulation(hp.compile, hp.compile_mode, trainer.accumulate_grad_batches, trainer.strategy.root_device)
         use_atomic_checkpoints(trainer)  # here, so a plain Trainer's saves are atomic too
-        self._attention_backends = device_attention_backends(trainer.strategy.root_device)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another architecture or optimizer (``resume``)."""
@@ -213,6 +212,7 @@ class GPTLightningModule(LightningModule):
         """The optimizer settings and schedule given now at the (restored) step, for the optimizer
         ``configure_optimizers`` built; a subclass's own is left alone (``resume``)."""
         resume.continue_own_schedule(self.trainer, self._built, group_settings(self.hparams), self.lr_multiplier)
+        self._attention_backends = device_attention_backends(self.device)
         steps = self.trainer.estimated_stepping_batches
         self._final_step = None if steps == float("inf") else int(steps)
 
