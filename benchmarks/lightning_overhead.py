@@ -57,6 +57,7 @@ from gpt_lightning import GPTLightningModule, ThroughputMonitor, TokenStreamData
 from gpt_lightning.commands.bench import repo_relative
 from gpt_lightning.observing.console import StepProgressBar
 from gpt_lightning.data.windows import TokenWindows
+from gpt_lightning.training.attention import attention_context, device_attention_backends
 from gpt_lightning.training.compilation import compile_in_place
 from gpt_lightning.training.nonfinite import NonFiniteGuard
 from gpt_lightning.training.step_loss import StepLoss
@@ -215,8 +216,8 @@ def plain_loop(args, data: TokenStreamDataModule, compiled: bool, device: torch.
                 batch = next(batches)
             x, y = (t.to(device, non_blocking=True) for t in batch)
         with breakdown.part("forward"):
-            with autocast:
-                _, loss = model(x, y)
+            with autocast, attention_context(device_attention_backends(device) if ours else None):
+                _, loss = model(x, y, return_logits=not (ours and module.hparams.chunked_loss))  # as training_step
         if ours:
             with breakdown.part("nonfinite_guard"):
                 guard.observe_loss(loss)

@@ -380,10 +380,11 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """``(logits, loss)``: logits (B, T, vocab_size) for token ids ``idx`` (B, T), T <= block_size,
-        and the mean cross-entropy against next-token ids ``targets`` (B, T) if given (else None)."""
+        and the mean cross-entropy against next-token ids ``targets`` (B, T) if given (else None).
+        ``return_logits=False`` with targets (training): logits None, the loss by ``chunked_cross_entropy``."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(
@@ -396,13 +397,16 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             # Checkpointed: only the block's input (B, T, C) is kept; the backward runs it again.
             x = checkpoint(block, x, idx, use_reentrant=False) if recompute else block(x, idx)  # (B, T, C)
-        return self.head_and_loss(x, targets)
+        return self.head_and_loss(x, targets, return_logits)
 
     def head_and_loss(
-        self, x: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, x: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Final norm, LM head and loss: a method of its own, compiled as one region by ``compile_scope: blocks``."""
         B, T, _ = x.shape
+        if targets is not None and not return_logits:  # training: the (B, T, V) logits never exist whole
+            h = self.transformer.ln_f(x).view(B * T, -1)  # (B*T, C)
+            return None, chunked_cross_entropy(h, self.lm_head.weight, targets.reshape(B * T), self.config.logit_softcap)
         logits = self.logits(x)  # (B, T, vocab_size)
         loss = None
         if targets is not None:
@@ -437,3 +441,66 @@ class GPT(nn.Module):
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits.float() / cap)  # (..., vocab_size), float32, in (-cap, cap)
         return logits
+
+
+# Rows of (B*T, C) whose logits ``chunked_cross_entropy`` makes at a time: a chunk's logits, log-softmax
+# and gradient take 6 bytes a logit at their peak under bf16-mixed (eager, CUDA), 0.6 GB at V = 50304;
+# F.cross_entropy's backward takes 10 bytes a logit of the whole (B*T, V): 8 GB at B=16, T=1024.
+LOSS_CHUNK_ROWS = 2048
+
+
+def chunked_cross_entropy(
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap: float | None = None,
+    chunk_rows: int | None = None,
+) -> torch.Tensor:
+    """Mean cross-entropy of the logits ``h @ weight.T`` (softcapped as ``GPT.logits`` does) against
+    ``targets`` (N,), for ``h`` (N, C) and ``weight`` (V, C): ``F.cross_entropy``'s loss and gradients,
+    without the (N, V) logits (``ChunkedCrossEntropy``); ``chunk_rows`` None: ``LOSS_CHUNK_ROWS``."""
+    device = h.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
+    return ChunkedCrossEntropy.apply(h.to(dtype), weight, targets, softcap, chunk_rows or LOSS_CHUNK_ROWS)
+
+
+class ChunkedCrossEntropy(torch.autograd.Function):
+    """The forward makes each chunk's logits (in ``h``'s dtype, as autocast's matmul), their float32
+    log-softmax, the chunk's loss and its gradients (of ``h`` and, in float32, of ``weight``, as
+    Liger's fused linear cross-entropy does), then frees the logits; the backward only scales the
+    gradients. The head's three matmuls, as unchunked, and no recompute."""
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, softcap, chunk_rows):
+        N = h.size(0)
+        w = weight.to(h.dtype)  # (V, C): autocast's copy of the weight, made here (bf16 under bf16-mixed)
+        grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(h) if grads else None  # (N, C), of the summed loss: the backward divides by N
+        grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if grads else None  # (V, C)
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        for start in range(0, N, chunk_rows):
+            x, t = h[start : start + chunk_rows], targets[start : start + chunk_rows, None]  # (n, C), (n, 1)
+            logits = x @ w.t()  # (n, V), in h's dtype
+            z = None
+            if softcap is not None:  # cap * tanh(logits / cap), in float32; z = tanh(logits / cap) kept for the gradient
+                z = logits.float().div_(softcap).tanh_()  # (n, V)
+                del logits
+                logits = z * softcap  # (n, V), float32
+            logp = F.log_softmax(logits, dim=-1, dtype=torch.float32)  # (n, V)
+            del logits
+            total = total - logp.gather(1, t).sum()
+            if grads:
+                g = logp.exp_().scatter_add_(1, t, torch.full_like(t, -1, dtype=logp.dtype))  # (n, V): softmax - onehot
+                if z is not None:  # d(cap * tanh(l / cap)) / dl = 1 - tanh^2
+                    g.mul_(z.square_().neg_().add_(1))
+                del logp, z
+                g = g.to(h.dtype)  # (n, V), for the matmuls
+                grad_h[start : start + chunk_rows] = g @ w  # (n, C)
+                grad_w += (g.t() @ x).float()  # (V, C)
+                del g
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.scale = 1.0 / N
+        return total / N
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_h, grad_w = ctx.saved_tensors
+        scale = grad_loss * ctx.scale
+        return (grad_h * scale).to(grad_h.dtype), grad_w.mul_(scale), None, None, None

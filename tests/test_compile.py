@@ -14,12 +14,19 @@ from gpt_lightning.training.module import GPTLightningModule
 from conftest import COMPILED_TINY
 
 
-def test_forward_and_loss_have_no_graph_breaks():
+def test_forward_and_loss_have_no_graph_breaks(monkeypatch):
+    import gpt_lightning.model
+
+    monkeypatch.setattr(gpt_lightning.model, "LOSS_CHUNK_ROWS", 12)
     model = GPT(GPTConfig(block_size=16, vocab_size=128, n_layer=2, n_head=2, n_embd=32))
     idx = torch.randint(0, 128, (2, 16))
     explanation = torch._dynamo.explain(model)(idx, idx)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
+    # The training loss in chunks (3 of 12 rows: the loop unrolled), under bf16 autocast as it trains.
+    with torch.autocast("cpu", torch.bfloat16):
+        explanation = torch._dynamo.explain(model.head_and_loss)(torch.randn(2, 16, 32), idx, False)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
 
 
 def test_regional_compilation_compiles_the_block_once():

@@ -73,7 +73,7 @@ def test_fsdp2_validates_on_nccl(small_text, tmp_path):
 @pytest.mark.parametrize("overlay", [[], ["--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.devices", "1"]],
                          ids=["one-gpu", "fsdp2"])
 def test_peak_memory_of_gpt2_124m_is_near_the_guide_estimate(overlay, small_text, tmp_path):
-    """The memory guide's figures (docs/multi-gpu.md), measured: GPT-2 124M, eager, bf16-mixed, B=4, T=1024."""
+    """The memory guide's figures (docs/multi-gpu.md), measured: GPT-2 124M, eager, bf16-mixed, B=4, T=1024, within 10%."""
     check_peak_memory(overlay, GPTConfig(), small_text, tmp_path)
 
 
@@ -94,7 +94,7 @@ def check_peak_memory(overlay, config, small_text, tmp_path):
     expected = estimate.weights_grads_adamw + 2 * parameter_count(config) + estimate.activations
     ratio = summary["peak_device_memory_bytes"] / expected
     print(f"peak {summary['peak_device_memory_bytes'] / 2**30:.2f} GiB, estimate {expected / 2**30:.2f} GiB, ratio {ratio:.2f}")
-    assert 0.7 < ratio < 1.5
+    assert 0.9 < ratio < 1.1  # the guide's promise (docs/multi-gpu.md); the loss chunked, as training runs it
 
 
 def test_generation_reads_nothing_back_and_the_compiled_step_gives_the_eager_tokens():
@@ -134,3 +134,37 @@ def test_hellaswag_counts_stay_on_the_device_under_bf16():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert counts.tolist()[2] == 6
+
+
+def test_the_training_forward_takes_cudnn_attention_on_hopper_and_decode_does_not():
+    """The kernel SDPA dispatches to in a training step (under the module's context) and in decode."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from gpt_lightning.generation import generate
+    from gpt_lightning.model import GPT
+    from gpt_lightning.training.attention import attention_context, device_attention_backends
+
+    class AttentionOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "scaled_dot_product" in str(func):
+                self.ops.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    device = torch.device("cuda")
+    backends = device_attention_backends(device)
+    if torch.cuda.get_device_capability(device) < (9, 0):
+        assert backends is None
+        pytest.skip("cuDNN attention is chosen on compute capability >= 9.0 only")
+    assert backends is not None, "a Hopper GPU whose cuDNN has no attention (< 9)?"
+    model = GPT(GPTConfig(block_size=1024, n_layer=1, n_head=12, n_embd=768)).to(device)
+    idx = torch.randint(0, 50257, (2, 1024), device=device)
+    with AttentionOps() as seen, torch.autocast("cuda", torch.bfloat16), attention_context(backends):
+        model(idx, idx, return_logits=False)[1].backward()
+    assert any("cudnn" in op for op in seen.ops), seen.ops
+    with AttentionOps() as seen, torch.autocast("cuda", torch.bfloat16):
+        generate(model.eval(), idx[:, :8], 4, temperature=0)
+    assert seen.ops and not any("cudnn" in op for op in seen.ops), seen.ops

@@ -56,3 +56,31 @@ def test_generate_appends_tokens_within_block_size():
     assert out.shape == (2, 23)
     greedy = generate(model, torch.zeros(1, 3, dtype=torch.long), 5, temperature=0)
     assert torch.equal(greedy, generate(model, torch.zeros(1, 3, dtype=torch.long), 5, temperature=0))
+
+
+@pytest.mark.parametrize("switches", [{}, {"logit_softcap": 15.0, "tie_embeddings": False}], ids=["gpt2", "softcap,untied"])
+def test_the_chunked_training_loss_is_cross_entropy_s_loss_and_gradients(switches, monkeypatch):
+    """The training path (return_logits=False) never makes the whole logits; its loss and gradients are
+    F.cross_entropy's over them, to float32 rounding, and under bf16 autocast to bf16's."""
+    import gpt_lightning.model
+
+    monkeypatch.setattr(gpt_lightning.model, "LOSS_CHUNK_ROWS", 48)  # 3 chunks of 128 rows, the last short
+    config = GPTConfig(block_size=32, vocab_size=300, n_layer=2, n_head=2, n_embd=32, **switches)
+    torch.manual_seed(0)
+    idx, targets = torch.randint(0, 300, (4, 32)), torch.randint(0, 300, (4, 32))
+    for mixed, tolerance in ((False, 1e-5), (True, 1e-2)):
+        results = []
+        for return_logits in (True, False):
+            torch.manual_seed(0)
+            model = GPT(config)
+            with torch.autocast("cpu", torch.bfloat16, enabled=mixed):
+                logits, loss = model(idx, targets, return_logits=return_logits)
+            loss.backward()
+            results.append((logits, loss, {name: p.grad for name, p in model.named_parameters()}))
+        (logits, loss, grads), (none, chunked, chunked_grads) = results
+        assert logits.shape == (4, 32, 300) and none is None
+        assert chunked.item() == pytest.approx(loss.item(), rel=tolerance / 10)
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=mixed):  # no gradients made
+            assert model(idx, targets, return_logits=False)[1].item() == pytest.approx(chunked.item(), rel=1e-6)
+        for name, grad in grads.items():  # the head's weight included (tied: the embedding's too)
+            assert torch.allclose(chunked_grads[name], grad, rtol=tolerance, atol=tolerance * grad.abs().max()), (mixed, name)

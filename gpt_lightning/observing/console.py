@@ -171,6 +171,7 @@ def run_memory(trainer: Trainer, pl_module: LightningModule) -> TrainingMemory |
         mixed=str(trainer.precision) in ("bf16-mixed", "16-mixed"),
         activation_checkpointing=bool(getattr(getattr(pl_module, "model", None), "activation_checkpointing", False)),
         ddp=trainer.world_size > 1,
+        chunked_loss=bool(getattr(pl_module, "hparams", {}).get("chunked_loss", True)),
     )
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt_lightning.model import GPT, VALUE_GATE_CHANNELS, GPTConfig
+from gpt_lightning.model import GPT, LOSS_CHUNK_ROWS, VALUE_GATE_CHANNELS, GPTConfig
 
 GIB = 2**30
 
@@ -21,7 +21,8 @@ def parameter_count(config: GPTConfig) -> int:
 
 
 def activation_bytes_per_token(
-    config: GPTConfig, mixed: bool = True, activation_checkpointing: bool = False, rows: int = 1
+    config: GPTConfig, mixed: bool = True, activation_checkpointing: bool = False, rows: int = 1,
+    chunked_loss: bool = True,
 ) -> float:
     """Bytes autograd keeps per token of a micro-batch until the backward pass, every switch counted.
 
@@ -32,11 +33,14 @@ def activation_bytes_per_token(
         activation_checkpointing: each block keeps only its float32 input; one block's activations
             exist at a time while it is recomputed.
         rows: rows per micro-batch, which share the tensors made per position (positions, rotary angles).
+        chunked_loss: the training loss by ``chunked_cross_entropy`` (it keeps the gradient of the head's
+            input, no logits) rather than ``F.cross_entropy`` (the head's input and the logits' log-softmax).
     """
     C, V = config.n_embd, config.vocab_size
-    ids = 16 + (0 if config.rotary else 8 / rows)  # ids and targets (int64); positions, one per position
+    # ids (int64), and the targets F.cross_entropy keeps (the chunked loss does not); positions, one per position
+    ids = 8 + (0 if chunked_loss else 8) + (0 if config.rotary else 8 / rows)
     embedding = 4 * C + 4 if config.norm == "rmsnorm" else 0  # the embedding's RMSNorm (no gain): input, rstd
-    logits = 4 * V * (2 if config.logit_softcap is not None else 1)  # float32 log-softmax (and tanh) outputs
+    logits = 0 if chunked_loss else 4 * V * (2 if config.logit_softcap is not None else 1)  # float32 log-softmax (and tanh)
     head = ids + embedding + norm_bytes_per_token(config) + (2 if mixed else 4) * C + logits
     blocks = [block_activation_bytes_per_token(config, mixed, layer, rows) for layer in range(config.n_layer)]
     if activation_checkpointing:
@@ -84,12 +88,23 @@ class TrainingMemory:
     weights_grads_adamw: float  # float32 weights, gradients, AdamW exp_avg and exp_avg_sq: 16 B a parameter
     ddp_buckets: float  # DDP's gradient buckets: 4 B a parameter, with several processes
     bf16_weight_copies: float  # autocast's bf16 copies of the weights, kept for the backward: 2 B a parameter
-    activations: float
+    activations: float  # what autograd keeps, and the loss's peak beyond it (``loss_peak_bytes``)
     tokens: int  # per micro-batch, per device
 
     @property
     def total(self) -> float:
         return self.weights_grads_adamw + self.ddp_buckets + self.bf16_weight_copies + self.activations
+
+
+def loss_peak_bytes(config: GPTConfig, tokens: int, mixed: bool = True, chunked_loss: bool = True) -> float:
+    """Bytes the loss holds at its peak beyond what autograd keeps (``activation_bytes_per_token``), on CUDA.
+    ``F.cross_entropy``: its backward's float32 gradient of the log-softmax and that of its input (bf16
+    logits under bf16-mixed, else float32) over all ``tokens``. Chunked: one chunk's logits and float32
+    log-softmax (softcapped: tanh and capped logits too), and the head's float32 weight gradient."""
+    V, a, capped = config.vocab_size, 2 if mixed else 4, config.logit_softcap is not None
+    if not chunked_loss:
+        return tokens * V * (4 + (4 if capped else a))
+    return min(tokens, LOSS_CHUNK_ROWS) * V * (12 if capped else a + 4) + 4 * V * config.n_embd
 
 
 def training_memory(
@@ -100,6 +115,7 @@ def training_memory(
     mixed: bool = True,
     activation_checkpointing: bool = False,
     ddp: bool = True,
+    chunked_loss: bool = True,
 ) -> TrainingMemory:
     """Memory per GPU of one training step.
 
@@ -111,6 +127,7 @@ def training_memory(
         mixed: bf16-mixed rather than 32-true.
         activation_checkpointing: see ``activation_bytes_per_token``.
         ddp: with ``shards`` 1, whether DDP keeps gradient buckets (several processes) or not (one).
+        chunked_loss: the module's ``chunked_loss`` (``loss_peak_bytes``).
     """
     n = parameter_count(config)
     tokens = micro_batch_size * (seq_len or config.block_size)
@@ -119,7 +136,8 @@ def training_memory(
         weights_grads_adamw=16 * n / shards,
         ddp_buckets=4 * n if unsharded and ddp else 0.0,
         bf16_weight_copies=2 * n if unsharded and mixed else 0.0,
-        activations=tokens * activation_bytes_per_token(config, mixed, activation_checkpointing, micro_batch_size),
+        activations=tokens * activation_bytes_per_token(config, mixed, activation_checkpointing, micro_batch_size, chunked_loss)
+        + loss_peak_bytes(config, tokens, mixed, chunked_loss),
         tokens=tokens,
     )
 
@@ -148,7 +166,7 @@ GPT2_FAMILY = {
 def guide_table(micro_batch_size: int = 16, gpus: int = 8) -> str:
     """The memory guide's table (docs/multi-gpu.md): GiB per GPU at ``micro_batch_size`` rows of 1024 tokens, bf16-mixed."""
     rows = [
-        f"| model | parameters | states, DDP | states, FSDP2 over {gpus} | activations | activations, "
+        f"| model | parameters | states, DDP | states, FSDP2 over {gpus} | activations and loss | activations and loss, "
         f"checkpointed | total, DDP | total, FSDP2 | total, FSDP2 checkpointed |",
         "|---|---|---|---|---|---|---|---|---|",
     ]

@@ -18,6 +18,7 @@ from gpt_lightning.scaling.flops import training_flops
 from gpt_lightning.scaling.sharding import is_empty, materialize, shard_once, sync_at_last_micro_batch
 from gpt_lightning.training import resume
 from gpt_lightning.training.architecture import DEFAULT_CONFIG, build_gpt
+from gpt_lightning.training.attention import attention_context, device_attention_backends
 from gpt_lightning.training.bits_per_byte import BitsPerByte, bits_and_bytes, token_byte_lengths
 from gpt_lightning.training.checkpoint_io import use_atomic_checkpoints
 from gpt_lightning.training.checks import (
@@ -83,6 +84,9 @@ class GPTLightningModule(LightningModule):
         compile_fullgraph: fail on any graph break instead of falling back to eager.
         compile_eval: compile evaluation too (a second graph, at the first validation); for long evaluations.
         activation_checkpointing: recompute each block's activations in the backward pass: less memory.
+        chunked_loss: the training loss a chunk of rows at a time (``model.chunked_cross_entropy``):
+            the (B, T, vocab_size) logits never exist whole. False: ``F.cross_entropy`` over all of them,
+            as evaluation computes it (the memory guide counts both; docs/gpu-fast-path.md).
         float32_matmul_precision: set when ``fit`` starts, before the device is set up ("high": TF32 on
             Ampere and newer GPUs); None: left alone.
         val_sample_tokens: tokens the ``ValidationSamples`` callback (the CLI attaches it) samples
@@ -135,6 +139,7 @@ class GPTLightningModule(LightningModule):
         compile_fullgraph: bool = False,
         compile_eval: bool = False,
         activation_checkpointing: bool = False,
+        chunked_loss: bool = True,
         float32_matmul_precision: Literal["highest", "high", "medium"] | None = None,
         val_sample_tokens: int = 48,
         val_sample_prompt: str = "\n",
@@ -161,6 +166,7 @@ class GPTLightningModule(LightningModule):
         self._final_step: int | None = None  # the same, for logging its last step (None: no end)
         self._step_values: tuple[torch.Tensor | None, torch.Tensor | None] | None = None  # this step's loss, grad norm
         self._built: tuple[torch.optim.Optimizer, LambdaLR | None] | None = None  # by configure_optimizers: resume's to set
+        self._attention_backends = None  # the training forward's SDPA backends (``attention``), set at train start
 
     def configure_callbacks(self) -> list:
         """None; applies ``float32_matmul_precision`` in this first hook, before the device is set up."""
@@ -209,6 +215,7 @@ class GPTLightningModule(LightningModule):
         """The optimizer settings and schedule given now at the (restored) step, for the optimizer
         ``configure_optimizers`` built; a subclass's own is left alone (``resume``)."""
         resume.continue_own_schedule(self.trainer, self._built, group_settings(self.hparams), self.lr_multiplier)
+        self._attention_backends = device_attention_backends(self.device)
         steps = self.trainer.estimated_stepping_batches
         self._final_step = None if steps == float("inf") else int(steps)
 
@@ -221,7 +228,8 @@ class GPTLightningModule(LightningModule):
 
     def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch  # (B, T), (B, T)
-        return self.model(x, y)[1]
+        with attention_context(self._attention_backends):  # outside the compiled regions
+            return self.model(x, y, return_logits=not self.hparams.chunked_loss)[1]
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)

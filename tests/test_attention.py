@@ -1,0 +1,48 @@
+"""The training forward's attention kernel: cuDNN's first where the GPU has it, decode never on it."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
+
+from gpt_lightning.generation import generate
+from gpt_lightning.training import module as training_module
+from gpt_lightning.training.attention import training_attention_backends
+from gpt_lightning.training.module import GPTLightningModule
+
+FALLBACKS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+@pytest.mark.parametrize("device_type, capability, cudnn, expected", [
+    ("cuda", (9, 0), True, [SDPBackend.CUDNN_ATTENTION, *FALLBACKS]),  # Hopper: H100, H200
+    ("cuda", (10, 0), True, [SDPBackend.CUDNN_ATTENTION, *FALLBACKS]),  # Blackwell
+    ("cuda", (9, 0), False, None),  # cuDNN < 9: no attention in it
+    ("cuda", (8, 0), True, None),  # Ampere: flash, SDPA's own first choice
+    ("cpu", None, False, None),
+])
+def test_cudnn_attention_first_where_the_gpu_has_it(device_type, capability, cudnn, expected):
+    assert training_attention_backends(device_type, capability, cudnn) == expected
+
+
+def test_the_training_forward_runs_in_the_chosen_order_and_decode_does_not(monkeypatch):
+    """On a CPU the order a Hopper GPU gets is stood in for; each SDPA call records the priority
+    order it ran under."""
+    hopper = training_attention_backends("cuda", (9, 0), True)
+    monkeypatch.setattr(training_module, "device_attention_backends", lambda device: hopper)
+    orders, sdpa = [], F.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        orders.append(torch._C._get_sdp_priority_order()[0])  # the backend tried first
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    module = GPTLightningModule(n_layer=2, n_head=2, n_embd=32, block_size=16, compile=False)
+    module._attention_backends = training_module.device_attention_backends(module.device)  # what on_train_start sets
+    idx = torch.randint(0, 50257, (2, 16))
+    module.training_step((idx, idx), 0).backward()
+    assert orders == [int(SDPBackend.CUDNN_ATTENTION)] * 2  # both blocks
+    default = torch._C._get_sdp_priority_order()[0]
+    assert default != int(SDPBackend.CUDNN_ATTENTION)  # restored after the step
+    orders.clear()
+    generate(module.model.eval(), idx[:, :4], 3)  # prefill and decode: SDPA's own order
+    assert orders and set(orders) == {default}
