@@ -43,7 +43,9 @@ class HoldAt(Callback):
 
     def _hold(self, trainer) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / f"{self.moment}-rank{trainer.global_rank}").write_text(str(os.getpid()))
+        mark = self.out_dir / f"{self.moment}-rank{trainer.global_rank}"
+        mark.with_suffix(".tmp").write_text(str(os.getpid()))
+        mark.with_suffix(".tmp").replace(mark)  # whole when it appears: the test reads it at once
         deadline = time.monotonic() + 120
         while not (self.out_dir / "go").exists() and time.monotonic() < deadline:
             time.sleep(0.02)
