@@ -112,3 +112,14 @@ def test_a_stop_signal_ends_the_cli_while_its_main_thread_waits_in_a_store():
     err = started.communicate(timeout=60)[1]
     assert started.returncode == 143 and time.monotonic() - sent < 20, err[-2000:]
     assert err.startswith("gpt-lightning: stopped by SIGTERM outside training"), err[-2000:]
+
+
+def test_a_process_forked_meanwhile_keeps_the_handler_it_had():
+    """A tokenizing pool's worker forked while the CLI starts: Ctrl-C there is its KeyboardInterrupt, not our line."""
+    body = ("import os, signal, sys, time\nfrom gpt_lightning.scaling.launched_ranks import StopSignalsBeforeOurs\n"
+            "with StopSignalsBeforeOurs():\n    pid = os.fork()\n    if pid == 0:\n"
+            "        try:\n            os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n"
+            "        except KeyboardInterrupt:\n            os._exit(7)\n        os._exit(0)\n"
+            "    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)\n")
+    result = subprocess.run([sys.executable, "-c", body], env=ENV, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "7\n", "")

@@ -101,6 +101,7 @@ class StopSignalsBeforeOurs:
         self._writer: socket.socket | None = None
         self._done = threading.Event()  # the CLI returned (or raised something else): no backstop
         self._said = False
+        self._pid = os.getpid()
 
     def __enter__(self) -> StopSignalsBeforeOurs:
         if threading.current_thread() is not threading.main_thread():
@@ -122,6 +123,13 @@ class StopSignalsBeforeOurs:
         return True
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._pid:  # a process forked meanwhile (a tokenizing pool's worker): as before
+            previous = self._previous.get(signum, signal.SIG_DFL)
+            if callable(previous):
+                return previous(signum, frame)
+            signal.signal(signum, previous)
+            os.kill(os.getpid(), signum)
+            return None
         if self._say(signum):
             raise StoppedOutsideTraining(128 + signum)
 
