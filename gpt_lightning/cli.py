@@ -8,6 +8,9 @@ import importlib
 import sys
 
 from gpt_lightning.errors import UserError
+from gpt_lightning.scaling.launched_ranks import (
+    StoppedOutsideTraining, StopSignalsBeforeOurs, die_with_launcher, wait_for_launched_ranks,
+)
 
 # Our own commands, each a module of gpt_lightning.commands with a main(argv); imported on use.
 COMMANDS = {
@@ -38,6 +41,12 @@ def _lightning_errors() -> tuple[type[Exception], ...]:
 
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``gpt-lightning`` and ``python -m gpt_lightning``."""
+    die_with_launcher()  # first: a rank Lightning's launcher started never outlives it
+    with StopSignalsBeforeOurs():
+        _main(args)
+
+
+def _main(args: list[str] | None) -> None:
     argv = sys.argv[1:] if args is None else args
     if not argv or argv[0] in ("-h", "--help"):
         print(OVERVIEW, file=sys.stdout if argv else sys.stderr)
@@ -47,8 +56,15 @@ def main(args: list[str] | None = None) -> None:
             importlib.import_module(f"gpt_lightning.commands.{argv[0]}").main(argv[1:])
         else:
             from gpt_lightning.lightning_cli import GPTLightningCLI
+            from gpt_lightning.scaling.dead_rank import report_launched_rank_ends
 
+            report_launched_rank_ends()
             GPTLightningCLI(args=args)
+            wait_for_launched_ranks()
+    except SystemExit as stop:
+        if stop.code in (130, 143) and not isinstance(stop, StoppedOutsideTraining):  # every rank at one step
+            wait_for_launched_ranks()
+        raise
     except (UserError, *_lightning_errors()) as err:  # evaluated only when something was raised
         print(f"gpt-lightning: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

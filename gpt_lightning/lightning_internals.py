@@ -8,7 +8,8 @@ resume), the other ``batch_progress`` counts (a resume on another layout), ``_fo
 ``_add_configure_optimizers_method_to_model`` (lightning_cli.py), ``epoch_loop._broadcast_sigterm_tensor``
 and ``strategy._timeout`` (preemption), ``lightning_utilities.core.rank_zero.log`` (CLI log filter),
 ``GradScaler._get_scale_async`` (nonfinite), ``Optimizer._step_supports_amp_scaling`` (fused AdamW),
-``ArgumentParser._actions`` ("did you mean"), ``Tensor._version`` (generation.py), torch Muon's
+``ArgumentParser._actions`` ("did you mean"), ``Tensor._version`` (generation.py), ``_ChildProcessObserver`` (the launcher's watcher of the ranks it
+started: its ``_terminate_all`` and ``_child_processes``, dead_rank.py), torch Muon's
 ``_zeropower_via_newtonschulz`` and ``_adjust_lr`` (optimizers.py), ``nn.Module._compiled_call_impl`` and
 inductor's ``default_cache_dir`` (compilation.py).
 """
@@ -144,6 +145,46 @@ def add_configure_optimizers(cli: LightningCLI, subcommand: str | None) -> None:
     cli._add_configure_optimizers_method_to_model(subcommand)
 
 
+def watch_launched_ranks(on_start: Callable[[list[Any]], None], on_end: Callable[[list[Any]], bool]) -> None:
+    """Lightning's launcher polls the ranks it started (a thread, every 5 s) and SIGKILLs every process once one
+    ended non-zero. From now on ``on_start(procs)`` hears of them, and ``on_end(procs)`` runs before that
+    SIGKILL, which follows only where it returns True."""
+    from lightning.fabric.strategies.launchers import subprocess_script
+
+    lightnings = getattr(subprocess_script._ChildProcessObserver, "lightnings", subprocess_script._ChildProcessObserver)
+
+    class Watcher(lightnings):  # type: ignore[misc, valid-type]
+        def __init__(self, main_pid: int, child_processes: list[Any], sleep_period: int = 5) -> None:
+            super().__init__(main_pid=main_pid, child_processes=child_processes, sleep_period=sleep_period)
+            on_start(child_processes)
+
+        def _terminate_all(self) -> None:
+            if on_end(self._child_processes):
+                super()._terminate_all()
+
+    Watcher.lightnings = lightnings
+    subprocess_script._ChildProcessObserver = Watcher
+
+
+def _watcher_ends_through_terminate_all() -> bool:
+    """Whether the launcher builds its watcher by the module's name, and the watcher, seeing a rank ended
+    non-zero, ends the run through ``_terminate_all`` with the ranks in ``_child_processes``."""
+    import inspect
+    from types import SimpleNamespace
+
+    from lightning.fabric.strategies.launchers import subprocess_script
+
+    observer = getattr(subprocess_script._ChildProcessObserver, "lightnings", subprocess_script._ChildProcessObserver)
+    ended, seen = SimpleNamespace(poll=lambda: None, returncode=-9, pid=0), []
+
+    class Probe(observer):  # type: ignore[misc, valid-type]
+        def _terminate_all(self) -> None:
+            seen.append(list(self._child_processes))
+
+    Probe(main_pid=0, child_processes=[ended])._run()
+    return seen == [[ended]] and "_ChildProcessObserver(" in inspect.getsource(subprocess_script._launch_process_observer)
+
+
 def _bumps_version() -> bool:
     tensor = torch.zeros(1)
     before = getattr(tensor, "_version", None)
@@ -204,6 +245,7 @@ CHECKS: dict[str, Callable[[], bool]] = {
                                                             "_step_supports_amp_scaling", None) is True,
     "ArgumentParser._actions": lambda: isinstance(getattr(argparse.ArgumentParser(), "_actions", None), list),
     "Tensor._version": lambda: _bumps_version(),
+    "launchers.subprocess_script._ChildProcessObserver._terminate_all": lambda: _watcher_ends_through_terminate_all(),
     "torch.optim._muon._zeropower_via_newtonschulz": lambda: not hasattr(torch.optim, "Muon") or all(
         callable(f) for f in muon_math()),
     "nn.Module._compiled_call_impl": lambda: _compile_sets_compiled_call_impl(),

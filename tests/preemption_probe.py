@@ -2,7 +2,7 @@
 ``global_step batch_idx pid`` to a file as every micro-batch starts (the test signals the process when
 it sees a chosen one), then waits a little, so that the signal lands inside that micro-batch; the
 sanity check's batches likewise, to ``rank{N}-sanity.log``. ``HoldAt``: each rank waits at a chosen
-moment of the fit's start until the test lets it go, and records how the fit ended."""
+moment of the fit until the test lets it go, and records how the fit ended."""
 
 import os
 import time
@@ -32,7 +32,8 @@ class MicroBatchLog(Callback):
 
 class HoldAt(Callback):
     """At ``moment`` (``restore``: the checkpoint's restore; ``sanity``: the sanity check's first
-    batch) each rank writes its pid to ``out_dir/{moment}-rank{N}`` and waits until ``out_dir/go``
+    batch; ``step``: the second optimizer step's first micro-batch) each rank writes its pid to
+    ``out_dir/{moment}-rank{N}`` and waits until ``out_dir/go``
     exists, so that a signal sent meanwhile lands there. ``exit-rank{N}`` records the exception the
     fit ended with and its exit code."""
 
@@ -42,7 +43,9 @@ class HoldAt(Callback):
 
     def _hold(self, trainer) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / f"{self.moment}-rank{trainer.global_rank}").write_text(str(os.getpid()))
+        mark = self.out_dir / f"{self.moment}-rank{trainer.global_rank}"
+        mark.with_suffix(".tmp").write_text(str(os.getpid()))
+        mark.with_suffix(".tmp").replace(mark)  # whole when it appears: the test reads it at once
         deadline = time.monotonic() + 120
         while not (self.out_dir / "go").exists() and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -53,6 +56,10 @@ class HoldAt(Callback):
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         if self.moment == "sanity" and trainer.sanity_checking and batch_idx == 0:
+            self._hold(trainer)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.moment == "step" and trainer.global_step == 1:
             self._hold(trainer)
 
     def on_exception(self, trainer, pl_module, exception):

@@ -201,3 +201,32 @@ def test_ranks_wait_for_the_data_to_be_prepared_longer_than_the_timeout(small_te
     assert [rank.returncode for rank in ranks] == [0, 0], logs[0][-2000:] + logs[1][-2000:]
     assert (tmp_path / "prepared").exists()  # rank 1 waited through it, past the 3 s timeout
     assert [(tmp_path / f"trained{r}").read_text() for r in range(2)] == ["1", "1"]
+
+
+def test_when_lightning_s_launcher_notices_first_rank_0_still_says_it_in_one_line(small_text, tmp_path):
+    """Rank 1 SIGKILLed while both ranks wait in Python between steps, in no collective: only the
+    launcher's watcher (polling every 5 s) can notice. Before, it SIGKILLed rank 0 (exit 137) with
+    Lightning's "Forcefully terminating all other processes" and no line of ours."""
+    hold = {"class_path": "preemption_probe.HoldAt", "init_args": {"out_dir": str(tmp_path / "hold"), "moment": "step"}}
+    args = [*fit_args(small_text, tmp_path, max_steps=4), "--trainer.devices", "2", f"--trainer.callbacks+={json.dumps(hold)}"]
+    started = subprocess.Popen([sys.executable, "-m", "gpt_lightning", *args], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, **ENV, "PYTHONPATH": os.pathsep.join(
+                                   [str(REPO), str(REPO / "tests")])}, start_new_session=True)
+    marks = [tmp_path / "hold" / f"step-rank{rank}" for rank in range(2)]
+    deadline = time.monotonic() + 300
+    try:
+        while not all(mark.exists() for mark in marks) and started.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rank1 = int(marks[1].read_text())
+        os.kill(rank1, signal.SIGKILL)
+        err = started.communicate(timeout=60)[1]
+    finally:
+        os.killpg(started.pid, signal.SIGKILL) if started.poll() is None else None
+    assert started.returncode == 1, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("gpt-lightning: error: another rank of this run went away, and this one (rank 0 of 2) stopped "
+                           f"(Lightning's launcher saw rank 1 (pid {rank1}) end: killed by SIGKILL; "), last
+    error_file = tmp_path / "tb" / "tiny-cpu" / "version_0" / "error-rank0.txt"
+    assert f"the whole error is in {error_file})" in last and "--ckpt_path last" in last
+    report = error_file.read_text()
+    assert f"rank 1 (pid {rank1}) end: killed by SIGKILL" in report and "in _hold" in report  # where rank 0 waited

@@ -131,3 +131,14 @@ def test_the_sigterm_broadcast_check_fails_when_lightning_stops_calling_it(monke
 
     monkeypatch.setattr(_TrainingEpochLoop, "advance", advance)
     assert "_broadcast_sigterm_tensor is gone" in check("fit_loop.epoch_loop._broadcast_sigterm_tensor")
+
+
+def test_the_launcher_watcher_check_fails_when_lightning_ends_the_run_another_way(monkeypatch):
+    from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    def run(self):  # a release whose watcher kills the processes itself
+        return True
+
+    lightnings = getattr(_ChildProcessObserver, "lightnings", _ChildProcessObserver)  # ours subclasses it, once the CLI ran
+    monkeypatch.setattr(lightnings, "_run", run)
+    assert "_ChildProcessObserver._terminate_all is gone" in check("launchers.subprocess_script._ChildProcessObserver._terminate_all")

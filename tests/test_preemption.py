@@ -249,6 +249,63 @@ def test_a_sigterm_while_ddp_ranks_start_stops_every_rank_at_train_start(tmp_pat
     assert [(tmp_path / "hold" / f"exit-rank{rank}").read_text() for rank in range(2)] == ["Preempted 143"] * 2
 
 
+def child_of(pid: int) -> int | None:
+    """The rank Lightning's launcher in process ``pid`` started (its main thread's child running gpt_lightning)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    for child in children.read_text().split() if children.exists() else []:
+        try:
+            if b"gpt_lightning" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return int(child)
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")  # a zombie no one reaped yet has ended
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="the parent-death signal is Linux's")
+@pytest.mark.parametrize(("moment", "signum"), [("startup", signal.SIGTERM), ("startup", signal.SIGKILL),
+                                                ("restore", signal.SIGKILL)], ids=["startup-TERM", "startup-KILL", "restore-KILL"])
+def test_rank_1_ends_within_seconds_of_rank_0_whatever_ended_it(tmp_path, step_1, moment, signum):
+    """Signal to rank 0 alone (Lightning's launcher), 1.5 s after it started rank 1 (both initializing
+    the process group) or while both restore the checkpoint. Before, rank 0 died (SIGTERM by its default
+    action) and rank 1 waited for a store that no longer existed, 400+ s. (A SIGTERM during the restore
+    stops every rank at train start: the test above.)"""
+    hold = {"class_path": "preemption_probe.HoldAt", "init_args": {"out_dir": str(tmp_path / "hold"), "moment": moment}}
+    started = launch([*DDP2, "--ckpt_path", "last" if moment == "startup" else str(step_1),
+                      "--trainer.logger.init_args.save_dir", str(tmp_path), f"--trainer.callbacks+={json.dumps(hold)}"],
+                     cwd=tmp_path)
+    marks = [tmp_path / "hold" / f"{moment}-rank{rank}" for rank in range(2)]
+    deadline, rank1 = time.monotonic() + 300, None
+    try:
+        while started.poll() is None and time.monotonic() < deadline:
+            rank1 = child_of(started.pid) if moment == "startup" else (
+                int(marks[1].read_text()) if all(mark.exists() for mark in marks) else None)
+            if rank1:
+                break
+            time.sleep(0.02)
+        assert rank1, f"rank 1 never started; exit {started.poll()}"
+        time.sleep(1.5 if moment == "startup" else 0.3)
+        os.kill(started.pid, signum)
+        sent = time.monotonic()
+        while not gone(rank1) and time.monotonic() - sent < 10:
+            time.sleep(0.05)
+        assert gone(rank1), "rank 1 outlived rank 0 by 10 s"
+        err = finish(started, within=30)
+        assert started.returncode == (143 if signum == signal.SIGTERM else -signal.SIGKILL), err[-3000:]
+        if signum == signal.SIGTERM:
+            assert "gpt-lightning: stopped by SIGTERM (rank 0) outside training (starting or finishing): nothing new to save." in err, err[-3000:]
+    finally:
+        if rank1 and not gone(rank1):
+            os.kill(rank1, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("side_group", [True, False], ids=["side-group", "no-side-group"])
 def test_a_sigterm_to_one_ddp_rank_stops_both_at_one_step_with_no_per_micro_batch_sync(tmp_path, side_group):
     """2 processes (gloo), 2 micro-batches a step, SIGTERM to rank 1 only (Lightning's launcher's child).

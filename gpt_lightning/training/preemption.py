@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from gpt_lightning.lightning_internals import process_group_timeout, skip_sigterm_broadcast
 from gpt_lightning.scaling.dead_rank import PROCESS_GROUP_TIMEOUT
+from gpt_lightning.scaling.launched_ranks import claim_the_end
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +255,7 @@ class Preemption(Callback):
             for c in trainer.checkpoint_callbacks)
 
     def _stop(self, trainer: Trainer, signum: int, save: bool = True) -> None:
+        claim_the_end()  # every rank stops: the launcher's watcher, seeing one exit 143 first, stays quiet
         path = self.last_path(trainer) if save else None
         if path is not None and not self._just_saved(trainer):
             trainer.save_checkpoint(path, weights_only=False)  # every rank: a collective under FSDP2
