@@ -11,7 +11,8 @@
 #                 tiny Shakespeare prompt (benchmarks/generation.py): generation.json;
 #   checks        benchmarks/gpu_checks.py: accumulation under compile, 20 steps without a host sync,
 #                 Muon's peak memory, bf16 sampling against float32 on the GPU: gpu_checks.json;
-#   overhead      Lightning's cost: our Trainer loop against a plain loop (lightning_overhead.json);
+#   overhead_eager, overhead_compiled   Lightning's cost: our Trainer loop against a plain loop, eager
+#                 (lightning_overhead.json), then compiled (lightning_overhead_compiled.json);
 #   fineweb       the FineWeb recipe's micro-batch (B=64, T=1024) through bench: configs/gpt2-124m.yaml
 #                 with configs/gpt2-124m-fineweb.yaml's model flags, one micro-batch a step (its shards
 #                 are not needed to time a step): fineweb-b64/bench.json;
@@ -128,7 +129,7 @@ if [ -n "${GPU_RUN_SMOKE:-}" ]; then  # the wiring, on a CPU, in seconds
     optimizers=("${tiny[@]}" --batch_size 2 --block_size 16 --steps 2 --warmup_steps 1 --eval_every 1 --eval_batches 1
                 --adamw_lrs 1e-3 --muon_lrs 0.02)
     architectures=("${tiny[@]}" --batch_size 2 --block_size 16 --steps 2 --warmup_steps 1 --eval_every 1 --eval_batches 1)
-    overhead=("${tiny[@]}" --batch_size 2 --block_size 32 --steps 8 --warmup 2 --rounds 2 --log_every 5 --compile false)
+    overhead=("${tiny[@]}" --batch_size 2 --block_size 32 --steps 8 --warmup 2 --rounds 2 --log_every 5)
     checks=("${tiny[@]}" --batch_size 2 --block_size 32 --micro_batches 2 --steps 2 --quiet_steps 2 --sample_tokens 8
             --modes eager --accelerator cpu)
     fineweb=(--model.vocab_size 50304 --model.compile_scope blocks --trainer.max_steps 2)
@@ -139,9 +140,11 @@ fi
 
 step bench 240 30 python3 -m gpt_lightning bench "${bench[@]}" --runs "${runs[@]}" "${also[@]}" "${cold[@]}" --out "$dest" "${extra[@]}"
 STEP_LOG=gpu_tests.txt step tests 150 30 python3 -m pytest -q -s -p no:cacheprovider "${tests[@]}"
-step generation 120 30 python3 benchmarks/generation.py "${generation[@]}" --out "$dest/generation.json"
+step generation 180 30 python3 benchmarks/generation.py "${generation[@]}" --out "$dest/generation.json"
 step checks 150 30 python3 benchmarks/gpu_checks.py "${checks[@]}" --out "$dest/gpu_checks.json"
-step overhead 150 30 python3 benchmarks/lightning_overhead.py "${overhead[@]}" --out "$dest/lightning_overhead.json"
+step overhead_eager 150 30 python3 benchmarks/lightning_overhead.py "${overhead[@]}" --compile false --out "$dest/lightning_overhead.json"
+step overhead_compiled 150 60 python3 benchmarks/lightning_overhead.py "${overhead[@]}" --compile true \
+    --out "$dest/lightning_overhead_compiled.json"
 step fineweb 90 30 python3 -m gpt_lightning bench "${bench[@]}" --runs blocks --out "$dest/fineweb-b64" "${extra[@]}" "${fineweb[@]}"
 step autotune_cold 240 60 env "${autotune_env[@]}" python3 -m gpt_lightning bench "${bench[@]}" --runs model --out "$dest/autotune-cold" "${extra[@]}" "${autotune[@]}"
 step autotune_warm 120 30 env "${autotune_env[@]}" python3 -m gpt_lightning bench "${bench[@]}" --runs model --out "$dest/autotune" "${extra[@]}" "${autotune[@]}"

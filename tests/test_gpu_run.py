@@ -25,15 +25,16 @@ def run_script(tmp_path, **env):
 
 
 def test_the_gpu_run_script_end_to_end_in_smoke_mode(tmp_path):
-    """Every step on tiny CPU shapes (autotune_cold left out: the same command as autotune_warm), one of
+    """Every step on tiny CPU shapes (autotune_cold and overhead_compiled left out: the same commands as
+    autotune_warm and overhead_eager but for a flag), one of
     them (architectures, test_benchmarks' own) forced past its limit: it times out, the others keep
     their files, and status.txt says so."""
     result = run_script(tmp_path, GPU_RUN_LIMIT_architectures="1", GPU_RUN_STEPS=(
-        "bench tests generation checks overhead architectures fineweb autotune_warm hellaswag optimizers"))
+        "bench tests generation checks overhead_eager architectures fineweb autotune_warm hellaswag optimizers"))
     dest = tmp_path / "out" / "cpu"
     status = (dest / "status.txt").read_text().splitlines()
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]  # one step did not end "done"
-    assert [line.split(":")[0] for line in status] == ["bench", "tests", "generation", "checks", "overhead", "fineweb",
+    assert [line.split(":")[0] for line in status] == ["bench", "tests", "generation", "checks", "overhead_eager", "fineweb",
                                                        "autotune_warm", "hellaswag", "optimizers",
                                                        "architectures"], status
     assert status[-1] == "architectures: timed out after 1s"
