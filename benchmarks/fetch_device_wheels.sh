@@ -10,4 +10,7 @@ rm -rf .device-wheels
 download() { python3 -m pip download -q --only-binary=:all: --python-version "$python_version" \
     --platform manylinux2014_x86_64 --platform any -d .device-wheels "$@"; }
 download "jsonargparse[signatures]>=4.27" "pytest>=7"
+# WITH_TRANSFORMERS=1: transformers too (about 49 MB with its dependencies, numpy included; the
+# carried tree must stay under the device's limit), so the decode benchmark has its contender.
+[ -z "${WITH_TRANSFORMERS:-}" ] || download "transformers>=4.45"
 ls .device-wheels

@@ -3,12 +3,14 @@
 (a full forward pass per token, the path before the cache), side by side in one process.
 
 The weights are a random GPT-2 124M (no hub needed), exported with ``export_hf`` and loaded by
-``transformers``. Every run is greedy with the same prompt, so the outputs are compared too. Runs are
-interleaved (ours, theirs, ours, ...) and each figure is the median over ``--repeats``, so a busy
-machine slows both alike. Results go to a JSON file.
+``transformers``. Every run is greedy from the same tiny Shakespeare prompt (a row per batch entry),
+so the outputs are compared too. Runs are interleaved (ours, theirs, ours, ...) and each figure is
+the median over ``--repeats``, timed between CUDA synchronizations, so a busy machine slows all
+alike. The compiled step is warmed by a short run of the same cache length (a longer prompt, a few
+tokens). Results go to a JSON file, rewritten after each batch size.
 
     python benchmarks/generation.py                     # GPT-2 124M, batch 1 and 8, 256 new tokens
-    python benchmarks/generation.py --compile           # also the compiled decode step
+    python benchmarks/generation.py --compile --dtype bfloat16 --transformers_static   # the GPU run's
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from pathlib import Path
 import torch
 
 from gpt_lightning.atomic import atomic_write_bytes
+from gpt_lightning.data.corpus import Corpus
+from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.generation import generate
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.interop.pretrained import export_hf
@@ -73,6 +77,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--uncached_batch_sizes", type=int, nargs="*", default=[1],
                         help="batch sizes to time the uncached path at (slow: one run each)")
     parser.add_argument("--compile", action="store_true", help="also time generate(compile=True)")
+    parser.add_argument("--transformers_static", action="store_true",
+                        help="also time transformers' generate with its static cache (which it compiles itself on CUDA)")
+    parser.add_argument("--warm_tokens", type=int, default=8, help="tokens of the compiled step's warm-up run")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for everything timed (default: torch's)")
@@ -99,21 +106,36 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         theirs.generation_config.eos_token_id = None  # always the full number of new tokens, as ours
         theirs.generation_config.pad_token_id = 50256
     ours = ours.to(device, dtype)
-    prompt = torch.randint(0, config.vocab_size, (max(args.batch_sizes + args.uncached_batch_sizes), args.prompt_tokens),
-                           generator=torch.Generator().manual_seed(1)).to(device)
     n = args.new_tokens
+    # Rows of tiny Shakespeare, each long enough for the warm-up's longer prompt: real text, not random ids.
+    rows, width = max(args.batch_sizes + args.uncached_batch_sizes), args.prompt_tokens + n
+    text = gpt2_encoding().encode_ordinary(Corpus.tiny_shakespeare().read_text()[: 8 * rows * width])
+    if len(text) < rows * width:
+        parser.error(f"tiny Shakespeare's first {len(text)} tokens are too few for {rows} rows of {width}")
+    text = torch.tensor(text[: rows * width]).view(rows, width).to(device)  # (rows, prompt_tokens + new_tokens)
+    prompt = text[:, : args.prompt_tokens]
+    # The same cache length as a timed run's (prompt + new tokens), a few new tokens: a short run that
+    # compiles and records exactly the graphs the timed runs replay.
+    warm = max(1, min(args.warm_tokens, n))
+    warm_prompt = text[:, : args.prompt_tokens + n - warm]
 
-    def run_ours(batch: int, tokens: int = n, **kwargs) -> torch.Tensor:
-        return generate(ours, prompt[:batch], tokens, temperature=0, **kwargs)
+    def run_ours(batch: int, tokens: int = n, ids: torch.Tensor = prompt, **kwargs) -> torch.Tensor:
+        return generate(ours, ids[:batch], tokens, temperature=0, **kwargs)
 
     @torch.no_grad()
-    def run_theirs(batch: int, tokens: int = n) -> torch.Tensor:
+    def run_theirs(batch: int, tokens: int = n, **kwargs) -> torch.Tensor:
         ids = prompt[:batch]
-        return theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False, use_cache=True)
+        return theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False,
+                               use_cache=True, **kwargs)
 
     contenders = {"ours": run_ours, **({"transformers": run_theirs} if transformers else {})}
     if args.compile:
         contenders["ours_compiled"] = lambda batch, tokens=n: run_ours(batch, tokens, compile=True)
+    if args.transformers_static and transformers is not None:
+        contenders["transformers_static"] = lambda batch, tokens=n: run_theirs(batch, tokens, cache_implementation="static")
+    warm_up = {"ours_compiled": lambda batch: run_ours(batch, warm, warm_prompt, compile=True),
+               # its static cache is sized by prompt + new tokens and compiled per shape: the full run
+               "transformers_static": lambda batch: contenders["transformers_static"](batch)}
     results: dict[str, dict] = {}
     step_bytes = sum(p.nbytes for p in ours.parameters())  # every weight once per decode step (wte as the LM head)
     # Probed again between timed rounds; the highest is the machine's (other jobs only ever lower it).
@@ -144,8 +166,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     for batch in args.batch_sizes:
         times: dict[str, list[float]] = {name: [] for name in contenders}
         outputs = {}
-        for name, fn in contenders.items():  # warm-up, not timed: a few tokens, all of them to compile
-            fn(batch, n if name == "ours_compiled" else min(n, 8))
+        for name, fn in contenders.items():  # warm-up, not timed: a few tokens, the compiled step's graphs included
+            warm_up[name](batch) if name in warm_up else fn(batch, min(n, 8))
         for _ in range(args.repeats):
             for name, fn in contenders.items():
                 seconds, outputs[name] = timed(lambda: fn(batch), device)
@@ -157,6 +179,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                                       if out is not reference}
         if "transformers" in row:
             row["ours_vs_transformers"] = row["ours"]["tokens_per_sec"] / row["transformers"]["tokens_per_sec"]
+        if "ours_compiled" in row and "transformers" in row:  # compiled against the best of theirs
+            best = max(row[name]["tokens_per_sec"] for name in ("transformers", "transformers_static") if name in row)
+            row["ours_compiled_vs_transformers_best"] = row["ours_compiled"]["tokens_per_sec"] / best
         results[str(batch)] = row
         row["reference"] = reference
         report(batch)
@@ -175,7 +200,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
 def write_report(args, config, device, transformers, results, roofline) -> None:
     report = {
         "benchmark": "generation", "model": {**vars(config)}, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-        "repeats": args.repeats, "device": str(device), "dtype": args.dtype, "threads": torch.get_num_threads(),
+        "prompt": "tiny Shakespeare", "warm_tokens": args.warm_tokens,
+        "transformers_static_compiled": args.transformers_static and device.type == "cuda",  # by transformers itself
+        "repeats": args.repeats, "device": str(device), "dtype": args.dtype,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "threads": torch.get_num_threads(),
         "torch": torch.__version__, "transformers": transformers.__version__ if transformers else None, "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(), "roofline": roofline,
         # the 1-minute load average as the report is written: another job on the machine slows every contender

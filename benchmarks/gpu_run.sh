@@ -1,35 +1,41 @@
 #!/usr/bin/env bash
-# The GPU run: on one CUDA GPU, in a few minutes, from the repository root:
-#   1. the GPU-only tests (tests/test_gpu.py): no synchronizing CUDA call between logging intervals
-#      (torch.cuda.set_sync_debug_mode), CUDA-event timing, MFU and peak memory in throughput.json,
-#      FSDP2 on one GPU (training, and validating on NCCL as configs/fsdp2.yaml sets it), and GPT-2
-#      124M's peak memory against the README guide's estimate; their
-#      output goes to gpu_tests.txt, and a failure does not stop the benchmarks;
-#   2. `gpt-lightning bench` on the reference experiment (configs/gpt2-124m.yaml, 100 steps):
-#      eager, whole-model compile and regional compile, each in a fresh process with an empty
-#      compile cache, then the fast config (configs/gpt2-124m-fast.yaml);
-#   3. bench.json and bench.png copied to $OUT/<GPU name>/ (default benchmarks/results/<GPU name>/);
-#   4. the generation benchmark (benchmarks/generation.py: KV-cache generate, eager and compiled,
-#      against the uncached path and, where transformers is installed, its generate) and a HellaSwag
-#      pass (benchmarks/hellaswag.py, batched vs per example, bf16 autocast, on examples it writes
-#      itself; HELLASWAG_FILE=path/to/hellaswag_val.jsonl scores the real ones), into the same folder;
-#   5. AdamW against Muon, 5b. GPT-2 against the modern GPT (both with Muon), and 6. our Trainer loop
-#      against a plain loop (Lightning's cost), all at the reference shape;
-#   7. the GPU path's checks (benchmarks/gpu_checks.py, issue 35) at the reference shape: 8 accumulated
-#      micro-batches a step under eager and each compile mode (losses within bf16 tolerance of eager's,
-#      or the one-line refusal of the CUDA-graph modes), 20 steps with torch.cuda.set_sync_debug_mode
-#      ("error") (zero host syncs), Muon's peak memory against AdamW's, greedy sampling in bf16 against
-#      float32; into gpu_checks.json. The bf16 eager-vs-compiled loss check is bench's (2., bench.json).
+# The GPU run, for a device lent for minutes: every step under its own time limit, inside a deadline
+# for the whole run, each writing its figures into $OUT/<GPU name>/ (default benchmarks/results/) the
+# moment it ends. Steps, in the order the docs publish their figures:
+#   bench         `gpt-lightning bench` on the reference experiment (configs/gpt2-124m.yaml, 100 steps):
+#                 eager, whole-model and regional compile from cold compile caches, then
+#                 configs/gpt2-124m-fast.yaml; bench.json and bench.png updated after each run;
+#   tests         the GPU-only tests (tests/test_gpu.py), their output in gpu_tests.txt;
+#   generation    decode at batch 1 and 8 in bf16, eager and compiled (CUDA graphs), against
+#                 transformers' generate (dynamic and static cache) on the same weights, from a
+#                 tiny Shakespeare prompt (benchmarks/generation.py): generation.json;
+#   checks        benchmarks/gpu_checks.py: accumulation under compile, 20 steps without a host sync,
+#                 Muon's peak memory, bf16 sampling against float32 on the GPU: gpu_checks.json;
+#   overhead_eager, overhead_compiled   Lightning's cost: our Trainer loop against a plain loop, eager
+#                 (lightning_overhead.json), then compiled (lightning_overhead_compiled.json);
+#   fineweb       the FineWeb recipe's micro-batch (B=64, T=1024) through bench: configs/gpt2-124m.yaml
+#                 with configs/gpt2-124m-fineweb.yaml's model flags, one micro-batch a step (its shards
+#                 are not needed to time a step): fineweb-b64/bench.json;
+#   autotune      --model.compile_mode max-autotune through bench twice, sharing one cache: the first
+#                 pays the autotuning (autotune-cold/), the second is the figure from a warm cache
+#                 (autotune/); each bench.json has compile_time_s;
+#   hellaswag     batched vs per-example HellaSwag scoring (hellaswag.json);
+#   optimizers, architectures   the 300-step AdamW/Muon and GPT-2/modern comparisons: run only when
+#                 their whole limit fits in the time left.
+# status.txt gets one line per step as it ends: done, failed (exit code), timed out, skipped for time.
+# A failing step never stops the next; the run exits 1 if any step did not end "done".
+# One compile cache serves the whole run (TORCHINDUCTOR_CACHE_DIR, default a fresh temporary folder);
+# bench's cold runs compile into caches of their own and merge them into it afterwards.
 #
-# --dry-run (or GPU_RUN_SMOKE=1) runs every step on the CPU with tiny shapes (tests/test_gpu_run.py).
-# On a GPU machine without network, carry .device-wheels/ (made by benchmarks/fetch_device_wheels.sh)
-# along: what is missing (jsonargparse, pytest) is installed from it into
-# .device-site/. GPU_RUN_SMOKE=1 runs the same steps on a CPU with a tiny model (tests/test_gpu_run.py).
-#
-# GPU_RUN_STEPS="bench overhead" runs only the steps named (tests bench generation hellaswag
-# optimizers architectures overhead checks; default all), for a device lent for minutes.
-set -euo pipefail
-steps=" ${GPU_RUN_STEPS:-tests bench generation hellaswag optimizers architectures overhead checks} "
+# Knobs: GPU_RUN_DEADLINE (seconds for the whole run, default 480), GPU_RUN_LIMIT_<step>=seconds (one
+# step's limit), GPU_RUN_STEPS="bench checks autotune_warm" (only those steps; "autotune": both), GPU_CHECK_MODES (gpu_checks' compile
+# modes), HELLASWAG_FILE (real HellaSwag examples). --dry-run (or GPU_RUN_SMOKE=1): every step on the
+# CPU with tiny shapes, under the same deadline and status logic (tests/test_gpu_run.py).
+# On a GPU machine without network, carry .device-wheels/ (benchmarks/fetch_device_wheels.sh) along:
+# what is missing (jsonargparse, pytest) is installed from it into .device-site/.
+set -uo pipefail  # no -e: one failing step must not stop the others
+start=$(date +%s)
+steps=" ${GPU_RUN_STEPS:-bench tests generation checks overhead fineweb autotune hellaswag optimizers architectures} "
 want() { [[ "$steps" == *" $1 "* ]]; }
 if [ "${1:-}" = "--dry-run" ]; then
     export GPU_RUN_SMOKE=1
@@ -38,88 +44,117 @@ elif [ -n "${1:-}" ]; then
     exit 2
 fi
 cd "$(dirname "$0")/.."
+# The CPU rehearsal tests the wiring, whatever the machine's load: a longer deadline, limits of 900 s.
+deadline=$((start + ${GPU_RUN_DEADLINE:-$([ -n "${GPU_RUN_SMOKE:-}" ] && echo 1800 || echo 480)}))
 export PYTHONPATH="$PWD/.device-site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 if ! python3 -c "import jsonargparse, pytest" 2>/dev/null; then
     python3 -m pip install -q --no-index --find-links .device-wheels --target .device-site "jsonargparse[signatures]" pytest
 fi
-
-runs=(eager model blocks)
-extra=(--every 10 --cold)
-generation=(--compile --repeats 5)
-hellaswag=(--examples 256 --batch_sizes 1 8 32)
-if [ -n "${GPU_RUN_SMOKE:-}" ]; then  # the wiring, on a CPU, in seconds
-    runs=(eager blocks)
-    extra=(--every 1 --trainer.accelerator cpu --trainer.max_steps 3 --throughput.warmup_steps 1
-           --model.n_layer 1 --model.n_head 2 --model.n_embd 32 --data.batch_size 2 --data.block_size 32)
-    tiny=(--n_layer 1 --n_head 2 --n_embd 32 --repeats 1)
-    generation=("${tiny[@]}" --block_size 32 --prompt_tokens 4 --new_tokens 6 --batch_sizes 1 2 --probe_mb 8)
-    hellaswag=("${tiny[@]}" --examples 5 --batch_sizes 2)  # 5: the last batch is a partial one
+if ! python3 -c "import transformers" 2>/dev/null && ls .device-wheels/transformers-* >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --find-links .device-wheels --target .device-site transformers ||
+        echo "gpu_run: transformers did not install: the decode benchmark times ours only"
 fi
-if [ -n "${HELLASWAG_FILE:-}" ]; then
-    hellaswag+=(--data_file "$HELLASWAG_FILE")
-fi
-logs="$(mktemp -d)"
 gpu="$(python3 -c "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" | tr ' /' '__')"
 dest="${OUT:-benchmarks/results}/$gpu"
-mkdir -p "$dest"
-tests_status=0
-if want tests; then
-    python3 -m pytest -q -s -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$dest/gpu_tests.txt" || tests_status=$?
-fi
-if want bench; then
-    python3 -m gpt_lightning bench --config configs/gpt2-124m.yaml --runs "${runs[@]}" --also configs/gpt2-124m-fast.yaml \
-        --trainer.logger.init_args.save_dir "$logs" "${extra[@]}"
-    cp "$logs"/bench/*/bench.json "$logs"/bench/*/bench.png "$dest/"
-fi
-want generation && python3 benchmarks/generation.py "${generation[@]}" --out "$dest/generation.json"
-want hellaswag && python3 benchmarks/hellaswag.py "${hellaswag[@]}" --out "$dest/hellaswag.json"
+mkdir -p "$dest/logs"
+status_file="$dest/status.txt"
+: > "$status_file"
+scratch="$(mktemp -d)"
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$scratch/inductor}" TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$scratch/triton}"
+failures=0
 
-# 5. AdamW against Muon at the reference shape (GPT-2 124M, B=16, T=1024, WSD), one lockstep pair:
-#    validation loss against tokens and the time per step (benchmarks/optimizers.py, docs/optimizers.md).
+# step NAME LIMIT NEED COMMAND...: COMMAND under `timeout` (LIMIT seconds, GPU_RUN_LIMIT_NAME overrides,
+# cut to the time left), skipped when fewer than NEED (at most LIMIT) seconds are left; its output in
+# logs/NAME.txt (STEP_LOG=file instead). GPU_RUN_STEPS names a step, or all whose NAME starts "it_".
+step() {
+    local name=$1 limit=$2 need=$3 line rc began left knob="GPU_RUN_LIMIT_$1" log="$dest/${STEP_LOG:-logs/$1.txt}"
+    shift 3
+    want "$name" || want "${name%%_*}" || return 0
+    [ -z "${GPU_RUN_SMOKE:-}" ] || limit=900
+    limit=${!knob:-$limit}
+    [ "$need" -le "$limit" ] || need=$limit
+    left=$((deadline - $(date +%s)))
+    if [ "$left" -lt "$need" ] || [ "$left" -le 0 ]; then
+        line="$name: skipped for time (${left}s left, needs ${need}s)"
+    else
+        [ "$limit" -le "$left" ] || limit=$left
+        began=$(date +%s)
+        echo "gpu_run: $name (limit ${limit}s, ${left}s left): $*"
+        { timeout -k 10 "$limit" "$@"; echo $? > "$scratch/rc"; } 2>&1 | tee "$log"
+        rc=$(cat "$scratch/rc")
+        case $rc in
+            0) line="$name: done in $(($(date +%s) - began))s" ;;
+            124|137) line="$name: timed out after ${limit}s" ;;
+            *) line="$name: failed with exit code $rc after $(($(date +%s) - began))s" ;;
+        esac
+    fi
+    [[ "$line" == *": done"* ]] || failures=$((failures + 1))
+    echo "gpu_run: $line"
+    echo "$line" >> "$status_file"
+}
+
+bench=(--config configs/gpt2-124m.yaml --trainer.logger.init_args.save_dir "$scratch/logs" --every 10)
+runs=(eager model blocks)
+also=(--also configs/gpt2-124m-fast.yaml)
+cold=(--cold)
+extra=()
+generation=(--dtype bfloat16 --compile --transformers_static --batch_sizes 1 8 --repeats 3 --new_tokens 256
+            --uncached_batch_sizes)
+hellaswag=(--examples 256 --batch_sizes 1 8 32)
+# AdamW against Muon (benchmarks/optimizers.py, docs/optimizers.md), GPT-2 against the modern GPT
+# (benchmarks/architectures.py, docs/modern.md, both with Muon): 300 steps at the reference shape.
 optimizers=(--n_layer 12 --n_head 12 --n_embd 768 --batch_size 16 --block_size 1024 --steps 300 --warmup_steps 30
             --eval_every 25 --adamw_lrs 1.2e-3 --muon_lrs 0.02)
-if [ -n "${GPU_RUN_SMOKE:-}" ]; then
-    optimizers=(--n_layer 1 --n_head 2 --n_embd 32 --batch_size 2 --block_size 16 --steps 2 --warmup_steps 1
-                --eval_every 1 --eval_batches 1 --adamw_lrs 1e-3 --muon_lrs 0.02)
-fi
-want optimizers && python3 benchmarks/optimizers.py "${optimizers[@]}" --out "$dest"
-
-# 5b. GPT-2 against the modern GPT (configs/modern-124m-fineweb.yaml's switches and rates), both with
-#     Muon, at the reference shape, one lockstep pair: tokens to GPT-2 + Muon's final validation loss
-#     and the time per step (benchmarks/architectures.py, docs/modern.md).
-architectures=(--preset configs/modern-124m-fineweb.yaml --n_layer 12 --n_head 12 --n_embd 768 --batch_size 16
-               --block_size 1024 --steps 300 --warmup_steps 30 --eval_every 25)
-if [ -n "${GPU_RUN_SMOKE:-}" ]; then
-    architectures=(--preset configs/modern-124m-fineweb.yaml --n_layer 1 --n_head 2 --n_embd 32 --batch_size 2
-                   --block_size 16 --steps 2 --warmup_steps 1 --eval_every 1 --eval_batches 1)
-fi
-want architectures && python3 benchmarks/architectures.py "${architectures[@]}" --groups "gpt2 muon" "modern muon" --gpt2_muon_lrs 0.02 \
-    --gpt2_muon_adamw_lrs 1.2e-3 --modern_muon_lrs 0.02 --embedding_lrs 0.3 --head_lrs 0.002 --out "$dest"
-
-# 6. Lightning's cost at the reference shape (GPT-2 124M, B=16, T=1024, bf16-mixed): our Trainer loop
-#    against a plain PyTorch loop, eager and compiled, rotated rounds, with the host time of each
-#    per-step piece (benchmarks/lightning_overhead.py, docs/benchmarks.md).
+architectures=(--n_layer 12 --n_head 12 --n_embd 768 --batch_size 16 --block_size 1024 --steps 300
+               --warmup_steps 30 --eval_every 25)
 overhead=(--n_layer 12 --n_head 12 --n_embd 768 --batch_size 16 --block_size 1024 --steps 30 --rounds 2)
-if [ -n "${GPU_RUN_SMOKE:-}" ]; then
-    overhead=(--n_layer 1 --n_head 2 --n_embd 32 --batch_size 2 --block_size 32 --steps 8 --warmup 2 --rounds 2
-              --log_every 5 --compile false)
-fi
-want overhead && python3 benchmarks/lightning_overhead.py "${overhead[@]}" --out "$dest/lightning_overhead.json"
-
-# 7. The GPU path's checks (issue 35). max-autotune-no-cudagraphs is left out here: its autotuning at
-#    this shape takes minutes of the run's 15 (GPU_CHECK_MODES="..." to choose).
+# max-autotune-no-cudagraphs is left out: its autotuning at this shape takes minutes (GPU_CHECK_MODES to choose).
 checks=(--n_layer 12 --n_head 12 --n_embd 768 --batch_size 16 --block_size 1024 --micro_batches 8 --steps 3
         --quiet_steps 20 --sample_tokens 128 --modes ${GPU_CHECK_MODES:-eager default reduce-overhead max-autotune})
-if [ -n "${GPU_RUN_SMOKE:-}" ]; then
-    checks=(--n_layer 1 --n_head 2 --n_embd 32 --batch_size 2 --block_size 32 --micro_batches 2 --steps 2
-            --quiet_steps 2 --sample_tokens 8 --modes eager --accelerator cpu)
+fineweb=(--model.vocab_size 50304 --model.learning_rate 6e-4 --model.weight_decay 0.1 --model.betas "[0.9, 0.95]"
+         --model.compile_scope blocks --data.batch_size 64 --trainer.max_steps 30 --throughput.warmup_steps 10)
+autotune=(--model.compile_mode max-autotune --trainer.max_steps 50)
+autotune_env=()
+tests=(tests/test_gpu.py)
+if [ -n "${GPU_RUN_SMOKE:-}" ]; then  # the wiring, on a CPU, in seconds
+    runs=(eager blocks)
+    cold=()  # bench's --cold is test_bench's; here the Block graph compiles once, for blocks, fast and fineweb
+    tiny=(--n_layer 1 --n_head 2 --n_embd 32)
+    extra=(--every 1 --trainer.accelerator cpu --trainer.max_steps 3 --throughput.warmup_steps 1
+           --model.n_layer 1 --model.n_head 2 --model.n_embd 32 --data.batch_size 2 --data.block_size 32)
+    generation=("${tiny[@]}" --dtype bfloat16 --repeats 1 --block_size 32 --prompt_tokens 4 --new_tokens 6 --batch_sizes 1 2 --probe_mb 8
+                --compile --transformers_static)
+    hellaswag=("${tiny[@]}" --repeats 1 --examples 5 --batch_sizes 2)  # 5: the last batch is a partial one
+    optimizers=("${tiny[@]}" --batch_size 2 --block_size 16 --steps 2 --warmup_steps 1 --eval_every 1 --eval_batches 1
+                --adamw_lrs 1e-3 --muon_lrs 0.02)
+    architectures=("${tiny[@]}" --batch_size 2 --block_size 16 --steps 2 --warmup_steps 1 --eval_every 1 --eval_batches 1)
+    overhead=("${tiny[@]}" --batch_size 2 --block_size 32 --steps 8 --warmup 2 --rounds 2 --log_every 5)
+    checks=("${tiny[@]}" --batch_size 2 --block_size 32 --micro_batches 2 --steps 2 --quiet_steps 2 --sample_tokens 8
+            --modes eager --accelerator cpu)
+    fineweb=(--model.vocab_size 50304 --model.compile_scope blocks --trainer.max_steps 2)
+    autotune=(--model.compile_mode max-autotune --trainer.max_steps 2)
+    autotune_env=(TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN)  # the mode's wiring without a CPU's template tuning
 fi
-# Issue 35's other items: the Muon guarded step's peak memory and step time (benchmarks/optimizers.py,
-# 5. above, and gpu_checks' memory figure) and eager bf16 against compiled (bench, 2. above).
-checks_status=0
-if want checks; then python3 benchmarks/gpu_checks.py "${checks[@]}" --out "$dest/gpu_checks.json" || checks_status=$?; fi
+[ -z "${HELLASWAG_FILE:-}" ] || hellaswag+=(--data_file "$HELLASWAG_FILE")
 
-echo "results in $dest"
-[ "$tests_status" -ne 0 ] || tests_status=$checks_status
-exit "$tests_status"
+step bench 240 30 python3 -m gpt_lightning bench "${bench[@]}" --runs "${runs[@]}" "${also[@]}" "${cold[@]}" --out "$dest" "${extra[@]}"
+STEP_LOG=gpu_tests.txt step tests 150 30 python3 -m pytest -q -s -p no:cacheprovider "${tests[@]}"
+step generation 180 30 python3 benchmarks/generation.py "${generation[@]}" --out "$dest/generation.json"
+step checks 150 30 python3 benchmarks/gpu_checks.py "${checks[@]}" --out "$dest/gpu_checks.json"
+step overhead_eager 150 30 python3 benchmarks/lightning_overhead.py "${overhead[@]}" --compile false --out "$dest/lightning_overhead.json"
+step overhead_compiled 150 60 python3 benchmarks/lightning_overhead.py "${overhead[@]}" --compile true \
+    --out "$dest/lightning_overhead_compiled.json"
+step fineweb 90 30 python3 -m gpt_lightning bench "${bench[@]}" --runs blocks --out "$dest/fineweb-b64" "${extra[@]}" "${fineweb[@]}"
+step autotune_cold 240 60 env "${autotune_env[@]}" python3 -m gpt_lightning bench "${bench[@]}" --runs model --out "$dest/autotune-cold" "${extra[@]}" "${autotune[@]}"
+step autotune_warm 120 30 env "${autotune_env[@]}" python3 -m gpt_lightning bench "${bench[@]}" --runs model --out "$dest/autotune" "${extra[@]}" "${autotune[@]}"
+step hellaswag 60 20 python3 benchmarks/hellaswag.py "${hellaswag[@]}" --out "$dest/hellaswag.json"
+step optimizers 300 300 python3 benchmarks/optimizers.py "${optimizers[@]}" --out "$dest"
+step architectures 300 300 python3 benchmarks/architectures.py --preset configs/modern-124m-fineweb.yaml "${architectures[@]}" \
+    --groups "gpt2 muon" "modern muon" --gpt2_muon_lrs 0.02 --gpt2_muon_adamw_lrs 1.2e-3 --modern_muon_lrs 0.02 \
+    --embedding_lrs 0.3 --head_lrs 0.002 --out "$dest"
+
+rm -rf "$scratch"
+echo "results in $dest ($(($(date +%s) - start))s):"
+cat "$status_file"
+[ "$failures" -eq 0 ]

@@ -83,12 +83,14 @@ def test_repo_relative_rewrites_paths_in_the_checkout_only():
 
 
 @pytest.mark.parametrize("cold", [True, False])
-def test_cold_gives_each_run_its_own_empty_compile_cache(cold, monkeypatch, capsys):
+def test_cold_gives_each_run_its_own_empty_compile_cache(cold, tmp_path, monkeypatch, capsys):
     """What --cold changes for a run's process: its inductor and Triton caches start empty, one pair
-    per run, and go when the run ends; without it the run uses the caches the user's shell names."""
+    per run, and go when the run ends, what it compiled merged into the caches the user's shell names
+    (the GPU run's later steps start warm); without it the run uses those caches."""
     from gpt_lightning.commands import bench
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/users/cache")
+    warm = tmp_path / "cache"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(warm))
     seen = []
 
     def child(command, env):  # stands in for the child process: records what it was given
@@ -96,6 +98,8 @@ def test_cold_gives_each_run_its_own_empty_compile_cache(cold, monkeypatch, caps
         cache = Path(env["TORCHINDUCTOR_CACHE_DIR"])
         seen.append({key: env.get(key) for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")} |
                     {"empty": not cache.exists() or not any(cache.iterdir()), "scratch": str(result.parent)})
+        (cache / "fxgraph").mkdir(parents=True, exist_ok=True)
+        (cache / "fxgraph" / f"{len(seen)}.bin").write_text("compiled")  # what this run compiled
         result.write_text(json.dumps({"loss": []}))
         return bench.subprocess.CompletedProcess(command, 0)
 
@@ -111,7 +115,29 @@ def test_cold_gives_each_run_its_own_empty_compile_cache(cold, monkeypatch, caps
             assert not Path(run["scratch"]).exists()  # removed with the run
         assert first["scratch"] != second["scratch"]
     else:
-        assert [run["TORCHINDUCTOR_CACHE_DIR"] for run in seen] == ["/users/cache"] * 2
+        assert [run["TORCHINDUCTOR_CACHE_DIR"] for run in seen] == [str(warm)] * 2
+    assert sorted(p.name for p in (warm / "fxgraph").iterdir()) == ["1.bin", "2.bin"]  # both runs' graphs, warm
+
+
+def test_bench_writes_its_results_after_each_run_into_out(tmp_path, monkeypatch):
+    """A run that fails (or a GPU run's time limit that kills bench) keeps the runs before it: bench.json
+    and bench.png are written after each run, into --out (it wrote them once, after the last run)."""
+    from gpt_lightning.commands import bench
+    from gpt_lightning.errors import UserError
+
+    def fake_run(name, args, cold):  # run_in_subprocess: eager trains, the compiled run dies
+        if name == "blocks":
+            raise UserError("bench run 'blocks' failed (exit code 137)")
+        return {"name": name, "args": args, "log_dir": str(tmp_path / "tb" / name), "compiled": False,
+                "compile_scope": "blocks", "loss": [10.9, 10.1], "step_ms": [9.0, 8.0], "tokens_per_sec": [100.0, 110.0],
+                "summary": None}
+
+    monkeypatch.setattr(bench, "run_in_subprocess", fake_run)
+    with pytest.raises(SystemExit):  # the CLI's one-line refusal of the UserError
+        main(["bench", "--config", "configs/tiny-cpu.yaml", "--runs", "eager", "blocks", "--out", str(tmp_path / "out")])
+    saved = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert list(saved["runs"]) == ["eager"] and saved["runs"]["eager"]["loss"] == [10.9, 10.1]
+    assert (tmp_path / "out" / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_the_verdict_compares_mean_losses_so_bf16_step_noise_is_not_a_divergence():

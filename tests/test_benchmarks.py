@@ -164,3 +164,29 @@ def test_the_architecture_tables_in_the_docs_quote_the_committed_results():
         quoted = (f"| {r['name']} | {r['eager_cpu_ms']:.0f} ({r['eager_cpu_vs_first']:.2f}x) | "
                   f"{r['compiled_cpu_ms']:.0f} ({r['compiled_cpu_vs_first']:.2f}x) |")
         assert quoted in text, quoted
+
+
+def test_gpu_checks_measure_only_on_the_device_they_name():
+    """gpu_checks.json once published CPU figures as the H200's (Lightning's teardown had moved the module
+    back after fit): a GPU check refuses to start without CUDA, and a model left elsewhere stops the run."""
+    import argparse
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("gpu_checks", REPO / "benchmarks" / "gpu_checks.py")
+    checks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(checks)
+    assert checks.check_device(argparse.Namespace(accelerator="cpu")) == torch.device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="no CUDA device"):
+            checks.check_device(argparse.Namespace(accelerator="cuda"))
+
+    class Stuck(torch.nn.Linear):  # a module whose parameters stay where they are
+        def to(self, *args, **kwargs):
+            return self
+
+    with pytest.raises(SystemExit, match=r"\['meta'\], not cpu"):
+        checks.on_device(Stuck(2, 2, device="meta"), torch.device("cpu"))
+    moved = checks.on_device(torch.nn.Linear(2, 2, dtype=torch.float64), torch.device("cpu"))
+    assert moved.weight.device == torch.device("cpu")

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -101,15 +102,20 @@ def repo_relative(value: Any, root: Path | None = None) -> Any:
 
 
 def run_in_subprocess(name: str, args: list[str], cold: bool) -> dict[str, Any]:
-    """``train_one(args)`` in a fresh Python process (with an empty inductor cache when ``cold``)."""
+    """``train_one(args)`` in a fresh Python process. ``cold``: with empty inductor and Triton caches of
+    its own, merged afterwards into the caches the caller's environment names (if it names them), so
+    later processes start warm."""
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as scratch:
         result = Path(scratch) / "result.json"
         env = dict(os.environ)
+        caches = {"TORCHINDUCTOR_CACHE_DIR": Path(scratch) / "inductor", "TRITON_CACHE_DIR": Path(scratch) / "triton"}
         if cold:
-            env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(scratch) / "inductor")
-            env["TRITON_CACHE_DIR"] = str(Path(scratch) / "triton")
+            env.update({key: str(path) for key, path in caches.items()})
         print(f"\n=== {name}: {' '.join(args)}{' (cold compile cache)' if cold else ''}", flush=True)
         child = subprocess.run([sys.executable, "-m", "gpt_lightning.commands.bench", "--child", str(result), *args], env=env)
+        for key, path in caches.items():
+            if cold and os.environ.get(key) and path.is_dir():
+                shutil.copytree(path, os.environ[key], dirs_exist_ok=True)
         if child.returncode != 0:
             raise UserError(f"bench run {name!r} failed (exit code {child.returncode}); its error is printed above.")
         if not result.exists():  # the run only printed something (--print_config, --help): so are we done
@@ -221,6 +227,7 @@ def main(argv: list[str]) -> None:
                         "steps; beyond it the bench exits 1 (default: %(default)s)")
     parser.add_argument("--window", type=int, default=10,
                         help="steps per mean loss compared against --tolerance (default: %(default)s)")
+    parser.add_argument("--out", type=Path, help="folder for bench.json and bench.png (default: beside the runs' logs)")
     args, extra = parser.parse_known_args(argv)
     parent = f"bench/{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -228,15 +235,34 @@ def main(argv: list[str]) -> None:
         naming = ["--trainer.logger.init_args.name", parent, "--trainer.logger.init_args.version", name]
         return ["--config", config, *extra, *naming]
 
-    runs = [run_in_subprocess(name, [*run_args(args.config, name), *RUNS[name]], args.cold) for name in args.runs]
-    runs += [run_in_subprocess(Path(config).stem, run_args(config, Path(config).stem), args.cold) for config in args.also]
+    planned = [(name, [*run_args(args.config, name), *RUNS[name]]) for name in args.runs]
+    planned += [(Path(config).stem, run_args(config, Path(config).stem)) for config in args.also]
+    runs: list[dict[str, Any]] = []
+    for name, run_argv in planned:  # bench.json after each run: a run killed later keeps the ones before
+        runs.append(run_in_subprocess(name, run_argv, args.cold))
+        rows, out_dir = save(args, extra, runs)
+    print("\n" + table(runs, args.every) + "\n")
+    print(summary_table(runs, rows, args.window))
+    print(f"\nsaved {out_dir / 'bench.json'} and {out_dir / 'bench.png'}; TensorBoard: tensorboard --logdir {Path(runs[0]['log_dir']).parent}")
+    if any(run["summary"] is None for run in runs):
+        print("Too few steps for post-warm-up statistics: raise --trainer.max_steps or lower --throughput.warmup_steps.")
+    diverged = {name: r for name, r in rows.items()
+                if r["max_loss_diff_vs_eager"] is not None and r["max_loss_diff_vs_eager"] > args.tolerance}
+    for name, r in diverged.items():
+        first = r["max_loss_diff_step"]
+        print(f"FAIL: {name}'s loss curve leaves eager's: |Δ mean loss| = {r['max_loss_diff_vs_eager']:.4f} over steps "
+              f"{first}-{first + args.window - 1}, beyond the tolerance {args.tolerance}.")
+    if diverged:
+        raise SystemExit(1)
+
+
+def save(args: argparse.Namespace, extra: list[str], runs: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], Path]:
+    """bench.json and bench.png of the runs so far; their summary rows and the folder written."""
     eager = next((run for run in runs if run["name"] == "eager"), None)
     base = [run for run in runs if run["name"] in RUNS]
     rows = {run["name"]: compare(run, eager if run in base else None, args.window) for run in runs}
-
-    print("\n" + table(runs, args.every) + "\n")
-    print(summary_table(runs, rows, args.window))
-    out_dir = Path(runs[0]["log_dir"]).parent
+    out_dir = args.out or Path(runs[0]["log_dir"]).parent
+    out_dir.mkdir(parents=True, exist_ok=True)
     result = {
         "config": args.config,
         "also": args.also,
@@ -251,17 +277,7 @@ def main(argv: list[str]) -> None:
     }
     atomic_write_bytes(out_dir / "bench.json", (json.dumps(repo_relative(result), indent=2) + "\n").encode())
     chart(runs, out_dir / "bench.png")
-    print(f"\nsaved {out_dir / 'bench.json'} and {out_dir / 'bench.png'}; TensorBoard: tensorboard --logdir {out_dir}")
-    if any(run["summary"] is None for run in runs):
-        print("Too few steps for post-warm-up statistics: raise --trainer.max_steps or lower --throughput.warmup_steps.")
-    diverged = {name: r for name, r in rows.items()
-                if r["max_loss_diff_vs_eager"] is not None and r["max_loss_diff_vs_eager"] > args.tolerance}
-    for name, r in diverged.items():
-        first = r["max_loss_diff_step"]
-        print(f"FAIL: {name}'s loss curve leaves eager's: |Δ mean loss| = {r['max_loss_diff_vs_eager']:.4f} over steps "
-              f"{first}-{first + args.window - 1}, beyond the tolerance {args.tolerance}.")
-    if diverged:
-        raise SystemExit(1)
+    return rows, out_dir
 
 
 def _child(argv: list[str]) -> None:
