@@ -47,6 +47,7 @@ def test_csv_logger_gets_the_samples_in_a_file_of_its_run_said_once(small_text, 
     assert caplog.text.count("Validation samples: CSVLogger takes no text; they go to") == 1
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     assert [int(r["step"]) for r in rows if r["val/loss"]] == [2, 4]  # the samples' steps
+    assert all(r["epoch"] != "" for r in rows if r["val/loss"])  # as on every row Lightning logs
     # --ckpt_path last finds the newest CSV run, numbered as TensorBoard's.
     main([*TINY, "--data.data_path", str(small_text), "--trainer.max_steps", "5", "--ckpt_path", "last",
           "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", "csv"])

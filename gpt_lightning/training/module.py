@@ -294,6 +294,7 @@ class GPTLightningModule(LightningModule):
         if fitting and self.loggers and not self.trainer.sanity_checking:
             # At the optimizer steps done, as eval/* and the checkpoints' step=N (Lightning's step is one less).
             values = {f"{prefix}/{name}": metric.compute().item() for name, metric in metrics.items()}
+            values["epoch"] = self.current_epoch  # as Lightning adds it to every row it logs
             for logger in self.loggers:
                 logger.log_metrics(values, step=self.global_step)
 
