@@ -35,6 +35,7 @@ from gpt_lightning.observing.throughput import ThroughputMonitor
 from gpt_lightning.scaling.dead_rank import PeerGoneReport, shorten_strategy_timeouts
 from gpt_lightning.scaling.swapped_checkpoints import put_back_swapped_aside
 from gpt_lightning.training.module import GPTLightningModule
+from gpt_lightning.training.precision import AutoPrecisionTrainer
 from gpt_lightning.training.preemption import Preemption
 
 # Lightning messages a CLI user cannot act on, by how they start.
@@ -169,6 +170,7 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("seed_everything_default", 42)
         kwargs.setdefault("parser_class", GPTArgumentParser)
+        kwargs.setdefault("trainer_class", AutoPrecisionTrainer)  # --trainer.precision auto: the fast one here
         kwargs["parser_kwargs"] = {"prog": "gpt-lightning", **(kwargs.get("parser_kwargs") or {})}
         # A config.yaml left in the log directory (a run without a logger writes it to the working
         # directory) must not stop the next run.

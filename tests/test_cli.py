@@ -15,6 +15,7 @@ from gpt_lightning.data import gpt2_encoding
 from gpt_lightning.scaling.memory import GIB, training_memory
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.lightning_cli import GPTLightningCLI
+from gpt_lightning.training.precision import fast_precision
 
 from conftest import REPO
 
@@ -44,7 +45,8 @@ def test_every_config_parses(config):
         assert cfg.trainer.inference_mode is False  # validation under no_grad on NCCL too
     # The position table follows the data's T, except a pretrained model's, which keeps its own.
     assert cfg.model.block_size == (None if cfg.model.init_from else cfg.data.block_size)
-    assert cfg.trainer.precision == "bf16-mixed"
+    # The CPU configs ask for the precision that is fast where they run (bf16-mixed only where bf16 is native).
+    assert cfg.trainer.precision == ("auto" if cfg.trainer.accelerator == "cpu" else "bf16-mixed")
     assert cfg.model.compile is True
     assert cfg.trainer.logger.init_args.save_dir == "logs"
 
@@ -65,7 +67,7 @@ def run_cli(*args: str, cwd: Path, env_extra: dict | None = None) -> subprocess.
     )
 
 
-# The quick start's config, compiled in bf16-mixed as written, shrunk in size only: the suite's one tiny
+# The quick start's config, compiled at its precision as written (auto), shrunk in size only: the suite's one tiny
 # compiled shape (1 layer of width 32, batches of 2 x 32 tokens), whose kernels the compile cache shares.
 SHRUNK = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--data.batch_size", "2",
           "--data.block_size", "32"]
@@ -87,12 +89,14 @@ def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
     # A clean console: our step counter and FLOPs, no tips, no warnings the user cannot act on.
     assert "step: 100%" in console and "6/6" in console and "Epoch 0" not in console
     assert "Training FLOPs per batch (forward + backward)" in console and "Total Flops" not in console
-    # The memory estimate of this run: 1 x 32 model, 2 x 32 tokens, bf16-mixed, one process.
-    memory = training_memory(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32), 2, 32, ddp=False)
+    # The memory estimate of this run: 1 x 32 model, 2 x 32 tokens, one process, at the precision auto chose.
+    mixed = fast_precision("cpu")[0] == "bf16-mixed"
+    assert f"precision auto: {fast_precision('cpu')[0]} (this CPU " in console
+    memory = training_memory(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32), 2, 32, ddp=False, mixed=mixed)
     assert (f"{memory.total / GIB:.2f} GiB per device, estimated (eager; the memory guide, docs/multi-gpu.md): "
             f"{memory.weights_grads_adamw / GIB:.2f} weights, gradients and AdamW + "
-            f"{memory.bf16_weight_copies / GIB:.2f} bf16 weight copies + "
-            f"{memory.activations / GIB:.2f} activations of 64 tokens") in console
+            + (f"{memory.bf16_weight_copies / GIB:.2f} bf16 weight copies + " if mixed else "")
+            + f"{memory.activations / GIB:.2f} activations of 64 tokens") in console
     # The docs quote the estimate of the quick start as written: 4 x 128 model, 8 x 128 tokens.
     from test_readme import DOCS_TEXT
 

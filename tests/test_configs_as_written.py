@@ -12,6 +12,7 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
+from gpt_lightning.training.precision import fast_precision
 
 from conftest import REPO
 
@@ -33,6 +34,11 @@ AS_WRITTEN = {
               "head_learning_rate", "rotary", "norm", "norm_affine", "qk_norm", "activation", "tie_embeddings",
               "zero_init_proj", "logit_softcap", "value_embeddings"),
 }
+
+
+def ran_at(precision: str) -> str:
+    """The precision a CPU run of a config asking for ``precision`` trains at, here."""
+    return fast_precision("cpu")[0] if precision == "auto" else precision
 
 
 def test_every_config_is_covered():
@@ -108,7 +114,9 @@ def test_the_config_trains_as_written(name, workdir, monkeypatch, in_process_gro
     if "tokens_per_step" in merged.get("data", {}):  # the recipe's accumulation: 8 micro-batches a step
         assert json.loads((run_dir / "throughput.json").read_text())["accumulate_grad_batches"] == 8
     facts = json.loads((run_dir / "throughput.json").read_text())
-    assert facts["precision"] == merged["trainer"]["precision"] == "bf16-mixed"
+    # The GPU configs' bf16-mixed, or the CPU configs' auto: bf16-mixed where bf16 is native, else 32-true.
+    assert merged["trainer"]["precision"] == ("auto" if merged["trainer"]["accelerator"] == "cpu" else "bf16-mixed")
+    assert facts["precision"] == ran_at(merged["trainer"]["precision"])
     assert facts["compiled"] is ran["model"]["compile"] is True
     events = EventAccumulator(str(run_dir))
     events.Reload()
@@ -149,7 +157,8 @@ def test_the_readme_s_flags_run_at_their_config_s_precision(command, workdir, tm
         assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (tmp_path / "logs").glob("*/version_0")
     ran = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert ran["trainer"]["precision"] == "bf16-mixed"
+    assert ran["trainer"]["precision"] == ("auto" if "tiny-cpu" in command else "bf16-mixed")
+    assert json.loads((run_dir / "throughput.json").read_text())["precision"] == ran_at(ran["trainer"]["precision"])
     events = EventAccumulator(str(run_dir))
     events.Reload()
     losses = [e.value for e in events.Scalars("train/loss")]

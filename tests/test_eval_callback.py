@@ -81,7 +81,7 @@ def test_logs_the_tasks_and_trains_the_weights_of_a_run_without_it(tmp_path, sha
 
 
 def test_resumed_with_it_on_ends_with_the_weights_of_the_uninterrupted_run(tmp_path, corpus, shakespeare):  # noqa: F811
-    """Through the CLI (configs/tiny-cpu.yaml, bf16-mixed, shuffled): the run resumed at step 2 with
+    """Through the CLI (configs/tiny-cpu.yaml at its auto precision, shuffled): the run resumed at step 2 with
     ``HarnessEval`` on (it scores as it resumes and at the end) ends where the run without it does."""
     harness = {"class_path": "gpt_lightning.HarnessEval", "init_args": {
         "tasks": TASK, "every_n_steps": 2, "limit": 5, "include_path": str(write_task(tmp_path / "tasks", shakespeare))}}

@@ -185,7 +185,7 @@ def test_muon_under_fsdp2_is_refused_in_one_line(small_text, tmp_path, capsys, i
 
 
 def test_a_muon_run_logs_each_group_s_rate_and_exports_to_hugging_face(small_text, tmp_path):
-    """Through the CLI as users run it (tiny-cpu.yaml: bf16-mixed), with accumulation, clipping and the
+    """Through the CLI as users run it (tiny-cpu.yaml: auto, bf16-mixed where the CPU has it), with accumulation, clipping and the
     WSD schedule: one learning-rate tag per parameter group, and the checkpoint exports with
     ``export --format hf`` to a GPT-2 that transformers loads with the same logits."""
     transformers = pytest.importorskip("transformers")

@@ -13,7 +13,7 @@ from gpt_lightning.cli import main
 
 from conftest import MODERN_FLAGS, REPO
 
-# configs/tiny-cpu.yaml as written (bf16-mixed), shrunk in size and steps; 11 batches an epoch.
+# configs/tiny-cpu.yaml as written (auto: bf16-mixed where the CPU has it), shrunk in size and steps; 11 batches an epoch.
 TINY = ["--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--model.compile", "false",
         "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.val_sample_tokens", "0",
         "--data.batch_size", "2", "--data.block_size", "16", "--data.val_fraction", "0",

@@ -13,7 +13,7 @@ from conftest import REPO
 
 
 def fit_tiny_config(small_text, tmp_path, *extra):
-    """configs/tiny-cpu.yaml (bf16-mixed), shrunk in size and steps, uncompiled for speed."""
+    """configs/tiny-cpu.yaml (auto: bf16-mixed where the CPU has it), shrunk in size and steps, uncompiled for speed."""
     main([
         "fit", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--model.compile", "false",
         "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32",

@@ -29,6 +29,7 @@ from gpt_lightning.training.compilation import (
 )
 from gpt_lightning.training.nonfinite import NonFiniteGuard
 from gpt_lightning.training.optimizers import build_optimizer, group_settings, lr_multiplier
+from gpt_lightning.training.precision import warn_if_bf16_is_emulated
 from gpt_lightning.training.step_loss import StepLoss, stopping, written_now
 
 
@@ -184,6 +185,7 @@ class GPTLightningModule(LightningModule):
         hp, trainer = self.hparams, self.trainer
         check_cuda_graphs_accumulation(hp.compile, hp.compile_mode, trainer.accumulate_grad_batches, trainer.strategy.root_device)
         use_atomic_checkpoints(trainer)  # here, so a plain Trainer's saves are atomic too
+        warn_if_bf16_is_emulated(trainer)  # here, so a plain Trainer's and a stock LightningCLI's runs are told too
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another architecture or optimizer (``resume``)."""

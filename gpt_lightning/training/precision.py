@@ -1,0 +1,106 @@
+"""The fast precision: ``precision: auto`` (the CPU configs') is bf16-mixed where the CPU or GPU runs
+bfloat16 natively and 32-true where it emulates it, as measured; a run that asks for bf16 where it is
+emulated is told so in one line. Most laptop and desktop CPUs emulate it, 20-50x slower than float32."""
+
+import functools
+import time
+import typing
+import weakref
+from typing import Any, Literal, Union
+
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.accelerators import Accelerator, CPUAccelerator, CUDAAccelerator
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+# A bf16 matmul this many times slower than float32's means emulation: native bf16 takes 0.5-1x
+# float32's time (AVX512-BF16, AMX), emulated 20-50x (AVX2: AMD before Zen 4, Intel client cores).
+EMULATED = 2.0
+# Lightning's own precision values (its Trainer's annotation, read through typing), and "auto".
+PRECISION = Union[Literal["auto"], typing.get_type_hints(Trainer.__init__)["precision"]]
+_told: "weakref.WeakSet[Trainer]" = weakref.WeakSet()  # trainers already told their bf16 is emulated
+
+
+@functools.cache
+def cpu_bf16_slowdown() -> float:
+    """How many times longer a bfloat16 matmul takes than a float32 one on this CPU: measured once per
+    process (128^3, one thread, best of 4: a few ms), so it honours ``ONEDNN_MAX_CPU_ISA`` and the like."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: a busy core's stalls in a thread pool would swamp 50 us
+    try:
+        a, b = torch.randn(128, 128), torch.randn(128, 128)
+        pairs = {torch.float32: (a, b), torch.bfloat16: (a.bfloat16(), b.bfloat16())}
+        best = dict.fromkeys(pairs, float("inf"))
+        for _ in range(5):  # the first round warms up (oneDNN builds its kernels), and counts as one
+            for dtype, (x, y) in pairs.items():
+                start = time.perf_counter()
+                x @ y
+                best[dtype] = min(best[dtype], time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return best[torch.bfloat16] / best[torch.float32]
+
+
+def _device_type(accelerator: str | Accelerator) -> str:
+    """``cpu``, ``cuda`` or another device type, for a Trainer's ``accelerator`` argument, as Lightning picks it."""
+    if isinstance(accelerator, Accelerator):
+        return "cpu" if isinstance(accelerator, CPUAccelerator) else "cuda" if isinstance(accelerator, CUDAAccelerator) else "other"
+    if accelerator in ("auto", "gpu"):
+        if torch.cuda.is_available():
+            return "cuda"
+        return "cpu" if accelerator == "auto" and not torch.backends.mps.is_available() else "other"
+    return accelerator
+
+
+def accelerator_argument(trainer_arguments: dict[str, Any]) -> str | Accelerator:
+    """The ``accelerator`` a Trainer is given (read here, so jsonargparse keeps Lightning's type for it)."""
+    return trainer_arguments.get("accelerator", "auto")
+
+
+def fast_precision(accelerator: str | Accelerator = "auto") -> tuple[str, str]:
+    """``(precision, why)``: bf16-mixed on a CUDA GPU with bf16 or a CPU whose bf16 matmul is native (measured:
+    ``cpu_bf16_slowdown``), else 32-true (float16 is left to be asked for: it needs loss scaling)."""
+    device = _device_type(accelerator)
+    if device == "cuda":
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return "bf16-mixed", "this CUDA GPU has bf16"
+        return "32-true", "this CUDA GPU has no bf16"
+    if device != "cpu":
+        return "32-true", f"bf16 is chosen only on CPUs and CUDA GPUs that run it natively, not on {device}"
+    slowdown = cpu_bf16_slowdown()
+    if slowdown > EMULATED:
+        return "32-true", f"this CPU emulates bf16: a bf16 matmul runs {slowdown:.0f}x slower than float32, measured"
+    return "bf16-mixed", f"this CPU runs bf16 natively: a bf16 matmul takes {slowdown:.1f}x float32's time, measured"
+
+
+class AutoPrecisionTrainer(Trainer):
+    """Customize every aspect of training via flags; precision also takes auto.
+
+    Lightning's ``Trainer``, whose ``precision`` also takes ``"auto"``: the fast one where it runs
+    (``fast_precision``), said in one line. The CLI's trainer; the CPU configs ask for it."""
+
+    def __init__(self, *, precision: PRECISION = None, **kwargs: Any) -> None:
+        """
+        Args:
+            precision: Lightning's (32-true, bf16-mixed, 16-mixed, ...), or "auto": bf16-mixed where the CPU
+                or GPU runs bf16 natively, else 32-true (a measured bf16 matmul decides on a CPU).
+        """
+        if precision == "auto":
+            precision, why = fast_precision(accelerator_argument(kwargs))
+            rank_zero_info(f"precision auto: {precision} ({why}).")
+        super().__init__(precision=precision, **kwargs)
+
+
+def warn_if_bf16_is_emulated(trainer: Trainer) -> None:
+    """One line, once per trainer on rank 0, when it runs bf16 on a CPU that emulates it: how much slower, and the fix."""
+    precision = str(trainer.precision)
+    if not precision.startswith("bf16") or trainer.strategy.root_device.type != "cpu" or trainer in _told:
+        return
+    _told.add(trainer)
+    slowdown = cpu_bf16_slowdown()
+    if slowdown > EMULATED:
+        rank_zero_warn(
+            f"{precision} on this CPU is slow: it emulates bf16, and a bf16 matmul runs {slowdown:.0f}x slower than "
+            "float32 (measured). Train in float32: --trainer.precision 32-true (in Python, Trainer(precision='32-true')), "
+            "or --trainer.precision auto, the fast one wherever it runs."
+        )

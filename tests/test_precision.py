@@ -1,0 +1,108 @@
+"""``precision: auto`` (the CPU configs'): bf16-mixed where the CPU or GPU runs bfloat16 natively, 32-true
+where it emulates it, decided by a measured bf16 vs float32 matmul; and one line for a run that asks
+for bf16 on a CPU that emulates it (issue 47: the quick start took hours on an AVX2 laptop CPU)."""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from torch.utils.data import DataLoader
+
+from gpt_lightning.cli import main
+from gpt_lightning.training import precision
+from gpt_lightning.training.module import GPTLightningModule
+
+from conftest import REPO, TINY_MODEL
+
+# Without native bf16 (AMD before Zen 4, Intel's client cores) oneDNN falls back to AVX2: these force it.
+EMULATE = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+
+
+@pytest.mark.parametrize("slowdown, expected", [(24.0, "32-true"), (3.0, "32-true"), (1.5, "bf16-mixed"), (0.5, "bf16-mixed")])
+def test_auto_on_a_cpu_follows_the_measured_bf16_matmul(slowdown, expected, monkeypatch):
+    monkeypatch.setattr(precision, "cpu_bf16_slowdown", lambda: slowdown)
+    chosen, why = precision.fast_precision("cpu")
+    assert chosen == expected
+    assert ("emulates bf16" in why) == (expected == "32-true")
+    assert (f"{slowdown:.0f}x slower" if expected == "32-true" else f"{slowdown:.1f}x float32's time") in why
+
+
+@pytest.mark.parametrize("has_bf16, expected", [(True, "bf16-mixed"), (False, "32-true")])
+def test_auto_on_a_cuda_gpu_follows_its_bf16(has_bf16, expected, monkeypatch):
+    """(The GPU is stood in for: no CUDA here.) A V100 or T4 gets float32, not float16 unasked."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: has_bf16 and not including_emulation)
+    monkeypatch.setattr(precision, "cpu_bf16_slowdown", lambda: pytest.fail("a GPU run measured the CPU"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert precision.fast_precision("cuda")[0] == precision.fast_precision("gpu")[0] == expected
+    assert precision.fast_precision("auto")[0] == expected
+
+
+def test_the_probe_measures_what_this_cpu_does():
+    """On this CPU, as it is: auto picks bf16 exactly where its matmul is not over twice float32's time.
+    Cached: measured once per process."""
+    slowdown = precision.cpu_bf16_slowdown()
+    assert 0 < slowdown and precision.cpu_bf16_slowdown() is slowdown
+    assert precision.fast_precision("cpu")[0] == ("32-true" if slowdown > precision.EMULATED else "bf16-mixed")
+    capabilities = torch.cpu.get_capabilities()
+    if (capabilities.get("avx512_bf16") or capabilities.get("amx_bf16")) and "ONEDNN_MAX_CPU_ISA" not in os.environ:
+        assert slowdown < precision.EMULATED
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="oneDNN's x86 ISA switch")
+def test_the_probe_finds_emulated_bf16_where_onednn_may_not_use_the_cpus_bf16():
+    """As on an AVX2 CPU (the issue's: a bf16 matmul at 1.4 GFLOPS against float32's 45): auto picks 32-true."""
+    code = "from gpt_lightning.training.precision import fast_precision, cpu_bf16_slowdown; print(cpu_bf16_slowdown(), *fast_precision('cpu'))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(REPO), **EMULATE})
+    assert result.returncode == 0, result.stderr[-2000:]
+    slowdown, chosen, *_ = result.stdout.split()
+    assert float(slowdown) > 2 * precision.EMULATED and chosen == "32-true", result.stdout
+
+
+SHRUNK = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--data.batch_size", "2",
+          "--data.block_size", "32", "--model.compile", "false", "--trainer.max_steps", "2", "--throughput.warmup_steps", "1", "--trainer.limit_val_batches", "0",
+          "--trainer.enable_model_summary", "false", "--model.val_sample_tokens", "0"]
+
+
+@pytest.mark.parametrize("asked", ["auto", "bf16-mixed"])
+def test_fit_on_a_cpu_that_emulates_bf16(asked, tmp_path, monkeypatch, caplog, capsys, recwarn, in_process_group):
+    """``gpt-lightning fit --config configs/tiny-cpu.yaml`` (auto) trains in float32 there and says why;
+    asked for bf16-mixed it trains in it, told once how much slower it is and what to type."""
+    monkeypatch.setattr(precision, "cpu_bf16_slowdown", lambda: 24.0)
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level("INFO")
+    main(["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *SHRUNK, "--trainer.precision", asked,
+          "--trainer.logger.init_args.save_dir", str(tmp_path / "logs")])
+    out, err = capsys.readouterr()
+    console = caplog.text + out + err
+    told = [str(w.message) for w in recwarn if "emulates bf16" in str(w.message)]
+    (run,) = (tmp_path / "logs" / "tiny-cpu").glob("version_*")
+    ran = json.loads((run / "throughput.json").read_text())["precision"]
+    if asked == "auto":
+        assert ran == "32-true" and not told
+        assert "precision auto: 32-true (this CPU emulates bf16: a bf16 matmul runs 24x slower than float32, measured)." in console
+    else:
+        assert ran == "bf16-mixed" and "precision auto" not in console
+        assert len(told) == 1 and "\n" not in told[0], told
+        assert "bf16-mixed on this CPU is slow" in told[0] and "24x slower" in told[0]
+        assert "--trainer.precision 32-true" in told[0]
+
+
+def test_a_plain_trainer_in_bf16_on_such_a_cpu_is_told_once_per_run(monkeypatch, recwarn):
+    """Without our CLI (a plain ``Trainer``, a stock ``LightningCLI``): told by the module, once for fit and validate."""
+    monkeypatch.setattr(precision, "cpu_bf16_slowdown", lambda: 24.0)
+    module = GPTLightningModule(**TINY_MODEL, block_size=16, val_sample_tokens=0)
+    batches = [(x, x.roll(-1, dims=1)) for x in torch.randint(0, 50257, (2, 2, 16))]
+    trainer = Trainer(accelerator="cpu", precision="bf16-mixed", max_steps=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None))
+    trainer.validate(module, DataLoader(batches, batch_size=None), verbose=False)
+    assert len([w for w in recwarn if "emulates bf16" in str(w.message)]) == 1
+    Trainer(accelerator="cpu", precision="32-true", max_steps=1, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False).validate(module, DataLoader(batches, batch_size=None), verbose=False)
+    assert len([w for w in recwarn if "emulates bf16" in str(w.message)]) == 1  # float32: nothing to say
