@@ -162,8 +162,11 @@ def test_torchrun_max_restarts_resumes_after_a_rank_dies(ddp_run, tmp_path):
     assert launch.returncode == 0, log[-3000:]
     # torchrun reports the killed rank and SIGTERMs the survivor. Whichever reaches the survivor first,
     # gloo's closed connection or that SIGTERM, it ends without a traceback on the console; if it was
-    # the connection, in the dead-rank line, which names the file holding the whole error.
-    assert "failed (exitcode: -9) local_rank: 1" in log and "Traceback" not in log, log[-3000:]
+    # the connection, in the dead-rank line, which names the file holding the whole error. When the
+    # survivor has ended on that line before torchrun's monitor looks, torchrun names it (exit 1) first.
+    killed_reported = "failed (exitcode: -9) local_rank: 1" in log
+    survivor_reported = "failed (exitcode: 1) local_rank: 0" in log and "another rank of this run went away" in log
+    assert (killed_reported or survivor_reported) and "Traceback" not in log, log[-3000:]
     if "another rank of this run went away" in log:
         assert "gpt-lightning: error: another rank of this run went away, and this one (rank 0 of 2) stopped" in log
         error_file = tmp_path / "tb" / "tiny-cpu" / "version_0" / "error-rank0.txt"
