@@ -123,6 +123,7 @@ class StopSignalsBeforeOurs:
         self._writer: socket.socket | None = None
         self._stirred = threading.Event()  # the main thread ran the handler, or left the ``with``
         self._over = False
+        self._lock = threading.Lock()  # the ``with`` left: ``_stirred`` stays set
         self._thread: threading.Thread | None = None
         self._said = False
         self._pid = os.getpid()
@@ -132,15 +133,20 @@ class StopSignalsBeforeOurs:
             return self  # signals cannot be handled here
         reader, self._writer = socket.socketpair()
         self._writer.setblocking(False)
-        self._previous_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
-        self._previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
         self._thread = threading.Thread(target=self._watch, args=(reader,), name="gpt-lightning-stop-signals", daemon=True)
         self._thread.start()
+        self._previous_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        try:
+            for signum in STOP_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        except StoppedOutsideTraining:  # a signal already: raised here, no ``__exit__`` follows
+            self.__exit__(None)
+            raise
         return self
 
     def _say(self, signum: int) -> bool:
-        if self._said or not claim_the_end():
-            return False  # said already, or the launcher's watcher is ending this process
+        if self._said or self._over or not claim_the_end():
+            return False  # said already, the CLI is over, or the launcher's watcher is ending this process
         self._said = True
         print(f"gpt-lightning: stopped by {signal.Signals(signum).name}{_where()} outside training (starting or "
               "finishing): nothing new to save. Run the same command again (with --ckpt_path last) to start or resume.",
@@ -161,20 +167,22 @@ class StopSignalsBeforeOurs:
 
     def _watch(self, reader: socket.socket) -> None:
         with reader:
-            while not self._over:
-                self._stirred.clear()  # before the read: a handler run after the signal counts
-                data = reader.recv(64)  # a byte per signal; b"" once the CLI is over
+            while data := reader.recv(64):  # a byte per signal; b"" once the CLI is over
                 signum = next((s for s in data if s in STOP_SIGNALS and signal.getsignal(s) == self._handle), 0)
-                if signum and not self._stirred.wait(self.GRACE_S) and claim_the_end():
+                if signum and not self._stirred.wait(self.GRACE_S) and not self._over and claim_the_end():
                     self._say(signum)
                     sys.stdout.flush()
                     os._exit(128 + signum)  # the ranks it started end with it
+                with self._lock:
+                    if not self._over:
+                        self._stirred.clear()  # the next signal's handler run is the one that counts
 
     def __exit__(self, exc_type: type | None, *exc: object) -> None:
         if self._writer is None:
             return
-        self._over = True  # however it ends: an in-process caller goes on
-        self._stirred.set()
+        with self._lock:
+            self._over = True  # however it ends: an in-process caller goes on
+            self._stirred.set()
         for signum, previous in self._previous.items():
             if signal.getsignal(signum) == self._handle:
                 signal.signal(signum, previous)
