@@ -8,9 +8,7 @@ import importlib
 import sys
 
 from gpt_lightning.errors import UserError
-from gpt_lightning.scaling.launched_ranks import (
-    StoppedOutsideTraining, StopSignalsBeforeOurs, die_with_launcher, wait_for_launched_ranks,
-)
+from gpt_lightning.scaling.launched_ranks import StoppedOutsideTraining, cli_run, wait_for_launched_ranks
 
 # Our own commands, each a module of gpt_lightning.commands with a main(argv); imported on use.
 COMMANDS = {
@@ -40,9 +38,11 @@ def _lightning_errors() -> tuple[type[Exception], ...]:
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of ``gpt-lightning`` and ``python -m gpt_lightning``."""
-    die_with_launcher()  # first: a rank Lightning's launcher started never outlives it
-    with StopSignalsBeforeOurs():
+    """Entry point of ``gpt-lightning`` and ``python -m gpt_lightning``. Called from Python (a notebook),
+    it returns, or raises ``SystemExit``: code 2 for a user's mistake, 143 / 130 for a SIGTERM / Ctrl-C
+    (``Preempted`` in training, ``StoppedOutsideTraining`` outside it), never ``KeyboardInterrupt``
+    but for a second Ctrl-C in training."""
+    with cli_run():  # first: a rank Lightning's launcher started never outlives it
         _main(args)
 
 
@@ -58,9 +58,9 @@ def _main(args: list[str] | None) -> None:
             from gpt_lightning.lightning_cli import GPTLightningCLI
             from gpt_lightning.scaling.dead_rank import report_launched_rank_ends
 
-            report_launched_rank_ends()
-            GPTLightningCLI(args=args)
-            wait_for_launched_ranks()
+            with report_launched_rank_ends():
+                GPTLightningCLI(args=args)
+                wait_for_launched_ranks()
     except SystemExit as stop:
         if stop.code in (130, 143) and not isinstance(stop, StoppedOutsideTraining):  # every rank at one step
             wait_for_launched_ranks()

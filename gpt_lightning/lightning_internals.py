@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -145,13 +147,14 @@ def add_configure_optimizers(cli: LightningCLI, subcommand: str | None) -> None:
     cli._add_configure_optimizers_method_to_model(subcommand)
 
 
-def watch_launched_ranks(on_start: Callable[[list[Any]], None], on_end: Callable[[list[Any]], bool]) -> None:
+@contextmanager
+def watch_launched_ranks(on_start: Callable[[list[Any]], None], on_end: Callable[[list[Any]], bool]) -> Iterator[None]:
     """Lightning's launcher polls the ranks it started (a thread, every 5 s) and SIGKILLs every process once one
-    ended non-zero. From now on ``on_start(procs)`` hears of them, and ``on_end(procs)`` runs before that
-    SIGKILL, which follows only where it returns True."""
+    ended non-zero. Of a launch in the ``with``, ``on_start(procs)`` hears of them, and ``on_end(procs)`` runs
+    before that SIGKILL, which follows only where it returns True. After it, Lightning's watcher is back."""
     from lightning.fabric.strategies.launchers import subprocess_script
 
-    lightnings = getattr(subprocess_script._ChildProcessObserver, "lightnings", subprocess_script._ChildProcessObserver)
+    lightnings = subprocess_script._ChildProcessObserver
 
     class Watcher(lightnings):  # type: ignore[misc, valid-type]
         def __init__(self, main_pid: int, child_processes: list[Any], sleep_period: int = 5) -> None:
@@ -162,8 +165,11 @@ def watch_launched_ranks(on_start: Callable[[list[Any]], None], on_end: Callable
             if on_end(self._child_processes):
                 super()._terminate_all()
 
-    Watcher.lightnings = lightnings
     subprocess_script._ChildProcessObserver = Watcher
+    try:
+        yield
+    finally:
+        subprocess_script._ChildProcessObserver = lightnings
 
 
 def _watcher_ends_through_terminate_all() -> bool:
@@ -174,7 +180,7 @@ def _watcher_ends_through_terminate_all() -> bool:
 
     from lightning.fabric.strategies.launchers import subprocess_script
 
-    observer = getattr(subprocess_script._ChildProcessObserver, "lightnings", subprocess_script._ChildProcessObserver)
+    observer = subprocess_script._ChildProcessObserver
     ended, seen = SimpleNamespace(poll=lambda: None, returncode=-9, pid=0), []
 
     class Probe(observer):  # type: ignore[misc, valid-type]

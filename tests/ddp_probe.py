@@ -86,6 +86,21 @@ class KillRank(Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class LaunchedRankKilled(Callback):
+    """As the fit starts, Lightning's launcher watcher (what a DDP launch now would build) sees a rank it
+    started SIGKILLed: a launch in one process, without a second process to start."""
+
+    def on_train_start(self, trainer, pl_module):
+        import os
+        import subprocess
+
+        from lightning.fabric.strategies.launchers import subprocess_script
+
+        killed = subprocess.Popen(["sh", "-c", "kill -9 $$"])
+        killed.wait()
+        subprocess_script._ChildProcessObserver(main_pid=os.getpid(), child_processes=[killed])._run()
+
+
 class StopRank(Callback):
     """SIGSTOPs global rank ``rank`` after optimizer step ``step`` (a rank that hangs: a deadlock, a
     stuck device), after writing its pid and the time to ``out``, for the test to kill it after."""

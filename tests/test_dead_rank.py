@@ -230,3 +230,39 @@ def test_when_lightning_s_launcher_notices_first_rank_0_still_says_it_in_one_lin
     assert f"the whole error is in {error_file})" in last and "--ckpt_path last" in last
     report = error_file.read_text()
     assert f"rank 1 (pid {rank1}) end: killed by SIGKILL" in report and "in _hold" in report  # where rank 0 waited
+
+
+def test_a_second_run_in_one_process_still_says_a_launched_rank_ended_and_lightning_s_own_watcher_is_back(small_text, tmp_path):
+    """``main()`` twice in one process (a notebook). Before, the first run left Lightning's launcher watcher
+    replaced and the end claimed: a later DDP launch (a plain ``Trainer``'s or the CLI's) got neither
+    Lightning's kill of the other ranks nor our line."""
+    args = ["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--model.compile", "false", "--model.n_layer", "1",
+            "--model.n_embd", "32", "--model.n_head", "2", "--data.data_path", str(small_text), "--data.cache_dir",
+            str(tmp_path / "cache"), "--data.batch_size", "2", "--data.block_size", "32", "--trainer.max_steps", "1",
+            "--trainer.limit_val_batches", "0", "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")]
+    killed = {"class_path": "ddp_probe.LaunchedRankKilled"}
+    body = f"""
+import subprocess
+from lightning.fabric.strategies.launchers import subprocess_script
+from gpt_lightning.cli import main
+lightnings = subprocess_script._ChildProcessObserver
+main({args!r})
+killed, live, launcher = subprocess.Popen(["sh", "-c", "kill -9 $$"]), subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
+killed.wait()
+subprocess_script._ChildProcessObserver(main_pid=launcher.pid, child_processes=[killed, live])._run()
+def ended(proc):
+    try:
+        return proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return "running"
+print("watcher:", subprocess_script._ChildProcessObserver is lightnings, ended(live), ended(launcher), flush=True)
+main({[*args, "--trainer.callbacks+=" + json.dumps(killed)]!r})
+"""
+    result = subprocess.run([sys.executable, "-c", body], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, **ENV})
+    assert "watcher: True -9 -9\n" in result.stdout, result.stdout[-500:] + result.stderr[-3000:]  # Lightning's kill
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("gpt-lightning: error: another rank of this run went away, and this one (rank 0) stopped "
+                           "(Lightning's launcher saw rank 1 (pid "), last

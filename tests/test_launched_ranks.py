@@ -123,3 +123,41 @@ def test_a_process_forked_meanwhile_keeps_the_handler_it_had():
             "    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)\n")
     result = subprocess.run([sys.executable, "-c", body], env=ENV, capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stdout, result.stderr) == (0, "7\n", "")
+
+
+def test_a_ctrl_c_while_main_starts_leaves_a_python_caller_running_as_it_was():
+    """A script (a notebook) calling ``main()``: a Ctrl-C as it starts is its SystemExit 130, and the process
+    goes on as before the call. Before, the stop-signal thread ended it ``GRACE_S`` after ``main()`` had
+    returned (``os._exit(130)``: a notebook's kernel died), and the launcher's pid stayed in its environment."""
+    body = f"""
+import os, signal, threading, time
+from gpt_lightning.cli import main
+from gpt_lightning.scaling.launched_ranks import StopSignalsBeforeOurs
+before = signal.getsignal(signal.SIGINT)
+def ctrl_c():  # once main() listens
+    while signal.getsignal(signal.SIGINT) is before:
+        time.sleep(0.001)
+    os.kill(os.getpid(), signal.SIGINT)
+threading.Thread(target=ctrl_c).start()
+try:
+    main(["fit", "--config", {str(REPO / "configs/tiny-cpu.yaml")!r}])
+except SystemExit as stop:
+    print(type(stop).__name__, stop.code, flush=True)
+time.sleep(StopSignalsBeforeOurs.GRACE_S + 1)
+print(signal.getsignal(signal.SIGINT) is before, signal.set_wakeup_fd(-1), os.environ.get("GPT_LIGHTNING_LAUNCHER_PID"),
+      [thread.name for thread in threading.enumerate() if thread is not threading.current_thread()])
+"""
+    result = subprocess.run([sys.executable, "-c", body], env=ENV, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (0, "StoppedOutsideTraining 130\nTrue -1 None []\n"), result.stderr
+    assert result.stderr.startswith("gpt-lightning: stopped by SIGINT outside training"), result.stderr
+
+
+def test_a_stopped_cli_that_takes_long_to_unwind_in_python_is_not_cut_short():
+    """The handler ran, so the main thread runs Python: the CLI unwinds at its pace (Lightning's teardown);
+    only a main thread that cannot run the handler, stuck in C++, is ended ``GRACE_S`` after the signal."""
+    body = ("import os, signal, time\nfrom gpt_lightning.scaling.launched_ranks import StopSignalsBeforeOurs, StoppedOutsideTraining\n"
+            "StopSignalsBeforeOurs.GRACE_S = 0.3\nwith StopSignalsBeforeOurs():\n    try:\n"
+            "        os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\n    except StoppedOutsideTraining:\n"
+            "        time.sleep(1)  # unwinding\nprint('unwound', flush=True)\n")
+    result = subprocess.run([sys.executable, "-c", body], env=ENV, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (0, "unwound\n"), result.stderr

@@ -139,6 +139,5 @@ def test_the_launcher_watcher_check_fails_when_lightning_ends_the_run_another_wa
     def run(self):  # a release whose watcher kills the processes itself
         return True
 
-    lightnings = getattr(_ChildProcessObserver, "lightnings", _ChildProcessObserver)  # ours subclasses it, once the CLI ran
-    monkeypatch.setattr(lightnings, "_run", run)
+    monkeypatch.setattr(_ChildProcessObserver, "_run", run)
     assert "_ChildProcessObserver._terminate_all is gone" in check("launchers.subprocess_script._ChildProcessObserver._terminate_all")

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 import traceback
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from pathlib import Path
 
@@ -123,10 +124,10 @@ def shorten_strategy_timeouts(timeout: timedelta = PROCESS_GROUP_TIMEOUT) -> Non
                                       **init_params)
 
 
-def report_launched_rank_ends() -> None:
+def report_launched_rank_ends() -> AbstractContextManager[None]:
     """Where Lightning's launcher, not a collective, notices first that a rank it started ended, rank 0
-    says so in our line too (``_launched_rank_ended``). Called by the CLI only."""
-    watch_launched_ranks(remember_launched, _launched_rank_ended)
+    says so in our line too (``_launched_rank_ended``), in the ``with``. Called by the CLI only."""
+    return watch_launched_ranks(remember_launched, _launched_rank_ended)
 
 
 def _launched_rank_ended(procs: list) -> bool:

@@ -12,6 +12,8 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
@@ -83,6 +85,26 @@ def _where() -> str:
     return f" (rank {rank})" if rank is not None and world != "1" else ""
 
 
+@contextmanager
+def cli_run() -> Iterator[None]:
+    """One run of the CLI, in its own process or in a caller's (a notebook's ``main()``, run again and again):
+    it starts from no earlier run's state, and leaves the environment and the signal handlers as it found them."""
+    previous = os.environ.get(LAUNCHER_PID)
+    with _claim_lock:
+        _claimed_by.clear()
+    _launched.clear()
+    die_with_launcher()
+    try:
+        with StopSignalsBeforeOurs():
+            yield
+    finally:
+        claim_the_end()  # over: a launcher's watcher left behind must not end the caller's process
+        if previous is None:
+            os.environ.pop(LAUNCHER_PID, None)
+        else:
+            os.environ[LAUNCHER_PID] = previous
+
+
 class StoppedOutsideTraining(SystemExit):
     """A SIGTERM or SIGINT with no handler of ``Preemption`` in place: exit code 128 + the signal's number."""
 
@@ -90,8 +112,8 @@ class StoppedOutsideTraining(SystemExit):
 class StopSignalsBeforeOurs:
     """While the CLI runs: a SIGTERM or SIGINT that finds this handler in place (before ``Preemption``'s,
     or after it) prints one line and raises ``StoppedOutsideTraining``. A thread woken through
-    ``signal.set_wakeup_fd`` ends the process ``GRACE_S`` later where it still runs (a main thread
-    blocked in C++, a store at startup, cannot run the handler; an unwinding one may hang at exit)."""
+    ``signal.set_wakeup_fd`` ends the process where the main thread, blocked in C++ (a store at startup),
+    has not run the handler ``GRACE_S`` later; never once the ``with`` is left (a caller goes on)."""
 
     GRACE_S = 3.0
 
@@ -99,7 +121,10 @@ class StopSignalsBeforeOurs:
         self._previous: dict[int, Any] = {}
         self._previous_fd = -1
         self._writer: socket.socket | None = None
-        self._done = threading.Event()  # the CLI returned (or raised something else): no backstop
+        self._stirred = threading.Event()  # the main thread ran the handler, or left the ``with``
+        self._over = False
+        self._lock = threading.Lock()  # the ``with`` left: ``_stirred`` stays set
+        self._thread: threading.Thread | None = None
         self._said = False
         self._pid = os.getpid()
 
@@ -108,14 +133,20 @@ class StopSignalsBeforeOurs:
             return self  # signals cannot be handled here
         reader, self._writer = socket.socketpair()
         self._writer.setblocking(False)
+        self._thread = threading.Thread(target=self._watch, args=(reader,), name="gpt-lightning-stop-signals", daemon=True)
+        self._thread.start()
         self._previous_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
-        self._previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
-        threading.Thread(target=self._watch, args=(reader,), name="gpt-lightning-stop-signals", daemon=True).start()
+        try:
+            for signum in STOP_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        except StoppedOutsideTraining:  # a signal already: raised here, no ``__exit__`` follows
+            self.__exit__(None)
+            raise
         return self
 
     def _say(self, signum: int) -> bool:
-        if self._said or not claim_the_end():
-            return False  # said already, or the launcher's watcher is ending this process
+        if self._said or self._over or not claim_the_end():
+            return False  # said already, the CLI is over, or the launcher's watcher is ending this process
         self._said = True
         print(f"gpt-lightning: stopped by {signal.Signals(signum).name}{_where()} outside training (starting or "
               "finishing): nothing new to save. Run the same command again (with --ckpt_path last) to start or resume.",
@@ -130,26 +161,33 @@ class StopSignalsBeforeOurs:
             signal.signal(signum, previous)
             os.kill(os.getpid(), signum)
             return None
+        self._stirred.set()  # the main thread runs Python: it unwinds by itself
         if self._say(signum):
             raise StoppedOutsideTraining(128 + signum)
 
     def _watch(self, reader: socket.socket) -> None:
         with reader:
-            while data := reader.recv(64):  # a byte per signal; b"" once the CLI is done
+            while data := reader.recv(64):  # a byte per signal; b"" once the CLI is over
                 signum = next((s for s in data if s in STOP_SIGNALS and signal.getsignal(s) == self._handle), 0)
-                if signum and not self._done.wait(self.GRACE_S) and claim_the_end():
+                if signum and not self._stirred.wait(self.GRACE_S) and not self._over and claim_the_end():
                     self._say(signum)
                     sys.stdout.flush()
                     os._exit(128 + signum)  # the ranks it started end with it
+                with self._lock:
+                    if not self._over:
+                        self._stirred.clear()  # the next signal's handler run is the one that counts
 
     def __exit__(self, exc_type: type | None, *exc: object) -> None:
         if self._writer is None:
             return
-        if exc_type is None or not issubclass(exc_type, StoppedOutsideTraining):
-            self._done.set()  # an in-process caller goes on
+        with self._lock:
+            self._over = True  # however it ends: an in-process caller goes on
+            self._stirred.set()
         for signum, previous in self._previous.items():
             if signal.getsignal(signum) == self._handle:
                 signal.signal(signum, previous)
         signal.set_wakeup_fd(self._previous_fd)
-        self._writer.close()  # the thread reads b"" (once past its grace) and ends
+        self._writer.close()  # the thread reads b"" and ends
         self._writer = None
+        if self._thread is not None:
+            self._thread.join(timeout=1)
