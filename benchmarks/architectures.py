@@ -39,10 +39,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import lockstep
 import torch
 import yaml
 
-import lockstep
 from gpt_lightning.model import GPT, MODERN_SWITCHES, GPTConfig
 from gpt_lightning.training.compilation import compile_in_place
 from gpt_lightning.training.optimizers import build_optimizer
@@ -134,7 +134,7 @@ def train_seed(chosen: list[Arm], args: argparse.Namespace, ids: torch.Tensor, v
     rows = [{**asdict(arm), "seed": seed, "final_val_loss": round(run.curve[-1][1], 4),
              "median_step_ms": round(1000 * run.median_step_s(), 1),
              "step_time_vs_gpt2_muon_base": None if reference is None else round(run.median_step_s() / reference.median_step_s(), 3),
-             "curve": [[t, round(l, 4)] for t, l in run.curve]} for arm, run in zip(chosen, runs)]
+             "curve": [[t, round(loss, 4)] for t, loss in run.curve]} for arm, run in zip(chosen, runs)]
     return {"seed": seed, "groups": sorted({arm.group for arm in chosen}), "wall_s": round(wall_s, 1),
             "loadavg": loadavg(), "runs": rows}
 
@@ -368,7 +368,7 @@ def plot(report: dict, path: Path) -> None:
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=6)
     left.set_ylabel("validation loss")
-    lo = min(min(l for _, l in r["curve"]) for r in first["runs"])
+    lo = min(min(loss for _, loss in r["curve"]) for r in first["runs"])
     left.set_ylim(lo - 0.1, lo + 2.0)
     s = report["shape"]
     fig.suptitle(f"{s['n_layer']} layers x {s['n_embd']}, B={s['batch_size']}, T={s['block_size']}, "

@@ -41,7 +41,6 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -31,8 +31,8 @@ from gpt_lightning.atomic import atomic_write_bytes
 from gpt_lightning.data.corpus import Corpus
 from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.generation import generate
-from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.interop.pretrained import export_hf
+from gpt_lightning.model import GPT, GPTConfig
 
 
 def sync(device: torch.device) -> None:
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
             warm_up[name](batch) if name in warm_up else fn(batch, min(n, 8))
         for _ in range(args.repeats):
             for name, fn in contenders.items():
-                seconds, outputs[name] = timed(lambda: fn(batch), device)
+                seconds, outputs[name] = timed(lambda fn=fn, batch=batch: fn(batch), device)
                 times[name].append(seconds)
             bandwidths.append(read_bandwidth(device, dtype, args.probe_mb * 2**20))
         row = {"batch": batch, **{name: {"tokens_per_sec": batch * n / statistics.median(t), "seconds": t} for name, t in times.items()}}
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     # The slow path last (one run each), so that a busy machine has written the rest before it.
     for batch in args.uncached_batch_sizes:
         row = results[str(batch)]
-        seconds, out = timed(lambda: run_ours(batch, use_cache=False), device)
+        seconds, out = timed(lambda batch=batch: run_ours(batch, use_cache=False), device)
         row["ours_uncached"] = {"tokens_per_sec": batch * n / seconds, "seconds": [seconds]}
         row["greedy_tokens_equal"]["ours_uncached"] = bool(torch.equal(out, row["reference"]))
         row["ours_vs_uncached"] = row["ours"]["tokens_per_sec"] / row["ours_uncached"]["tokens_per_sec"]

@@ -43,9 +43,10 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch._dynamo
@@ -55,8 +56,8 @@ from lightning.pytorch.profilers import Profiler
 
 from gpt_lightning import GPTLightningModule, ThroughputMonitor, TokenStreamDataModule
 from gpt_lightning.commands.bench import repo_relative
-from gpt_lightning.observing.console import StepProgressBar
 from gpt_lightning.data.windows import TokenWindows
+from gpt_lightning.observing.console import StepProgressBar
 from gpt_lightning.training.attention import attention_context, device_attention_backends
 from gpt_lightning.training.compilation import compile_in_place
 from gpt_lightning.training.nonfinite import NonFiniteGuard

@@ -132,7 +132,7 @@ def train_in_lockstep(runs: list[Run], data: Data, args: argparse.Namespace) -> 
             runs[(step + k) % len(runs)].step(x, y, step)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             losses = [run.evaluate(data.val, (step + 1) * data.B * data.T) for run in runs]
-            print(f"step {step + 1} ({time.perf_counter() - started:.0f} s): " + ", ".join(f"{r.name} {l:.3f}" for r, l in zip(runs, losses)), flush=True)
+            print(f"step {step + 1} ({time.perf_counter() - started:.0f} s): " + ", ".join(f"{r.name} {loss:.3f}" for r, loss in zip(runs, losses)), flush=True)
     return time.perf_counter() - started
 
 

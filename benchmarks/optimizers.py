@@ -35,10 +35,10 @@ import time
 import weakref
 from pathlib import Path
 
+import lockstep
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import lockstep
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.training.optimizers import build_optimizer, muon_matrix_step
 
@@ -208,7 +208,7 @@ def main() -> None:
             "tokens_ratio_vs_best_adamw": None if reached is None else round(reached / budget, 3),
             "median_step_ms": round(1000 * step_s[r.name], 2),
             "step_time_ratio_vs_best_adamw": round(step_s[r.name] / step_s[best_adamw.name], 3),
-            "curve": [[t, round(l, 4)] for t, l in r.curve],
+            "curve": [[t, round(loss, 4)] for t, loss in r.curve],
         })
     report = {
         "what": "validation loss against tokens, AdamW vs Muon, one lockstep run (benchmarks/optimizers.py)",

@@ -32,6 +32,10 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,7 +72,7 @@ def write_corpus(folder: Path, size_mb: float, seed: int = 0) -> int:
 
 
 # --- build-nanogpt's loop -----------------------------------------------------------------------
-def _baseline_tokenize(doc: dict) -> "np.ndarray":
+def _baseline_tokenize(doc: dict) -> np.ndarray:
     import numpy as np
 
     from gpt_lightning.data.tokenizer import gpt2_encoding

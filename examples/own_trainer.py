@@ -8,7 +8,14 @@ import argparse
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from gpt_lightning import GPTLightningModule, Preempted, Preemption, ThroughputMonitor, TokenStreamDataModule, ValidationSamples
+from gpt_lightning import (
+    GPTLightningModule,
+    Preempted,
+    Preemption,
+    ThroughputMonitor,
+    TokenStreamDataModule,
+    ValidationSamples,
+)
 from gpt_lightning.observing.console import StepProgressBar
 
 parser = argparse.ArgumentParser()

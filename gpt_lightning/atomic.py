@@ -11,7 +11,6 @@ from pathlib import Path
 
 from gpt_lightning.errors import UserError
 
-
 _TMP = ".tmp"  # temporary files are named .NAME.PID.RANDOM.tmpSUFFIX, beside NAME
 
 

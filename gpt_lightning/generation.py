@@ -17,8 +17,8 @@ import functools
 import math
 import types
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch._inductor.config
@@ -89,7 +89,7 @@ def generate(
     return idx
 
 
-def _generate_cached(model: GPT, idx: torch.Tensor, max_new_tokens: int, sample: "Sampler", compile: bool) -> torch.Tensor:
+def _generate_cached(model: GPT, idx: torch.Tensor, max_new_tokens: int, sample: Sampler, compile: bool) -> torch.Tensor:
     # forward_cached is not the compiled __call__ of the model or its blocks (training's
     # torch.compile): it runs eager unless `compile` asks for a decode graph of its own.
     B, T = idx.shape

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from lightning.pytorch import Trainer

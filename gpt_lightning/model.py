@@ -4,7 +4,6 @@ parameter names; ``forward_cached`` runs tokens through one ``KVCache`` per bloc
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -15,7 +14,6 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
-
 
 # The value-embedding gate reads the first this many channels of the attention's input (nanochat's 12).
 VALUE_GATE_CHANNELS = 12
@@ -313,7 +311,7 @@ class GPT(nn.Module):
             self.transformer.wte.weight = self.lm_head.weight
 
     @classmethod
-    def from_state_dict(cls, config: GPTConfig, state: dict[str, torch.Tensor]) -> "GPT":
+    def from_state_dict(cls, config: GPTConfig, state: dict[str, torch.Tensor]) -> GPT:
         """A GPT assigned the tensors of ``state`` (``lm_head.weight`` optional), built on the meta device:
         no random init, no copy. Raises RuntimeError if ``state`` does not match ``config``."""
         with torch.device("meta"):

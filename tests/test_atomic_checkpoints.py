@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import MODERN_FLAGS, REPO
 from lightning.pytorch import Trainer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from gpt_lightning.cli import main
 from gpt_lightning.interop.checkpoint import gpt_from_checkpoint, read_checkpoint
 from gpt_lightning.training.checkpoint_io import AtomicCheckpointIO, use_atomic_checkpoints
-
-from conftest import MODERN_FLAGS, REPO
 
 # The quick start's config shrunk in size and steps, eager. A checkpoint is 19.5 MB (mostly the
 # 50257 x 32 embedding and its AdamW moments); 1 x 16 tokens a step make saving most of a step.

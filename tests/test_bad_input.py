@@ -7,18 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import REPO, TINY_MODEL
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins import MixedPrecision
 
-from gpt_lightning.data import token_cache
-from gpt_lightning.data.corpus import Corpus
 from gpt_lightning.cli import main
-from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.data import TokenStreamDataModule, token_cache
+from gpt_lightning.data.corpus import Corpus
 from gpt_lightning.errors import UserError
 from gpt_lightning.training.module import GPTLightningModule
-
-from conftest import REPO, TINY_MODEL
 
 
 def run_main(args, capsys):

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
 from gpt_lightning.commands.bench import repo_relative, repository_root
-
-from conftest import REPO
 
 
 def test_bench_compares_runs_side_by_side_and_fails_on_divergence(tmp_path, monkeypatch, capfd):

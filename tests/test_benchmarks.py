@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
 
 
@@ -151,7 +150,9 @@ def test_the_architecture_tables_in_the_docs_quote_the_committed_results():
     text = (REPO / "docs" / "modern.md").read_text()
     results = REPO / "benchmarks" / "results" / "cpu-2core"
     report = json.loads((results / "architectures.json").read_text())
-    ratio = lambda x: "not reached" if x is None else f"{x:.2f}x"
+    def ratio(x: float | None) -> str:
+        return "not reached" if x is None else f"{x:.2f}x"
+
     for r in report["seeds"][0]["runs"]:
         quoted = (f"| {r['name']} | {r['final_val_loss']:.3f} | {ratio(r['tokens_ratio_to_best_gpt2_adamw'])} | "
                   f"{ratio(r['tokens_ratio_to_best_gpt2_muon'])} | {r['step_time_vs_gpt2_muon_base']:.2f}x |")

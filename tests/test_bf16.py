@@ -5,12 +5,11 @@ no rounding of its own. Why eager and compiled bf16 curves still part: docs/benc
 import copy
 
 import torch
+from conftest import TINY_MODEL
 from lightning.pytorch import Trainer, seed_everything
 from torch.utils.data import DataLoader
 
 from gpt_lightning.training.module import GPTLightningModule
-
-from conftest import TINY_MODEL
 
 
 def test_bf16_mixed_eager_steps_are_a_plain_autocast_loop_s_bit_for_bit():

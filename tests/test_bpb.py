@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TINY_MODEL
 from lightning.pytorch import Trainer
 
 from gpt_lightning import GPTLightningModule, TokenStreamDataModule, gpt2_encoding
 from gpt_lightning.cli import main
 from gpt_lightning.training.bits_per_byte import bits_and_bytes, token_byte_lengths
-
-from conftest import TINY_MODEL
 
 
 def test_validation_and_eval_give_the_bits_per_byte_of_a_hand_computation(tmp_path, shakespeare, capsys):

@@ -5,15 +5,14 @@ import stat
 
 import pytest
 import torch
+from conftest import TINY_MODEL
 from lightning.pytorch import Trainer
 
+from gpt_lightning.commands.export import main as export_main
 from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.errors import UserError
 from gpt_lightning.interop.weights import export_weights, load_gpt
-from gpt_lightning.commands.export import main as export_main
 from gpt_lightning.training.module import GPTLightningModule
-
-from conftest import TINY_MODEL
 
 
 def fit_tiny(tmp_path, small_text, **overrides):
@@ -95,8 +94,8 @@ def test_sample_command_continues_a_prompt_from_a_checkpoint(eager_ckpt, capsys)
 
 
 def test_sample_in_bfloat16_reads_bf16_weights_and_cache(eager_ckpt, monkeypatch):
-    from gpt_lightning.commands.sample import sample
     from gpt_lightning.commands import sample as command
+    from gpt_lightning.commands.sample import sample
     from gpt_lightning.model import KVCache
 
     _, ckpt = eager_ckpt
@@ -130,8 +129,8 @@ def test_sample_defaults_to_bfloat16_on_a_cuda_gpu_with_it(monkeypatch):
 
 
 def test_top_k_0_samples_among_the_whole_vocabulary(eager_ckpt, monkeypatch):
-    from gpt_lightning.commands.sample import sample
     from gpt_lightning.commands import sample as command
+    from gpt_lightning.commands.sample import sample
 
     _, ckpt = eager_ckpt
     seen = []

@@ -8,16 +8,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
 from gpt_lightning.data import gpt2_encoding
-from gpt_lightning.scaling.memory import GIB, training_memory
-from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.lightning_cli import GPTLightningCLI
+from gpt_lightning.model import GPT, GPTConfig
+from gpt_lightning.scaling.memory import GIB, training_memory
 from gpt_lightning.training.precision import fast_precision
-
-from conftest import REPO
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 

@@ -5,13 +5,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, TINY_MODEL
 from lightning.pytorch import Trainer
 
 from gpt_lightning.cli import main
 from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.training.module import GPTLightningModule
-
-from conftest import REPO, TINY_MODEL
 
 TINY_CPU = str(REPO / "configs" / "tiny-cpu.yaml")
 

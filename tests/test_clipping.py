@@ -4,14 +4,13 @@ we ship, with fused AdamW kept: Lightning's own clipping refuses fused optimizer
 import json
 
 import pytest
+from conftest import REPO, TINY_MODEL
+from grad_probes import ClipProbe
 from lightning.pytorch import Trainer
 from lightning.pytorch.plugins import MixedPrecision
 
 from gpt_lightning import GPTLightningModule, TokenStreamDataModule
 from gpt_lightning.cli import main
-
-from conftest import REPO, TINY_MODEL
-from grad_probes import ClipProbe
 
 FSDP2 = ["--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.devices", "1"]
 

@@ -10,15 +10,14 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo
+from conftest import COMPILED_TINY, TINY_MODEL
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from gpt_lightning.training.compilation import evaluation_stance, inductor_cache_dir
 from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.observing.samples import ValidationSamples
+from gpt_lightning.training.compilation import evaluation_stance, inductor_cache_dir
 from gpt_lightning.training.module import GPTLightningModule
-
-from conftest import COMPILED_TINY, TINY_MODEL
 
 
 def graphs() -> int:

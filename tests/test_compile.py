@@ -4,14 +4,13 @@ compiled fit (either scope) really compiled and keeps plain checkpoint keys."""
 import pytest
 import torch
 import torch._dynamo
+from conftest import COMPILED_TINY
 from lightning.pytorch import Trainer
 
 from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.generation import generate
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.training.module import GPTLightningModule
-
-from conftest import COMPILED_TINY
 
 
 def test_forward_and_loss_have_no_graph_breaks(monkeypatch):

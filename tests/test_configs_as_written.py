@@ -9,12 +9,11 @@ import json
 
 import pytest
 import yaml
+from conftest import REPO
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
 from gpt_lightning.training.precision import fast_precision
-
-from conftest import REPO
 
 CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml"))
 OVERLAYS = {"fsdp2.yaml": "gpt2-xl.yaml"}  # overlay -> the model config the README gives it after

@@ -11,12 +11,11 @@ import sys
 import zipfile
 
 import pytest
+from conftest import REPO
 
 from gpt_lightning.data import corpus, token_cache
 from gpt_lightning.data.corpus import Corpus
 from gpt_lightning.errors import UserError
-
-from conftest import REPO
 
 
 def test_the_packaged_corpus_is_tiny_shakespeare(shakespeare):

@@ -5,9 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from gpt_lightning.data import token_cache
+from gpt_lightning.data import TokenStreamDataModule, TokenWindows, token_cache
 from gpt_lightning.data.corpus import Corpus
-from gpt_lightning.data import TokenStreamDataModule, TokenWindows
 
 
 class ReferenceLoader:

@@ -10,14 +10,13 @@ import sys
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-from gpt_lightning.data import gpt2_encoding
-
 from conftest import MODERN_FLAGS
 from ddp_probe import check_one_job_on_two_ranks
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_cli import REPO, run_cli
 from test_eval_callback import TASK, write_task
+
+from gpt_lightning.data import gpt2_encoding
 
 ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
 

@@ -15,11 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 from lightning.pytorch import Callback
-
-from gpt_lightning.lightning_cli import GPTLightningCLI
-
 from test_cli import REPO
 from test_ddp import ENV, fit_args
+
+from gpt_lightning.lightning_cli import GPTLightningCLI
 
 
 def test_the_survivor_of_a_rank_that_hangs_stops_at_the_timeout_given_in_one_line(small_text, tmp_path):

@@ -6,10 +6,9 @@ import re
 from importlib.metadata import requires, version
 
 import pytest
+from conftest import REPO
 from packaging.requirements import Requirement
 from packaging.version import Version
-
-from conftest import REPO
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 

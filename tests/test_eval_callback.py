@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import TINY_MODEL
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_resume_exact import corpus, fit, weights  # noqa: F401 (corpus: a fixture)
 
 from gpt_lightning import GPTLightningModule, TokenStreamDataModule
-
-from conftest import TINY_MODEL
-from test_resume_exact import corpus, fit, weights  # noqa: F401 (corpus: a fixture)
 
 TASK = "shakespeare_mc"
 TAGS = [f"eval/{TASK}/acc", f"eval/{TASK}/acc_norm"]

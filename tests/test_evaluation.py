@@ -11,9 +11,9 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO, TINY_MODEL
 from lightning.pytorch import Trainer
 
-from conftest import REPO, TINY_MODEL
 from gpt_lightning.commands.export import main as export_main
 from gpt_lightning.data.datamodule import TokenStreamDataModule
 from gpt_lightning.training.module import GPTLightningModule

@@ -8,10 +8,9 @@ from unittest import mock
 
 import pytest
 import yaml
+from conftest import REPO
 
 from gpt_lightning.cli import main
-
-from conftest import REPO
 
 
 @pytest.fixture

@@ -3,11 +3,10 @@ to make one), and run on a CPU with tiny overrides on shards the test writes."""
 
 import pytest
 import yaml
+from conftest import REPO
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
-
-from conftest import REPO
 
 RECIPE = str(REPO / "configs" / "gpt2-124m-fineweb.yaml")
 # Its precision (bf16-mixed) and clipping as written: clipping under bf16-mixed once died at step 1.

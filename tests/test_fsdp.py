@@ -18,13 +18,15 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import MODERN_FLAGS, REPO, TINY_MODEL
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.strategies import ModelParallelStrategy
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_bad_input import NaNAtStep
+from test_cli import run_cli
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
-
-from lightning.pytorch import Trainer, seed_everything
-from lightning.pytorch.strategies import ModelParallelStrategy
 
 from gpt_lightning import GPTLightningModule, TokenStreamDataModule, UserError
 from gpt_lightning.cli import main
@@ -32,10 +34,6 @@ from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.scaling.sharding import shard_gpt, sharding_mesh
 from gpt_lightning.training.optimizers import is_embedding, is_head
-
-from conftest import MODERN_FLAGS, REPO, TINY_MODEL
-from test_bad_input import NaNAtStep
-from test_cli import run_cli
 
 TINY = ["--model.n_layer", "2", "--model.n_head", "2", "--model.n_embd", "32", "--model.compile", "false",
         "--trainer.precision", "32-true", "--trainer.limit_val_batches", "0", "--data.block_size", "16",

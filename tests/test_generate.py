@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from gpt_lightning.interop.pretrained import export_hf
 from gpt_lightning.generation import Sampler, generate
+from gpt_lightning.interop.pretrained import export_hf
 from gpt_lightning.model import GPT, GPTConfig, KVCache
 from gpt_lightning.scaling.sharding import shard_gpt
 

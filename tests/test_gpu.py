@@ -4,13 +4,12 @@ import json
 
 import pytest
 import torch
+from conftest import MODERN_FLAGS, REPO
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
-from gpt_lightning.scaling.memory import parameter_count, training_memory
 from gpt_lightning.model import GPTConfig
-
-from conftest import MODERN_FLAGS, REPO
+from gpt_lightning.scaling.memory import parameter_count, training_memory
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -117,11 +116,11 @@ def test_generation_reads_nothing_back_and_the_compiled_step_gives_the_eager_tok
 
 
 def test_hellaswag_counts_stay_on_the_device_under_bf16():
+    from test_hellaswag import synthetic_examples
+
     from gpt_lightning.data import gpt2_encoding
     from gpt_lightning.interop.hellaswag import batches, count_correct
     from gpt_lightning.model import GPT
-
-    from test_hellaswag import synthetic_examples
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=64)).cuda().eval()

@@ -10,10 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from gpt_lightning.model import GPT, GPTConfig
-
-from conftest import REPO
 
 
 def run_script(tmp_path, **env):

@@ -1,11 +1,10 @@
 """train/grad_norm is the gradients' norm before Lightning's clipping, which still clips."""
 
 import torch
+from conftest import TINY_MODEL
 from lightning.pytorch import Trainer
 
 from gpt_lightning import GPTLightningModule, TokenStreamDataModule
-
-from conftest import TINY_MODEL
 
 
 def test_the_logged_norm_is_taken_before_clipping(small_text, tmp_path):

@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt_lightning.evaluation.hellaswag_callback import HellaSwagEval
-from gpt_lightning.interop import hellaswag
 from gpt_lightning.cli import main
 from gpt_lightning.data import gpt2_encoding
 from gpt_lightning.errors import UserError
+from gpt_lightning.evaluation.hellaswag_callback import HellaSwagEval
+from gpt_lightning.interop import hellaswag
 from gpt_lightning.model import GPT, GPTConfig
 
 ENCODE = gpt2_encoding().encode_ordinary
@@ -154,12 +154,11 @@ def test_batched_scoring_gives_todays_losses_and_counts(tmp_path):
 
 
 def tiny_fit(tmp_path, small_text, callback, precision="bf16-mixed", max_steps=3):
+    from conftest import TINY_MODEL
     from lightning.pytorch import Trainer
     from lightning.pytorch.loggers import CSVLogger
 
     from gpt_lightning import GPTLightningModule, TokenStreamDataModule
-
-    from conftest import TINY_MODEL
 
     torch.manual_seed(0)
     module = GPTLightningModule(**TINY_MODEL, val_sample_tokens=0)
@@ -199,10 +198,9 @@ def test_two_processes_split_the_examples_and_count_what_one_process_counts(tmp_
     """Through the CLI, as a user adds the callback: DDP on 2 CPU processes (gloo), 5 examples
     split 3 + 2, the counts summed over ranks and equal to one process scoring the same weights."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from test_cli import REPO, run_cli
 
     from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
-
-    from test_cli import REPO, run_cli
 
     path = write_examples(tmp_path / "val.jsonl", synthetic_examples(5))
     evaluator = {"class_path": "gpt_lightning.HellaSwagEval",
@@ -237,9 +235,9 @@ def test_two_processes_split_the_examples_and_count_what_one_process_counts(tmp_
 
 
 def test_the_fineweb_recipe_attaches_the_callback(small_text, tmp_path, monkeypatch):
-    from gpt_lightning.lightning_cli import GPTLightningCLI
-
     from conftest import REPO
+
+    from gpt_lightning.lightning_cli import GPTLightningCLI
 
     monkeypatch.chdir(tmp_path)
     cli = GPTLightningCLI(args=["--config", str(REPO / "configs/gpt2-124m-fineweb.yaml"), "--trainer.accelerator", "cpu",

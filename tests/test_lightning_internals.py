@@ -7,12 +7,11 @@ from __future__ import annotations
 import ast
 
 import pytest
+from conftest import REPO
 from lightning.pytorch.cli import LightningCLI
 
 from gpt_lightning import lightning_internals
 from gpt_lightning.lightning_internals import CHECKS, check
-
-from conftest import REPO
 
 # Underscored names used elsewhere on purpose, by full name: the compile entry points torch
 # documents (torch.compile's docs and the torch.compiler pages), and os._exit (an exit that runs no

@@ -7,12 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_hellaswag import synthetic_examples, write_examples
 
 from gpt_lightning.cli import main
-
-from conftest import REPO
-from test_hellaswag import synthetic_examples, write_examples
 
 # configs/tiny-cpu.yaml as written (bf16-mixed), shrunk: 2 steps, validating (and sampling) at step 2.
 TINY = ["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--model.n_layer", "1", "--model.n_head", "2",

@@ -5,25 +5,22 @@ import math
 import pytest
 import torch
 import yaml
-
+from conftest import REPO
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import gpt_lightning.model
 import gpt_lightning.scaling.memory
+from gpt_lightning.model import GPT, MODERN_SWITCHES, GPTConfig
 from gpt_lightning.scaling.memory import (
     GPT2_FAMILY,
     activation_bytes_per_token,
     block_activation_bytes_per_token,
     guide_table,
-    loss_peak_bytes,
     parameter_count,
     training_memory,
 )
-from gpt_lightning.model import GPT, MODERN_SWITCHES, GPTConfig
-
-from conftest import REPO
 
 
 def kept_for_backward(model: GPT, x: torch.Tensor, mixed: bool = False, chunked: bool = False) -> int:

@@ -6,16 +6,15 @@ XL shape: benchmarks/export_memory.py.)"""
 
 import pytest
 import torch
+from conftest import REPO
 from lightning.pytorch import Callback, seed_everything
 
 from gpt_lightning import GPTLightningModule
 from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
-from gpt_lightning.lightning_cli import GPTLightningCLI
-from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.interop.pretrained import export_hf, gpt_from_hf
 from gpt_lightning.interop.weights import export_weights, load_gpt
-
-from conftest import REPO
+from gpt_lightning.lightning_cli import GPTLightningCLI
+from gpt_lightning.model import GPT, GPTConfig
 
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=32)
 

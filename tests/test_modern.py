@@ -8,7 +8,9 @@ import hashlib
 import pytest
 import torch
 import torch._dynamo
+from conftest import REPO
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_readme import README
 
 from gpt_lightning.cli import main
 from gpt_lightning.errors import UserError
@@ -19,9 +21,6 @@ from gpt_lightning.interop.weights import load_gpt
 from gpt_lightning.model import GPT, VALUE_GATE_CHANNELS, GPTConfig
 from gpt_lightning.scaling.flops import training_flops
 from gpt_lightning.training.optimizers import build_optimizer, group_settings
-
-from conftest import REPO
-from test_readme import README
 
 SHAPE = dict(block_size=16, vocab_size=128, n_layer=2, n_head=2, n_embd=32)
 MODERN = GPTConfig(**SHAPE, bias=False, rotary=True, norm="rmsnorm", norm_affine=False, qk_norm=True,

@@ -9,16 +9,14 @@ import sys
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
+from conftest import REPO, TINY_MODEL
 from lightning.pytorch import Trainer
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
 from gpt_lightning.errors import UserError
 from gpt_lightning.training.module import GPTLightningModule
 from gpt_lightning.training.optimizers import MuonWithAdamW, lr_multiplier
-
-from conftest import REPO, TINY_MODEL
 
 TINY_CPU = ["--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--model.compile", "false",
             "--model.n_layer", "2", "--model.n_head", "2", "--model.n_embd", "32", "--model.val_sample_tokens", "0",

@@ -10,9 +10,8 @@ import sys
 
 import pytest
 import torch
-from lightning.pytorch import LightningModule
-
 from conftest import REPO, TINY_MODEL
+from lightning.pytorch import LightningModule
 
 PACKAGE = REPO / "gpt_lightning"
 # Lowest first. A module may import from its own room and from lower layers only: rooms of one layer
@@ -94,10 +93,9 @@ def test_no_import_cycles():
 
 
 def test_the_public_names_are_the_modules_own_and_no_import_hook_is_installed():
+    import gpt_lightning
     from gpt_lightning.observing.throughput import ThroughputMonitor
     from gpt_lightning.training.module import GPTLightningModule
-
-    import gpt_lightning
 
     assert GPTLightningModule is gpt_lightning.GPTLightningModule and ThroughputMonitor is gpt_lightning.ThroughputMonitor
     for name in gpt_lightning.__all__:

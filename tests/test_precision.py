@@ -10,14 +10,13 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO, TINY_MODEL
 from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader
 
 from gpt_lightning.cli import main
 from gpt_lightning.training import precision
 from gpt_lightning.training.module import GPTLightningModule
-
-from conftest import REPO, TINY_MODEL
 
 # Without native bf16 (AMD before Zen 4, Intel's client cores) oneDNN falls back to AVX2: these force it.
 EMULATE = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}

@@ -15,14 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
+from conftest import REPO, TINY_MODEL
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from gpt_lightning import GPTLightningModule, Preempted, Preemption, TokenStreamDataModule
 from gpt_lightning.cli import main
-
-from conftest import REPO, TINY_MODEL
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
 # configs/tiny-cpu.yaml (bf16-mixed) shrunk in size and steps; 3 micro-batches of 2 x 16 a step.
@@ -359,8 +357,9 @@ def test_under_slurm_lightning_s_auto_requeue_is_off_and_a_stale_hpc_checkpoint_
     """Lightning's auto-requeue saves hpc_ckpt_N.ckpt in the working directory on SIGUSR1, and resumes
     any later run started there from it, unasked. Under the CLI it is off (SIGTERM saves last.ckpt), and
     a stale one is refused in one line rather than taking the run over."""
-    from gpt_lightning.lightning_cli import GPTLightningCLI
     from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    from gpt_lightning.lightning_cli import GPTLightningCLI
 
     for key, value in SLURM.items():
         monkeypatch.setenv(key, value)

@@ -7,12 +7,11 @@ import shutil
 import pytest
 import torch
 import yaml
+from conftest import REPO
 
 from gpt_lightning.cli import main
 from gpt_lightning.errors import UserError
 from gpt_lightning.training.module import GPTLightningModule
-
-from conftest import REPO
 
 transformers = pytest.importorskip("transformers")
 

@@ -17,10 +17,9 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+from conftest import REPO
 
 from gpt_lightning.cli import main
-
-from conftest import REPO
 
 # The README, then each guide: the walkthrough runs their commands in this order.
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

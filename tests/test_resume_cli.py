@@ -5,12 +5,11 @@ import json
 
 import pytest
 import yaml
+from conftest import REPO
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
 from gpt_lightning.data import gpt2_encoding
-
-from conftest import REPO
 
 
 @pytest.fixture(scope="module")

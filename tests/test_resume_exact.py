@@ -8,10 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import MODERN_FLAGS, REPO
 
 from gpt_lightning.cli import main
-
-from conftest import MODERN_FLAGS, REPO
 
 # configs/tiny-cpu.yaml as written (auto: bf16-mixed where the CPU has it), shrunk in size and steps; 11 batches an epoch.
 TINY = ["--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--model.compile", "false",

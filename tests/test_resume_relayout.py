@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from gpt_lightning.cli import main
-
 from conftest import REPO
 from test_cli import run_cli
+
+from gpt_lightning.cli import main
 
 T, B, STEP_ROWS, EPOCH_STEPS = 16, 2, 8, 10  # 128 tokens a step; 84 rows: 10 steps an epoch, 4 rows left out
 ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}

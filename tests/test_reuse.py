@@ -8,13 +8,12 @@ from unittest import mock
 
 import pytest
 import yaml
+from conftest import TINY_MODEL
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning import GPTLightningModule, TokenStreamDataModule
-
-from conftest import TINY_MODEL
 
 STOCK_CLI = "from lightning.pytorch.cli import LightningCLI\nLightningCLI()\n"
 

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import pytest
+from conftest import TINY_MODEL
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning import GPTLightningModule, TokenStreamDataModule, UserError, ValidationSamples
-
-from conftest import TINY_MODEL
 
 
 def logged_samples(log_dir) -> list[str]:

@@ -6,9 +6,9 @@ import torch
 
 from gpt_lightning.cli import main
 from gpt_lightning.data import TokenStreamDataModule
-from gpt_lightning.errors import UserError
 from gpt_lightning.data.shards import LLMC_MAGIC, ShardWindows, find_shards, open_shard
 from gpt_lightning.data.tokenizer import gpt2_encoding
+from gpt_lightning.errors import UserError
 
 
 def write_raw_bin(path, tokens):  # nanoGPT

@@ -5,11 +5,10 @@ it and train/grad_norm are logged only on the steps the logger writes (and the l
 import json
 
 import pytest
+from conftest import REPO
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
-
-from conftest import REPO
 
 
 def fit_tiny_config(small_text, tmp_path, *extra):

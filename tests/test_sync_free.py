@@ -4,10 +4,9 @@ intervals (and validation and checkpoints), so on a GPU the next step's kernels 
 import json
 
 import pytest
+from conftest import REPO
 
 from gpt_lightning.cli import main
-
-from conftest import REPO
 
 FSDP2 = ["--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.accelerator", "cpu", "--trainer.devices", "1"]
 

@@ -1,18 +1,22 @@
 """ThroughputMonitor arithmetic with a patched clock and a fake trainer, peak lookup, FLOP counts."""
 
 import json
-from types import SimpleNamespace
-
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch import Callback
 
+from gpt_lightning.observing.throughput import (
+    ThroughputMonitor,
+    _deciles,
+    dense_bf16_peak_flops,
+    peak_flops_for,
+    precision_dtype,
+)
 from gpt_lightning.training.module import GPTLightningModule
-from lightning.fabric.utilities.throughput import get_available_flops
-
-from gpt_lightning.observing.throughput import ThroughputMonitor, _deciles, dense_bf16_peak_flops, peak_flops_for, precision_dtype
 
 
 class FakeStrategy:
@@ -151,11 +155,10 @@ class FakeTime(Callback):
 def fit_on_fake_time(small_text, tmp_path, monkeypatch, clock, callbacks, **trainer_args):
     """A real Trainer (bf16-mixed, as configs/tiny-cpu.yaml) of the tiny model, accumulating 2
     micro-batches a step, its monitors on ``clock``."""
+    from conftest import TINY_MODEL
     from lightning.pytorch import Trainer
 
     from gpt_lightning.data import TokenStreamDataModule
-
-    from conftest import TINY_MODEL
 
     monkeypatch.setattr(ThroughputMonitor, "_now", staticmethod(lambda: clock.now))
     data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, cache_dir=str(tmp_path))
@@ -187,10 +190,9 @@ def test_a_hellaswag_pass_is_timed_out_of_its_step_and_the_first_step_is_the_com
     from types import SimpleNamespace
 
     from lightning.pytorch.loggers import CSVLogger
+    from test_hellaswag import synthetic_examples, write_examples
 
     from gpt_lightning.evaluation import hellaswag_callback, periodic
-
-    from test_hellaswag import synthetic_examples, write_examples
 
     clock, monitor = FakeTime(), ThroughputMonitor(warmup_steps=2, filename=None)
     score = hellaswag_callback.count_correct
@@ -323,11 +325,11 @@ def test_measured_flops_agree_with_the_analytic_6n_formula_for_gpt2_124m():
 def test_matmul_precision_is_set_before_the_device_is_set_up(monkeypatch, matmul_precision, small_text):
     """Lightning's CUDA accelerator prints "set torch.set_float32_matmul_precision" from setup_device
     when the precision is still "highest"; the module's setting must already be in force there."""
+    from conftest import TINY_MODEL
     from lightning.pytorch import Trainer
     from lightning.pytorch.accelerators import CPUAccelerator
 
     from gpt_lightning.data import TokenStreamDataModule
-    from conftest import TINY_MODEL
 
     matmul_precision("highest")
     seen = []

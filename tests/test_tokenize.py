@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import REPO
 
 from gpt_lightning.cli import main
 from gpt_lightning.data import TokenStreamDataModule, gpt2_encoding, token_cache
@@ -16,8 +17,6 @@ from gpt_lightning.data.corpus import Corpus
 from gpt_lightning.data.documents import safe_cut, text_pieces
 from gpt_lightning.data.shard_writer import tokenize_to_shards
 from gpt_lightning.data.shards import find_shards, open_shard
-
-from conftest import REPO
 
 # Every kind of whitespace run the GPT-2 pattern treats specially, next to every kind of neighbour.
 TRICKY = "a  \nb\r\nc \n d\n\ne\u3000\nf\tg\n'sx\n\u00a0y\nz\u2028\nw\n\n\n  \nq\x1c\nr\n1\n!\n\u00e9t\u00e9\n"

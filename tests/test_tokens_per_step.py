@@ -6,11 +6,10 @@ import os
 
 import pytest
 import torch
-
-from gpt_lightning.cli import main
-
 from conftest import REPO
 from test_cli import run_cli
+
+from gpt_lightning.cli import main
 
 TINY = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.compile", "false",
         "--trainer.precision", "32-true", "--trainer.limit_val_batches", "0", "--data.block_size", "16",

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.errors import UserError
 from gpt_lightning.generation import generate
+from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 
 
 def resolve_device(device: str) -> torch.device:

@@ -15,12 +15,12 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.utils.data import DataLoader, IterableDataset
 
 from gpt_lightning.data.corpus import Corpus, default_cache_dir
-from gpt_lightning.errors import UserError
-from gpt_lightning.lightning_internals import batches_started, move_batch_progress
 from gpt_lightning.data.shards import ShardWindows, find_shards, open_shard
 from gpt_lightning.data.token_cache import build_token_cache, load_tokens
 from gpt_lightning.data.tokenizer import GPT2_VOCAB_SIZE
 from gpt_lightning.data.windows import TokenWindows
+from gpt_lightning.errors import UserError
+from gpt_lightning.lightning_internals import batches_started, move_batch_progress
 
 
 class TokenStreamDataModule(LightningDataModule):

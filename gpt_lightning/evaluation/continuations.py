@@ -5,7 +5,7 @@ ending; truncation is the harness ``hf`` model's (from the left, to the context 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

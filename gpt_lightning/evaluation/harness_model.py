@@ -14,8 +14,8 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
-from gpt_lightning.errors import UserError
 from gpt_lightning.data.tokenizer import END_OF_TEXT, GPT2_VOCAB_SIZE, gpt2_encoding
+from gpt_lightning.errors import UserError
 from gpt_lightning.evaluation.continuations import score_continuations
 from gpt_lightning.generation import generate
 from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
@@ -55,7 +55,7 @@ class GPTHarnessLM(TemplateLM):
         self.max_gen_toks = 256  # the hf model's default when a task gives none
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, **kwargs: Any) -> "GPTHarnessLM":
+    def from_checkpoint(cls, path: str | Path, **kwargs: Any) -> GPTHarnessLM:
         """The model of a ``gpt-lightning fit`` checkpoint (``.ckpt`` or sharded folder); ``kwargs`` as for ``__init__``."""
         return cls(gpt_from_checkpoint(path), **kwargs)
 
@@ -181,7 +181,7 @@ class GPTHarnessLM(TemplateLM):
             # An empty prompt starts after <|endoftext|>, as an empty loglikelihood context does.
             prompts = [(self.tok_encode(context) or [self.prefix_token_id])[-(self.max_length - max_gen_toks):]
                        for context in contexts]
-            for context, prompt, text in zip(contexts, prompts, self._generate(prompts, max_gen_toks, until, sampling)):
+            for context, _prompt, text in zip(contexts, prompts, self._generate(prompts, max_gen_toks, until, sampling)):
                 text = postprocess_generated_text(text, until, None)
                 out.append(text)
                 self.cache_hook.add_partial("generate_until", (context, all_kwargs[0]), text)

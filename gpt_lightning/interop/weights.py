@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gpt_lightning.atomic import atomic_output
-from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.errors import UserError
+from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.model import GPT, GPTConfig
 
 _TIED = "lm_head.weight"  # the same tensor as transformer.wte.weight

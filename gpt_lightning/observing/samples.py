@@ -4,8 +4,9 @@ watch the model learn to write."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer

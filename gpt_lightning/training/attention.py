@@ -4,7 +4,7 @@ is the fast one (Hopper and newer), SDPA's own choice elsewhere. Decode never ru
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
+from contextlib import AbstractContextManager
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -30,7 +30,7 @@ def device_attention_backends(device: torch.device) -> list[SDPBackend] | None:
     return training_attention_backends("cuda", torch.cuda.get_device_capability(device), cudnn)
 
 
-def attention_context(backends: list[SDPBackend] | None) -> ContextManager:
+def attention_context(backends: list[SDPBackend] | None) -> AbstractContextManager:
     """The context the training forward runs in: ``sdpa_kernel(backends)`` in that priority, or nothing.
     Entered outside the compiled regions (one inside a compiled graph bypasses AOTAutograd's cache,
     pytorch#194007); the kernel is chosen when the graph is traced, in the first step."""

@@ -8,7 +8,7 @@ import os
 import re
 import tempfile
 import types
-from typing import ContextManager
+from contextlib import AbstractContextManager
 
 import torch
 import torch._inductor
@@ -62,7 +62,7 @@ def is_compiled(model: GPT) -> bool:
     return any(compiled_in_place(module) for module in (model, model.transformer.h[0]))
 
 
-def evaluation_stance(compile_eval: bool, sanity_checking: bool) -> ContextManager:
+def evaluation_stance(compile_eval: bool, sanity_checking: bool) -> AbstractContextManager:
     """The context to run an evaluation batch (or a validation sample) in: ``force_eager`` unless
     ``compile_eval`` and not Lightning's sanity check (which would compile before the first step)."""
     if compile_eval and not sanity_checking:

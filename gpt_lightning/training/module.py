@@ -22,10 +22,18 @@ from gpt_lightning.training.attention import attention_context, device_attention
 from gpt_lightning.training.bits_per_byte import BitsPerByte, bits_and_bytes, token_byte_lengths
 from gpt_lightning.training.checkpoint_io import use_atomic_checkpoints
 from gpt_lightning.training.checks import (
-    check_fits_data, check_optimizer_settings, check_strategy_supports, check_untied_rates, run_length,
+    check_fits_data,
+    check_optimizer_settings,
+    check_strategy_supports,
+    check_untied_rates,
+    run_length,
 )
 from gpt_lightning.training.compilation import (
-    check_cuda_graphs_accumulation, compile_in_place, compile_notice, evaluation_stance, is_compiled,
+    check_cuda_graphs_accumulation,
+    compile_in_place,
+    compile_notice,
+    evaluation_stance,
+    is_compiled,
 )
 from gpt_lightning.training.nonfinite import NonFiniteGuard
 from gpt_lightning.training.optimizers import build_optimizer, group_settings, lr_multiplier

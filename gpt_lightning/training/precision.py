@@ -6,7 +6,7 @@ import functools
 import time
 import typing
 import weakref
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import Trainer
@@ -17,7 +17,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 # float32's time (AVX512-BF16, AMX), emulated 20-50x (AVX2: AMD before Zen 4, Intel client cores).
 EMULATED = 2.0
 # Lightning's own precision values (its Trainer's annotation, read through typing), and "auto".
-PRECISION = Union[Literal["auto"], typing.get_type_hints(Trainer.__init__)["precision"]]
+PRECISION = Literal["auto"] | typing.get_type_hints(Trainer.__init__)["precision"]
 _told: "weakref.WeakSet[Trainer]" = weakref.WeakSet()  # trainers already told their bf16 is emulated
 
 

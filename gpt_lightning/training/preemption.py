@@ -263,8 +263,8 @@ class Preemption(Callback):
             name = signal.Signals(signum).name
             saved = (f"at step {trainer.global_step}; saved {path}. Resume with --ckpt_path last (the gpt-lightning "
                      f"command) or ckpt_path={path!r} (your own Trainer or LightningCLI)." if path else
-                     f"before this run trained a step: nothing new to save. Run the same command again to start "
-                     f"(or resume) from where it was.")
+                     "before this run trained a step: nothing new to save. Run the same command again to start "
+                     "(or resume) from where it was.")
             print(f"gpt-lightning: stopped by {name} {saved}", file=sys.stderr, flush=True)
         self._pending = None
         raise Preempted(signum, path, trainer.global_step)
