@@ -87,39 +87,84 @@ def arms(args: argparse.Namespace) -> list[Arm]:
     def one_at_a_time(group: str, architecture: dict, base: dict, sweeps: dict) -> list[Arm]:
         """``base``, then each rate in ``sweeps`` changed to each of its other values, the rest at ``base``."""
         variants = [base] + [{**base, key: v} for key, values in sweeps.items() for v in values if v != base[key]]
-        short = dict(learning_rate="adamw", muon_learning_rate="muon", embedding_learning_rate="emb", head_learning_rate="head")
-        return [Arm(f"{group} " + " ".join(f"{short[k]}={v:g}" for k, v in rates.items()), group, "muon",
-                    architecture=architecture, **rates) for rates in variants]
+        short = dict(
+            learning_rate="adamw", muon_learning_rate="muon", embedding_learning_rate="emb", head_learning_rate="head"
+        )
+        return [
+            Arm(
+                f"{group} " + " ".join(f"{short[k]}={v:g}" for k, v in rates.items()),
+                group,
+                "muon",
+                architecture=architecture,
+                **rates,
+            )
+            for rates in variants
+        ]
 
     gpt2_muon = dict(muon_learning_rate=args.gpt2_muon_lrs[0], learning_rate=args.gpt2_muon_adamw_lrs[0])
-    out += one_at_a_time("gpt2 muon", {}, gpt2_muon, dict(muon_learning_rate=args.gpt2_muon_lrs,
-                                                          learning_rate=args.gpt2_muon_adamw_lrs))
-    out += [Arm(f"modern adamw lr={lr:g}", "modern adamw", "adamw", lr, architecture=modern) for lr in args.modern_adamw_lrs]
-    rates = dict(muon_learning_rate=args.modern_muon_lrs[0], embedding_learning_rate=args.embedding_lrs[0],
-                 head_learning_rate=args.head_lrs[0])
-    out += one_at_a_time("modern muon", modern, {**rates, "learning_rate": args.modern_adamw_part_lr},
-                         dict(muon_learning_rate=args.modern_muon_lrs, embedding_learning_rate=args.embedding_lrs,
-                              head_learning_rate=args.head_lrs))
+    out += one_at_a_time(
+        "gpt2 muon", {}, gpt2_muon, dict(muon_learning_rate=args.gpt2_muon_lrs, learning_rate=args.gpt2_muon_adamw_lrs)
+    )
+    out += [
+        Arm(f"modern adamw lr={lr:g}", "modern adamw", "adamw", lr, architecture=modern) for lr in args.modern_adamw_lrs
+    ]
+    rates = dict(
+        muon_learning_rate=args.modern_muon_lrs[0],
+        embedding_learning_rate=args.embedding_lrs[0],
+        head_learning_rate=args.head_lrs[0],
+    )
+    out += one_at_a_time(
+        "modern muon",
+        modern,
+        {**rates, "learning_rate": args.modern_adamw_part_lr},
+        dict(
+            muon_learning_rate=args.modern_muon_lrs,
+            embedding_learning_rate=args.embedding_lrs,
+            head_learning_rate=args.head_lrs,
+        ),
+    )
     for switch, value in modern.items():
         if args.switches is not None and switch not in args.switches:
             continue
-        untied = dict(embedding_learning_rate=rates["embedding_learning_rate"],
-                      head_learning_rate=rates["head_learning_rate"]) if switch == "tie_embeddings" else {}
-        out.append(Arm(f"gpt2 muon + {switch}={value}", "switch", "muon", **gpt2_muon, **untied,
-                       architecture={switch: value}))
+        untied = (
+            dict(
+                embedding_learning_rate=rates["embedding_learning_rate"], head_learning_rate=rates["head_learning_rate"]
+            )
+            if switch == "tie_embeddings"
+            else {}
+        )
+        out.append(
+            Arm(f"gpt2 muon + {switch}={value}", "switch", "muon", **gpt2_muon, **untied, architecture={switch: value})
+        )
     return [arm for arm in out if arm.group in args.groups]
 
 
 def build(arm: Arm, args: argparse.Namespace, vocab: int, seed: int) -> lockstep.Run:
     """The arm's GPT and optimizer as ``GPTLightningModule.configure_optimizers`` builds them."""
     torch.manual_seed(seed)  # the same initial draws for every run of a seed
-    config = GPTConfig(vocab_size=vocab, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-                       n_embd=args.n_embd, dropout=0.0, **arm.architecture)
+    config = GPTConfig(
+        vocab_size=vocab,
+        block_size=args.block_size,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        n_embd=args.n_embd,
+        dropout=0.0,
+        **arm.architecture,
+    )
     model = GPT(config).to(args.device)
     optimizer = build_optimizer(
-        model, arm.optimizer, learning_rate=arm.learning_rate, weight_decay=args.weight_decay, betas=(0.9, 0.95),
-        eps=1e-8, fused=True, muon_learning_rate=arm.muon_learning_rate or 0.02, muon_momentum=0.95,
-        muon_weight_decay=0.0, muon_adjust_lr="original", embedding_learning_rate=arm.embedding_learning_rate,
+        model,
+        arm.optimizer,
+        learning_rate=arm.learning_rate,
+        weight_decay=args.weight_decay,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        fused=True,
+        muon_learning_rate=arm.muon_learning_rate or 0.02,
+        muon_momentum=0.95,
+        muon_weight_decay=0.0,
+        muon_adjust_lr="original",
+        embedding_learning_rate=arm.embedding_learning_rate,
         head_learning_rate=arm.head_learning_rate,
     )
     return lockstep.Run(arm.name, model, optimizer, args)
@@ -131,28 +176,52 @@ def train_seed(chosen: list[Arm], args: argparse.Namespace, ids: torch.Tensor, v
     runs = [build(arm, args, vocab, seed) for arm in chosen]
     wall_s = lockstep.train_in_lockstep(runs, lockstep.Data(ids, args, seed), args)
     reference = next((run for arm, run in zip(chosen, runs) if arm.group == "gpt2 muon"), None)
-    rows = [{**asdict(arm), "seed": seed, "final_val_loss": round(run.curve[-1][1], 4),
-             "median_step_ms": round(1000 * run.median_step_s(), 1),
-             "step_time_vs_gpt2_muon_base": None if reference is None else round(run.median_step_s() / reference.median_step_s(), 3),
-             "curve": [[t, round(loss, 4)] for t, loss in run.curve]} for arm, run in zip(chosen, runs)]
-    return {"seed": seed, "groups": sorted({arm.group for arm in chosen}), "wall_s": round(wall_s, 1),
-            "loadavg": loadavg(), "runs": rows}
+    rows = [
+        {
+            **asdict(arm),
+            "seed": seed,
+            "final_val_loss": round(run.curve[-1][1], 4),
+            "median_step_ms": round(1000 * run.median_step_s(), 1),
+            "step_time_vs_gpt2_muon_base": None
+            if reference is None
+            else round(run.median_step_s() / reference.median_step_s(), 3),
+            "curve": [[t, round(loss, 4)] for t, loss in run.curve],
+        }
+        for arm, run in zip(chosen, runs)
+    ]
+    return {
+        "seed": seed,
+        "groups": sorted({arm.group for arm in chosen}),
+        "wall_s": round(wall_s, 1),
+        "loadavg": loadavg(),
+        "runs": rows,
+    }
 
 
 def summarize(seed: int, rows: list[dict], budget: int) -> dict:
     """The runs of one seed (from one lockstep or several), each with the tokens it needed to reach
     the best GPT-2 + AdamW and the best GPT-2 + Muon run's final loss, as a fraction of the budget."""
-    best = {group: min((r for r in rows if r["group"] == group), key=lambda r: r["final_val_loss"])
-            for group in TARGETS if any(r["group"] == group for r in rows)}
+    best = {
+        group: min((r for r in rows if r["group"] == group), key=lambda r: r["final_val_loss"])
+        for group in TARGETS
+        if any(r["group"] == group for r in rows)
+    }
     out = []
     for row in rows:
         row = {k: v for k, v in row.items() if not k.startswith("tokens_ratio_to_")}
         for group, target in best.items():
             reached = lockstep.tokens_to_reach(row["curve"], target["final_val_loss"])
-            row[f"tokens_ratio_to_best_{group.replace(' ', '_')}"] = None if reached is None else round(reached / budget, 3)
+            row[f"tokens_ratio_to_best_{group.replace(' ', '_')}"] = (
+                None if reached is None else round(reached / budget, 3)
+            )
         out.append(row)
-    return {"seed": seed, "tokens_budget": budget, "best": {group: r["name"] for group, r in best.items()},
-            "best_final_val_loss": {group: r["final_val_loss"] for group, r in best.items()}, "runs": out}
+    return {
+        "seed": seed,
+        "tokens_budget": budget,
+        "best": {group: r["name"] for group, r in best.items()},
+        "best_final_val_loss": {group: r["final_val_loss"] for group, r in best.items()},
+        "runs": out,
+    }
 
 
 def assemble(meta: dict, passes: list[dict]) -> dict:
@@ -166,8 +235,12 @@ def assemble(meta: dict, passes: list[dict]) -> dict:
             for row in p["runs"] if p["seed"] == seed else []:
                 rows.setdefault(row["name"], {**row, "lockstep": k})
         seeds.append(summarize(seed, list(rows.values()), budget))
-    return {**meta, "lockstep_passes": [{k: v for k, v in p.items() if k != "runs"} for p in passes],
-            "seeds": seeds, "headline": headline(seeds)}
+    return {
+        **meta,
+        "lockstep_passes": [{k: v for k, v in p.items() if k != "runs"} for p in passes],
+        "seeds": seeds,
+        "headline": headline(seeds),
+    }
 
 
 def merge(reports: list[dict]) -> dict:
@@ -176,19 +249,26 @@ def merge(reports: list[dict]) -> dict:
     meta = {k: v for k, v in reports[0].items() if k not in ("lockstep_passes", "seeds", "headline")}
     for other in reports[1:]:
         if {k: other[k] for k in meta if k not in ("preset",)} != {k: meta[k] for k in meta if k not in ("preset",)}:
-            raise SystemExit("--merge: the reports differ in shape, schedule or architecture; merge only runs of one setting")
+            raise SystemExit(
+                "--merge: the reports differ in shape, schedule or architecture; merge only runs of one setting"
+            )
     passes = []
     for report in reports:
         for k, p in enumerate(report["lockstep_passes"]):
-            runs = [row for s in report["seeds"] for row in s["runs"] if row["lockstep"] == k and row["seed"] == p["seed"]]
+            runs = [
+                row for s in report["seeds"] for row in s["runs"] if row["lockstep"] == k and row["seed"] == p["seed"]
+            ]
             passes.append({**p, "runs": runs})
     return assemble(meta, passes)
 
 
 def best_of_groups(rows: list[dict]) -> list[str]:
     """The name of each headline group's run with the lowest final validation loss."""
-    return [min((r for r in rows if r["group"] == group), key=lambda r: r["final_val_loss"])["name"]
-            for group in HEADLINE if any(r["group"] == group for r in rows)]
+    return [
+        min((r for r in rows if r["group"] == group), key=lambda r: r["final_val_loss"])["name"]
+        for group in HEADLINE
+        if any(r["group"] == group for r in rows)
+    ]
 
 
 def headline(seeds: list[dict]) -> dict:
@@ -198,13 +278,18 @@ def headline(seeds: list[dict]) -> dict:
     for name in best_of_groups(seeds[0]["runs"]):
         rows = [next((r for r in s["runs"] if r["name"] == name), {}) for s in seeds]  # {}: not run at that seed
         ratios = [key for key in rows[0] if key.startswith("tokens_ratio_to_")]
-        table[rows[0]["group"]] = {"name": name, **{key: [r.get(key) for r in rows]
-                                                    for key in ("final_val_loss", *ratios, "median_step_ms")}}
+        table[rows[0]["group"]] = {
+            "name": name,
+            **{key: [r.get(key) for r in rows] for key in ("final_val_loss", *ratios, "median_step_ms")},
+        }
     targets = {}
     for group, target in (("gpt2 muon", 0.8), ("gpt2 adamw", 0.5)):
         key = f"tokens_ratio_to_best_{group.replace(' ', '_')}"
         if "modern muon" in table and key in table["modern muon"]:
-            targets[f"modern_muon_{key.removeprefix('tokens_ratio_')}"] = {"target": target, "measured": table["modern muon"][key]}
+            targets[f"modern_muon_{key.removeprefix('tokens_ratio_')}"] = {
+                "target": target,
+                "measured": table["modern muon"][key],
+            }
     return {"rows": table, "targets": targets}
 
 
@@ -214,9 +299,15 @@ def time_compiled(args: argparse.Namespace, vocab: int) -> dict:
     every = arms(args)
     chosen = {arm.name: arm for arm in every}
     if args.timed is None:
-        args.timed = [next(a.name for a in every if a.group == "gpt2 muon"),
-                      *(a.name for a in every if a.group == "switch" and set(a.architecture) & {"logit_softcap", "tie_embeddings"}),
-                      next(a.name for a in every if a.group == "modern muon")]
+        args.timed = [
+            next(a.name for a in every if a.group == "gpt2 muon"),
+            *(
+                a.name
+                for a in every
+                if a.group == "switch" and set(a.architecture) & {"logit_softcap", "tie_embeddings"}
+            ),
+            next(a.name for a in every if a.group == "modern muon"),
+        ]
     missing = [name for name in args.timed if name not in chosen]
     if missing:
         raise SystemExit(f"--timed {missing[0]!r} is no run of this benchmark; its runs: {', '.join(chosen)}")
@@ -249,16 +340,26 @@ def time_compiled(args: argparse.Namespace, vocab: int) -> dict:
     for name in args.timed:
         row = {"name": name, "warmup_s_compiled": round(compile_s[(name, True)], 1)}
         for mode, compiled in (("eager", False), ("compiled", True)):
-            row |= {f"{mode}_ms": round(wall[(name, compiled)], 1), f"{mode}_cpu_ms": round(cpu[(name, compiled)], 1),
-                    f"{mode}_vs_first": round(wall[(name, compiled)] / wall[(base, compiled)], 3),
-                    f"{mode}_cpu_vs_first": round(cpu[(name, compiled)] / cpu[(base, compiled)], 3)}
+            row |= {
+                f"{mode}_ms": round(wall[(name, compiled)], 1),
+                f"{mode}_cpu_ms": round(cpu[(name, compiled)], 1),
+                f"{mode}_vs_first": round(wall[(name, compiled)] / wall[(base, compiled)], 3),
+                f"{mode}_cpu_vs_first": round(cpu[(name, compiled)] / cpu[(base, compiled)], 3),
+            }
         rows.append(row)
-    return {"what": "median time per training step (forward, backward, clipping, optimizer step), eager and "
-                    "torch.compile'd whole model, stepped in rotation: wall time (_ms) and this process's CPU time "
-                    "(_cpu_ms) (benchmarks/architectures.py --time_compiled)",
-            "shape": {k: getattr(args, k) for k in ("device", "n_layer", "n_head", "n_embd", "batch_size", "block_size")},
-            "vocab_size": vocab, "steps_timed": args.timed_steps, "warmup_steps_each": args.compile_warmup,
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "loadavg": loadavg(), "runs": rows}
+    return {
+        "what": "median time per training step (forward, backward, clipping, optimizer step), eager and "
+        "torch.compile'd whole model, stepped in rotation: wall time (_ms) and this process's CPU time "
+        "(_cpu_ms) (benchmarks/architectures.py --time_compiled)",
+        "shape": {k: getattr(args, k) for k in ("device", "n_layer", "n_head", "n_embd", "batch_size", "block_size")},
+        "vocab_size": vocab,
+        "steps_timed": args.timed_steps,
+        "warmup_steps_each": args.compile_warmup,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "loadavg": loadavg(),
+        "runs": rows,
+    }
 
 
 def loadavg() -> list[str] | None:
@@ -268,33 +369,76 @@ def loadavg() -> list[str] | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", type=Path, default=Path("configs/modern-tiny-cpu.yaml"),
-                        help="the modern GPT's switches and (the defaults of) its Muon, embedding and head rates")
+    parser.add_argument(
+        "--preset",
+        type=Path,
+        default=Path("configs/modern-tiny-cpu.yaml"),
+        help="the modern GPT's switches and (the defaults of) its Muon, embedding and head rates",
+    )
     model = preset_model(parser.parse_known_args()[0].preset)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu-2core"))
     lockstep.add_arguments(parser, n_embd=128, steps=100, warmup_steps=5, eval_every=10)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="the first: every run; the others: the headline rows")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[0], help="the first: every run; the others: the headline rows"
+    )
     parser.add_argument("--weight_decay", type=float, default=0.0, help="AdamW's, on the 2-D weights it trains")
     parser.add_argument("--gpt2_adamw_lrs", type=float, nargs="+", default=[1.5e-3, 3e-3, 6e-3])
     parser.add_argument("--gpt2_muon_lrs", type=float, nargs="+", default=[0.02, 0.04], help="the first is the base")
-    parser.add_argument("--gpt2_muon_adamw_lrs", type=float, nargs="+", default=[3e-3, 1e-2],
-                        help="GPT-2 + Muon's AdamW part (tied embedding and head, norms, biases); the first is the base")
+    parser.add_argument(
+        "--gpt2_muon_adamw_lrs",
+        type=float,
+        nargs="+",
+        default=[3e-3, 1e-2],
+        help="GPT-2 + Muon's AdamW part (tied embedding and head, norms, biases); the first is the base",
+    )
     parser.add_argument("--modern_adamw_lrs", type=float, nargs="+", default=[3e-3, 6e-3, 1.2e-2])
-    parser.add_argument("--modern_muon_lrs", type=float, nargs="+", default=[model["muon_learning_rate"], 0.04],
-                        help="the first is the base (the preset's)")
-    parser.add_argument("--embedding_lrs", type=float, nargs="+", default=[model["embedding_learning_rate"], 0.03, 0.3],
-                        help="the untied embedding's AdamW rate under Muon; the first is the base (the preset's)")
-    parser.add_argument("--head_lrs", type=float, nargs="+", default=[model["head_learning_rate"], 0.002, 0.01],
-                        help="the untied head's AdamW rate under Muon; the first is the base (the preset's)")
-    parser.add_argument("--modern_adamw_part_lr", type=float, default=model["learning_rate"],
-                        help="the modern GPT + Muon's other AdamW weights (none with its parameter-free norms, no biases)")
+    parser.add_argument(
+        "--modern_muon_lrs",
+        type=float,
+        nargs="+",
+        default=[model["muon_learning_rate"], 0.04],
+        help="the first is the base (the preset's)",
+    )
+    parser.add_argument(
+        "--embedding_lrs",
+        type=float,
+        nargs="+",
+        default=[model["embedding_learning_rate"], 0.03, 0.3],
+        help="the untied embedding's AdamW rate under Muon; the first is the base (the preset's)",
+    )
+    parser.add_argument(
+        "--head_lrs",
+        type=float,
+        nargs="+",
+        default=[model["head_learning_rate"], 0.002, 0.01],
+        help="the untied head's AdamW rate under Muon; the first is the base (the preset's)",
+    )
+    parser.add_argument(
+        "--modern_adamw_part_lr",
+        type=float,
+        default=model["learning_rate"],
+        help="the modern GPT + Muon's other AdamW weights (none with its parameter-free norms, no biases)",
+    )
     parser.add_argument("--groups", nargs="+", choices=GROUPS, default=list(GROUPS), help="the kinds of run to train")
-    parser.add_argument("--switches", nargs="+", default=None, help="the switch rows to run (default: every one the preset sets)")
-    parser.add_argument("--merge", type=Path, nargs="+", default=None,
-                        help="merge these architectures.json (runs of this script at one shape) into --out's")
-    parser.add_argument("--time_compiled", action="store_true", help="time eager and compiled steps only: architectures_step_time.json")
-    parser.add_argument("--timed", nargs="+", default=None,
-                        help="the runs to time (default: GPT-2 + Muon, with the softcap, with the untied head, modern + Muon)")
+    parser.add_argument(
+        "--switches", nargs="+", default=None, help="the switch rows to run (default: every one the preset sets)"
+    )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="merge these architectures.json (runs of this script at one shape) into --out's",
+    )
+    parser.add_argument(
+        "--time_compiled", action="store_true", help="time eager and compiled steps only: architectures_step_time.json"
+    )
+    parser.add_argument(
+        "--timed",
+        nargs="+",
+        default=None,
+        help="the runs to time (default: GPT-2 + Muon, with the softcap, with the untied head, modern + Muon)",
+    )
     parser.add_argument("--timed_steps", type=int, default=20)
     parser.add_argument("--compile_warmup", type=int, default=3)
     args = parser.parse_args()
@@ -306,17 +450,24 @@ def main() -> None:
         report = time_compiled(args, vocab)
         (args.out / "architectures_step_time.json").write_text(json.dumps(report, indent=1) + "\n")
         for r in report["runs"]:
-            print(f"{r['name']:56s} eager {r['eager_ms']:7.1f} ms, CPU {r['eager_cpu_ms']:7.1f} ms ({r['eager_cpu_vs_first']}x)  "
-                  f"compiled {r['compiled_ms']:7.1f} ms, CPU {r['compiled_cpu_ms']:7.1f} ms ({r['compiled_cpu_vs_first']}x)")
+            print(
+                f"{r['name']:56s} eager {r['eager_ms']:7.1f} ms, CPU {r['eager_cpu_ms']:7.1f} ms ({r['eager_cpu_vs_first']}x)  "
+                f"compiled {r['compiled_ms']:7.1f} ms, CPU {r['compiled_cpu_ms']:7.1f} ms ({r['compiled_cpu_vs_first']}x)"
+            )
         return
 
     meta = {
         "what": "validation loss against tokens: GPT-2 vs the modern GPT, AdamW and Muon, one switch at a time "
-                "(benchmarks/architectures.py, lockstep)",
-        "shape": {k: getattr(args, k) for k in lockstep.SHAPE}, "weight_decay": args.weight_decay,
-        "vocab_size": vocab, "compact_vocab": compact, "schedule": "wsd (warm-up, constant, linear decay to 0)",
-        "modern": modern_architecture(args.preset), "preset": str(args.preset),
-        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "(benchmarks/architectures.py, lockstep)",
+        "shape": {k: getattr(args, k) for k in lockstep.SHAPE},
+        "weight_decay": args.weight_decay,
+        "vocab_size": vocab,
+        "compact_vocab": compact,
+        "schedule": "wsd (warm-up, constant, linear decay to 0)",
+        "modern": modern_architecture(args.preset),
+        "preset": str(args.preset),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
     }
     if args.merge:
         report = merge([json.loads(path.read_text()) for path in args.merge])
@@ -331,8 +482,10 @@ def main() -> None:
     plot(report, args.out / "architectures.png")
     first = report["seeds"][0]
     for r in first["runs"]:
-        print(f"{r['name']:56s} final {r['final_val_loss']:.3f}  to gpt2 adamw {r.get('tokens_ratio_to_best_gpt2_adamw')}x  "
-              f"to gpt2 muon {r.get('tokens_ratio_to_best_gpt2_muon')}x  step {r['median_step_ms']} ms")
+        print(
+            f"{r['name']:56s} final {r['final_val_loss']:.3f}  to gpt2 adamw {r.get('tokens_ratio_to_best_gpt2_adamw')}x  "
+            f"to gpt2 muon {r.get('tokens_ratio_to_best_gpt2_muon')}x  step {r['median_step_ms']} ms"
+        )
     print(json.dumps(report["headline"]["targets"]))
 
 
@@ -354,13 +507,22 @@ def plot(report: dict, path: Path) -> None:
             right.plot(t, loss, label=r["name"].removeprefix("gpt2 muon + "), linewidth=1.0)
         else:
             on = r["name"] in best
-            left.plot(t, loss, label=r["name"], color=colors[r["group"]], linewidth=2.2 if on else 0.8,
-                      alpha=1.0 if on else 0.45, linestyle="-" if on else "--")
+            left.plot(
+                t,
+                loss,
+                label=r["name"],
+                color=colors[r["group"]],
+                linewidth=2.2 if on else 0.8,
+                alpha=1.0 if on else 0.45,
+                linestyle="-" if on else "--",
+            )
     base = next((r for r in first["runs"] if r["group"] == "gpt2 muon"), None)  # the rates the switch rows run at
     if switches and base is not None:
         t, loss = zip(*base["curve"][1:])
         right.plot(t, loss, label=f"{base['name']} (no switch: their base)", color="black", linewidth=2.0)
-    panels = [(left, "GPT-2 vs modern, AdamW and Muon (rate sweeps)")] + [(right, "GPT-2 + Muon, one switch at a time")] * switches
+    panels = [(left, "GPT-2 vs modern, AdamW and Muon (rate sweeps)")] + [
+        (right, "GPT-2 + Muon, one switch at a time")
+    ] * switches
     for ax, title in panels:
         for group, loss in first["best_final_val_loss"].items():  # the targets
             ax.axhline(loss, color="gray", linewidth=0.8, linestyle=":" if group == "gpt2 adamw" else "-.")
@@ -371,8 +533,10 @@ def plot(report: dict, path: Path) -> None:
     lo = min(min(loss for _, loss in r["curve"]) for r in first["runs"])
     left.set_ylim(lo - 0.1, lo + 2.0)
     s = report["shape"]
-    fig.suptitle(f"{s['n_layer']} layers x {s['n_embd']}, B={s['batch_size']}, T={s['block_size']}, "
-                 f"{s['steps']} steps, WSD, seed {first['seed']}")
+    fig.suptitle(
+        f"{s['n_layer']} layers x {s['n_embd']}, B={s['batch_size']}, T={s['block_size']}, "
+        f"{s['steps']} steps, WSD, seed {first['seed']}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -30,7 +30,9 @@ def main() -> None:
     parser.add_argument("--training_tokens_per_sec", type=float, default=180_000.0)
     args = parser.parse_args()
 
-    data = TokenStreamDataModule(args.data_path, batch_size=args.batch_size, block_size=args.block_size, val_fraction=0.0)
+    data = TokenStreamDataModule(
+        args.data_path, batch_size=args.batch_size, block_size=args.block_size, val_fraction=0.0
+    )
     data.prepare_data()
     data.setup("fit")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -53,7 +55,9 @@ def main() -> None:
         rates.append(served * args.batch_size * args.block_size / (time.perf_counter() - start))
     rate = statistics.median(rates)
     print(f"data module: {rate:,.0f} tokens/s served (B={args.batch_size}, T={args.block_size}, to {device})")
-    print(f"training consumes {args.training_tokens_per_sec:,.0f} tokens/s: data is {rate / args.training_tokens_per_sec:,.0f}x faster")
+    print(
+        f"training consumes {args.training_tokens_per_sec:,.0f} tokens/s: data is {rate / args.training_tokens_per_sec:,.0f}x faster"
+    )
 
 
 if __name__ == "__main__":

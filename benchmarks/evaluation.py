@@ -62,25 +62,32 @@ def measure(config: GPTConfig, dtype: str, requests, batch_size: int, repeats: i
     model = GPT(config).eval()
     with tempfile.TemporaryDirectory() as folder:
         export_hf(model, folder)
-        hf = HFLM(pretrained=folder, batch_size=batch_size, device="cpu", dtype="float32",
-                  mixed_precision_dtype=DTYPES[dtype])
+        hf = HFLM(
+            pretrained=folder, batch_size=batch_size, device="cpu", dtype="float32", mixed_precision_dtype=DTYPES[dtype]
+        )
     ours = GPTHarnessLM(model, batch_size=batch_size, device="cpu", dtype=DTYPES[dtype])
     backends = {"hf": hf, "ours": ours}
     seconds: dict[str, list[float]] = {name: [] for name in backends}
     answers = {}
     for repeat in range(repeats):
-        for name in (("hf", "ours") if repeat % 2 == 0 else ("ours", "hf")):  # interleaved: load drifts hit both
+        for name in ("hf", "ours") if repeat % 2 == 0 else ("ours", "hf"):  # interleaved: load drifts hit both
             start = time.perf_counter()
             answers[name] = backends[name]._loglikelihood_tokens(requests, disable_tqdm=True)
             seconds[name].append(time.perf_counter() - start)
     median = {name: statistics.median(s) for name, s in seconds.items()}
     precision = {}
-    if DTYPES[dtype] is not None:  # how far each backend's answers are from float32's (the hf model's log-softmax runs in bf16)
+    if (
+        DTYPES[dtype] is not None
+    ):  # how far each backend's answers are from float32's (the hf model's log-softmax runs in bf16)
         exact = GPTHarnessLM(model, batch_size=batch_size, device="cpu")._loglikelihood_tokens(requests)
-        precision = {f"max_abs_difference_from_float32_{name}": max(abs(a[0] - b[0]) for a, b in zip(answers[name], exact))
-                     for name in backends}
+        precision = {
+            f"max_abs_difference_from_float32_{name}": max(abs(a[0] - b[0]) for a, b in zip(answers[name], exact))
+            for name in backends
+        }
     return {
-        "requests": len(requests), "batch_size": batch_size, "seconds": seconds,
+        "requests": len(requests),
+        "batch_size": batch_size,
+        "seconds": seconds,
         "requests_per_s": {name: len(requests) / m for name, m in median.items()},
         "speedup": median["hf"] / median["ours"],
         "max_abs_loglikelihood_difference": max(abs(a[0] - b[0]) for a, b in zip(answers["hf"], answers["ours"])),
@@ -96,20 +103,28 @@ def difference(r: dict) -> str:
 
 
 def table(results: dict) -> str:
-    rows = ["| model | dtype | requests | hf requests/s | ours requests/s | ours / hf | max log-likelihood difference hf vs ours "
-            "(bf16: each vs float32) |", "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| model | dtype | requests | hf requests/s | ours requests/s | ours / hf | max log-likelihood difference hf vs ours "
+        "(bf16: each vs float32) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for key, r in results.items():
         shape, dtype = key.split("/")
-        rows.append(f"| {shape} | {dtype} | {r['requests']} | {r['requests_per_s']['hf']:.2f} | "
-                    f"{r['requests_per_s']['ours']:.2f} | **{r['speedup']:.2f}x** | {difference(r)} |")
+        rows.append(
+            f"| {shape} | {dtype} | {r['requests']} | {r['requests_per_s']['hf']:.2f} | "
+            f"{r['requests_per_s']['ours']:.2f} | **{r['speedup']:.2f}x** | {difference(r)} |"
+        )
     return "\n".join(rows)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", nargs="+", default=["gpt2-124m/float32:8", "tiny-cpu/float32:32", "tiny-cpu/bfloat16:32",
-                                                       "gpt2-124m/bfloat16:2"],
-                        help="shape/dtype:examples, each example 4 requests (default: %(default)s)")
+    parser.add_argument(
+        "--runs",
+        nargs="+",
+        default=["gpt2-124m/float32:8", "tiny-cpu/float32:32", "tiny-cpu/bfloat16:32", "gpt2-124m/bfloat16:2"],
+        help="shape/dtype:examples, each example 4 requests (default: %(default)s)",
+    )
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5, help="timed passes per backend, alternating (median)")
     parser.add_argument("--out", default="benchmarks/results/cpu-2core/evaluation.json")
@@ -119,17 +134,28 @@ def main() -> None:
         key, examples = run.split(":")
         shape, dtype = key.split("/")
         results[key] = measure(SHAPES[shape], dtype, hellaswag_shaped(int(examples)), args.batch_size, args.repeats)
-        print(key, json.dumps({k: results[key][k] for k in ("requests_per_s", "speedup", "max_abs_loglikelihood_difference")}), flush=True)
+        print(
+            key,
+            json.dumps({k: results[key][k] for k in ("requests_per_s", "speedup", "max_abs_loglikelihood_difference")}),
+            flush=True,
+        )
     report = {
         "benchmark": "loglikelihood requests/s, GPTHarnessLM vs lm-eval's hf model, HellaSwag-shaped requests",
         "results": results,
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-                    "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-                    "loadavg_at_end": os.getloadavg()},
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "loadavg_at_end": os.getloadavg(),
+        },
         "note": "2-core CPU shared with other jobs (see loadavg): ratios are measured side by side, interleaved",
     }
     atomic_write_bytes(Path(args.out), (json.dumps(report, indent=2) + "\n").encode())
-    atomic_write_bytes(Path(args.out).with_suffix(".md"), (table(results) + "\n").encode())  # the table docs/evaluation.md quotes
+    atomic_write_bytes(
+        Path(args.out).with_suffix(".md"), (table(results) + "\n").encode()
+    )  # the table docs/evaluation.md quotes
     print(table(results))
 
 

@@ -90,8 +90,11 @@ def main() -> None:
         for mode in args.modes:
             peak = json.loads(run(MEASURE, mode, ckpt, str(Path(tmp) / f"{mode}.safetensors")))["peak_bytes"]
             result[mode] = {"peak_bytes": peak, "peak_over_weights": round(peak / weight_bytes, 3)}
-            print(f"{mode:>7}: peak {peak / 2**30:.2f} GiB = {peak / weight_bytes:.2f}x the weights' "
-                  f"{weight_bytes / 2**30:.2f} GiB", flush=True)
+            print(
+                f"{mode:>7}: peak {peak / 2**30:.2f} GiB = {peak / weight_bytes:.2f}x the weights' "
+                f"{weight_bytes / 2**30:.2f} GiB",
+                flush=True,
+            )
         print(json.dumps(result))
 
 

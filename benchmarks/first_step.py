@@ -84,7 +84,9 @@ class Timeline(Callback):
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._stamp("first_step_start")
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if trainer.global_step >= 1:  # the first optimizer step is done (accumulation included)
             self._stamp("first_step_end")
 
@@ -102,10 +104,17 @@ class Timeline(Callback):
         self._stamp("fit_end")
         # The ThroughputMonitor has summarized in on_train_end, which runs before on_fit_end.
         summary = next((cb.summary for cb in trainer.callbacks if isinstance(getattr(cb, "summary", None), dict)), None)
-        Path(self.out).write_text(json.dumps({
-            "stamps": self.stamps, "graphs": self.graphs, "validations": self.validations, "throughput": summary,
-            "module_file": sys.modules[type(pl_module).__module__].__file__,  # which source tree ran
-        }))
+        Path(self.out).write_text(
+            json.dumps(
+                {
+                    "stamps": self.stamps,
+                    "graphs": self.graphs,
+                    "validations": self.validations,
+                    "throughput": summary,
+                    "module_file": sys.modules[type(pl_module).__module__].__file__,  # which source tree ran
+                }
+            )
+        )
 
 
 def run_once(config: str, args: list[str], src: str | None, cache: Path, scratch: Path) -> dict[str, Any]:
@@ -114,14 +123,26 @@ def run_once(config: str, args: list[str], src: str | None, cache: Path, scratch
     out.unlink(missing_ok=True)
     callback = {"class_path": "first_step.Timeline", "init_args": {"out": str(out)}}
     command = [
-        sys.executable, "-m", "gpt_lightning", "fit", "--config", str(Path(config).resolve()), *args,
-        "--trainer.logger.init_args.save_dir", str(scratch / "logs"), f"--trainer.callbacks+={json.dumps(callback)}",
+        sys.executable,
+        "-m",
+        "gpt_lightning",
+        "fit",
+        "--config",
+        str(Path(config).resolve()),
+        *args,
+        "--trainer.logger.init_args.save_dir",
+        str(scratch / "logs"),
+        f"--trainer.callbacks+={json.dumps(callback)}",
     ]
     # The package of SRC, else this checkout's; run from the scratch folder, since `python -m` puts
     # the working directory first on sys.path.
     paths = [str(Path(__file__).resolve().parent), src or str(REPO), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
-           "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+    }
     launch = time.time()
     child = subprocess.run(command, env=env, capture_output=True, text=True, cwd=scratch)
     exited = time.time()
@@ -138,7 +159,9 @@ def run_once(config: str, args: list[str], src: str | None, cache: Path, scratch
         "rest_s": s["fit_end"] - s["first_step_end"],
         "validation_s": sum(end - start for start, end in timeline["validations"]),
         "validations": len(timeline["validations"]),
-        "first_validation_s": (s["first_validation_end"] - s["first_validation_start"]) if "first_validation_end" in s else None,
+        "first_validation_s": (s["first_validation_end"] - s["first_validation_start"])
+        if "first_validation_end" in s
+        else None,
         "total_s": exited - launch,
         "graphs_before_first_step": g["first_step_start"],
         "graphs_in_first_step": g["first_step_end"] - g["first_step_start"],
@@ -174,8 +197,10 @@ def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def report(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
-    lines = [f"{'variant':<22} {'to 1st step':>11} {'sanity':>7} {'1st step':>9} {'rest':>7} {'valid.':>7} "
-             f"{'total':>7} {'graphs b/in/a':>14} {'tok/s':>7} {'vs 1st':>7}"]
+    lines = [
+        f"{'variant':<22} {'to 1st step':>11} {'sanity':>7} {'1st step':>9} {'rest':>7} {'valid.':>7} "
+        f"{'total':>7} {'graphs b/in/a':>14} {'tok/s':>7} {'vs 1st':>7}"
+    ]
     base = None
     for name, by_cache in results.items():
         for cache, runs in by_cache.items():
@@ -198,11 +223,21 @@ def report(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="YAML config, as for `gpt-lightning fit`.")
-    parser.add_argument("--variant", action="append", required=True, metavar="NAME[@SRC]=ARGS",
-                        help="a way to run the config; repeat. The first is the baseline of the tok/s ratio.")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        required=True,
+        metavar="NAME[@SRC]=ARGS",
+        help="a way to run the config; repeat. The first is the baseline of the tok/s ratio.",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="runs of each variant, alternating")
-    parser.add_argument("--warm", nargs="*", default=None, metavar="NAME",
-                        help="after each cold run of these variants (all, given no name), run again on the cache it filled")
+    parser.add_argument(
+        "--warm",
+        nargs="*",
+        default=None,
+        metavar="NAME",
+        help="after each cold run of these variants (all, given no name), run again on the cache it filled",
+    )
     parser.add_argument("--out", default=None, help="write every run's figures to this JSON file")
     args, extra = parser.parse_known_args()
     variants = [parse_variant(text) for text in args.variant]
@@ -215,18 +250,37 @@ def main() -> None:
                 for cache in ("cold", "warm") if warm else ("cold",):
                     run = run_once(args.config, [*extra, *variant_args], src, scratch / "cache", scratch)
                     results[name][cache].append(run)
-                    print(f"round {round_index + 1} {name} ({cache}): " + ", ".join(
-                        f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in run.items()), flush=True)
+                    print(
+                        f"round {round_index + 1} {name} ({cache}): "
+                        + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in run.items()),
+                        flush=True,
+                    )
     print("\n" + report(results))
     if args.out:
         # Imported here, not at the top: variants' children import this file from their own source tree.
         from gpt_lightning.commands.bench import repo_relative
 
-        Path(args.out).write_text(json.dumps(repo_relative({  # paths in this checkout, not the machine's
-            "config": args.config, "arguments": extra, "variants": args.variant, "rounds": args.rounds,
-            "machine": f"{os.cpu_count()} CPUs", "runs": results,
-            "medians": {name: {cache: median_row(runs) for cache, runs in by.items() if runs} for name, by in results.items()},
-        }, REPO), indent=2) + "\n")
+        Path(args.out).write_text(
+            json.dumps(
+                repo_relative(
+                    {  # paths in this checkout, not the machine's
+                        "config": args.config,
+                        "arguments": extra,
+                        "variants": args.variant,
+                        "rounds": args.rounds,
+                        "machine": f"{os.cpu_count()} CPUs",
+                        "runs": results,
+                        "medians": {
+                            name: {cache: median_row(runs) for cache, runs in by.items() if runs}
+                            for name, by in results.items()
+                        },
+                    },
+                    REPO,
+                ),
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -57,7 +57,11 @@ def read_bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int = 512 *
     matrix = torch.randn(nbytes // (cols * torch.finfo(dtype).bits // 8), cols, device=device, dtype=dtype)
     vector = torch.randn(cols, device=device, dtype=dtype)
     best = 0.0
-    for probe in (matrix.sum, lambda: torch.mv(matrix, vector), lambda: torch.nn.functional.linear(vector[None], matrix)):
+    for probe in (
+        matrix.sum,
+        lambda: torch.mv(matrix, vector),
+        lambda: torch.nn.functional.linear(vector[None], matrix),
+    ):
         probe()
         seconds = statistics.median(timed(probe, device)[0] for _ in range(5))
         best = max(best, matrix.nbytes / seconds)
@@ -74,16 +78,26 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--new_tokens", type=int, default=256)
     parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each; the median is reported")
-    parser.add_argument("--uncached_batch_sizes", type=int, nargs="*", default=[1],
-                        help="batch sizes to time the uncached path at (slow: one run each)")
+    parser.add_argument(
+        "--uncached_batch_sizes",
+        type=int,
+        nargs="*",
+        default=[1],
+        help="batch sizes to time the uncached path at (slow: one run each)",
+    )
     parser.add_argument("--compile", action="store_true", help="also time generate(compile=True)")
-    parser.add_argument("--transformers_static", action="store_true",
-                        help="also time transformers' generate with its static cache (which it compiles itself on CUDA)")
+    parser.add_argument(
+        "--transformers_static",
+        action="store_true",
+        help="also time transformers' generate with its static cache (which it compiles itself on CUDA)",
+    )
     parser.add_argument("--warm_tokens", type=int, default=8, help="tokens of the compiled step's warm-up run")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for everything timed (default: torch's)")
-    parser.add_argument("--probe_mb", type=int, default=512, help="size of the memory-bandwidth probe (far above the caches)")
+    parser.add_argument(
+        "--probe_mb", type=int, default=512, help="size of the memory-bandwidth probe (far above the caches)"
+    )
     parser.add_argument("--out", default="benchmarks/results/cpu-2core/generation.json")
     args = parser.parse_args(argv)
     if args.threads:
@@ -125,17 +139,22 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     @torch.no_grad()
     def run_theirs(batch: int, tokens: int = n, **kwargs) -> torch.Tensor:
         ids = prompt[:batch]
-        return theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False,
-                               use_cache=True, **kwargs)
+        return theirs.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False, use_cache=True, **kwargs
+        )
 
     contenders = {"ours": run_ours, **({"transformers": run_theirs} if transformers else {})}
     if args.compile:
         contenders["ours_compiled"] = lambda batch, tokens=n: run_ours(batch, tokens, compile=True)
     if args.transformers_static and transformers is not None:
-        contenders["transformers_static"] = lambda batch, tokens=n: run_theirs(batch, tokens, cache_implementation="static")
-    warm_up = {"ours_compiled": lambda batch: run_ours(batch, warm, warm_prompt, compile=True),
-               # its static cache is sized by prompt + new tokens and compiled per shape: the full run
-               "transformers_static": lambda batch: contenders["transformers_static"](batch)}
+        contenders["transformers_static"] = lambda batch, tokens=n: run_theirs(
+            batch, tokens, cache_implementation="static"
+        )
+    warm_up = {
+        "ours_compiled": lambda batch: run_ours(batch, warm, warm_prompt, compile=True),
+        # its static cache is sized by prompt + new tokens and compiled per shape: the full run
+        "transformers_static": lambda batch: contenders["transformers_static"](batch),
+    }
     results: dict[str, dict] = {}
     step_bytes = sum(p.nbytes for p in ours.parameters())  # every weight once per decode step (wte as the LM head)
     # Probed again between timed rounds; the highest is the machine's (other jobs only ever lower it).
@@ -146,18 +165,33 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         for measured in results.values():
             for name in (*contenders, "ours_uncached"):
                 if name in measured:
-                    measured[name]["steps_per_sec_of_ceiling"] = measured[name]["tokens_per_sec"] / int(measured["batch"]) / ceiling
+                    measured[name]["steps_per_sec_of_ceiling"] = (
+                        measured[name]["tokens_per_sec"] / int(measured["batch"]) / ceiling
+                    )
         row = results[str(batch)]
-        roofline = {"read_bandwidth_bytes_per_sec": max(bandwidths), "weight_bytes_per_step": step_bytes,
-                    "ceiling_steps_per_sec": ceiling, "bandwidth_probes": bandwidths}
-        print(f"memory: {max(bandwidths) / 1e9:.1f} GB/s (best of {len(bandwidths)} probes); weights {step_bytes / 1e6:.0f} MB "
-              f"per step: at most {ceiling:.1f} steps/s", flush=True)
-        summary = ", ".join(f"{name} {row[name]['tokens_per_sec']:.1f} ({row[name]['steps_per_sec_of_ceiling']:.0%} of roofline)"
-                            for name in (*contenders, "ours_uncached") if name in row)
-        print(f"batch {batch}: tokens/s {summary}"
-              + (f"; ours/transformers {row['ours_vs_transformers']:.2f}x" if "ours_vs_transformers" in row else "")
-              + (f"; ours/uncached {row['ours_vs_uncached']:.1f}x" if "ours_vs_uncached" in row else "")
-              + f"; greedy tokens equal: {row['greedy_tokens_equal']}", flush=True)
+        roofline = {
+            "read_bandwidth_bytes_per_sec": max(bandwidths),
+            "weight_bytes_per_step": step_bytes,
+            "ceiling_steps_per_sec": ceiling,
+            "bandwidth_probes": bandwidths,
+        }
+        print(
+            f"memory: {max(bandwidths) / 1e9:.1f} GB/s (best of {len(bandwidths)} probes); weights {step_bytes / 1e6:.0f} MB "
+            f"per step: at most {ceiling:.1f} steps/s",
+            flush=True,
+        )
+        summary = ", ".join(
+            f"{name} {row[name]['tokens_per_sec']:.1f} ({row[name]['steps_per_sec_of_ceiling']:.0%} of roofline)"
+            for name in (*contenders, "ours_uncached")
+            if name in row
+        )
+        print(
+            f"batch {batch}: tokens/s {summary}"
+            + (f"; ours/transformers {row['ours_vs_transformers']:.2f}x" if "ours_vs_transformers" in row else "")
+            + (f"; ours/uncached {row['ours_vs_uncached']:.1f}x" if "ours_vs_uncached" in row else "")
+            + f"; greedy tokens equal: {row['greedy_tokens_equal']}",
+            flush=True,
+        )
         # After each measurement: what a long run on a busy machine measured survives an interruption.
         write_report(args, config, device, transformers, results, roofline)
 
@@ -173,10 +207,14 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                 seconds, outputs[name] = timed(lambda fn=fn, batch=batch: fn(batch), device)
                 times[name].append(seconds)
             bandwidths.append(read_bandwidth(device, dtype, args.probe_mb * 2**20))
-        row = {"batch": batch, **{name: {"tokens_per_sec": batch * n / statistics.median(t), "seconds": t} for name, t in times.items()}}
+        row = {
+            "batch": batch,
+            **{name: {"tokens_per_sec": batch * n / statistics.median(t), "seconds": t} for name, t in times.items()},
+        }
         reference = outputs.get("transformers", outputs["ours"])
-        row["greedy_tokens_equal"] = {name: bool(torch.equal(out, reference)) for name, out in outputs.items()
-                                      if out is not reference}
+        row["greedy_tokens_equal"] = {
+            name: bool(torch.equal(out, reference)) for name, out in outputs.items() if out is not reference
+        }
         if "transformers" in row:
             row["ours_vs_transformers"] = row["ours"]["tokens_per_sec"] / row["transformers"]["tokens_per_sec"]
         if "ours_compiled" in row and "transformers" in row:  # compiled against the best of theirs
@@ -199,13 +237,23 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
 
 def write_report(args, config, device, transformers, results, roofline) -> None:
     report = {
-        "benchmark": "generation", "model": {**vars(config)}, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-        "prompt": "tiny Shakespeare", "warm_tokens": args.warm_tokens,
+        "benchmark": "generation",
+        "model": {**vars(config)},
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "prompt": "tiny Shakespeare",
+        "warm_tokens": args.warm_tokens,
         "transformers_static_compiled": args.transformers_static and device.type == "cuda",  # by transformers itself
-        "repeats": args.repeats, "device": str(device), "dtype": args.dtype,
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "threads": torch.get_num_threads(),
-        "torch": torch.__version__, "transformers": transformers.__version__ if transformers else None, "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(), "roofline": roofline,
+        "repeats": args.repeats,
+        "device": str(device),
+        "dtype": args.dtype,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__ if transformers else None,
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "roofline": roofline,
         # the 1-minute load average as the report is written: another job on the machine slows every contender
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "results": {batch: {k: v for k, v in row.items() if k != "reference"} for batch, row in results.items()},

@@ -58,7 +58,10 @@ class QuietSteps(Callback):
         self.steps = steps
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        first, end = trainer.accumulate_grad_batches, trainer.accumulate_grad_batches * (1 + self.steps)  # micro-batches
+        first, end = (
+            trainer.accumulate_grad_batches,
+            trainer.accumulate_grad_batches * (1 + self.steps),
+        )  # micro-batches
         if pl_module.device.type == "cuda" and batch_idx in (first, end):
             torch.cuda.set_sync_debug_mode("error" if batch_idx == first else "default")
 
@@ -72,11 +75,26 @@ def fit(args, callbacks, steps: int, log_every: int, **model) -> GPTLightningMod
     model.setdefault("compile", False)
     shape = dict(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.block_size)
     module = GPTLightningModule(**shape, val_sample_tokens=0, **model)
-    data = TokenStreamDataModule(None, batch_size=args.batch_size, block_size=args.block_size, val_fraction=0.1,
-                                 tokens_per_step=args.tokens_per_step)
-    trainer = Trainer(accelerator=args.accelerator, devices=[args.device.index] if args.device.index is not None else 1, precision="bf16-mixed", max_steps=steps,
-                      log_every_n_steps=log_every, limit_val_batches=0, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
+    data = TokenStreamDataModule(
+        None,
+        batch_size=args.batch_size,
+        block_size=args.block_size,
+        val_fraction=0.1,
+        tokens_per_step=args.tokens_per_step,
+    )
+    trainer = Trainer(
+        accelerator=args.accelerator,
+        devices=[args.device.index] if args.device.index is not None else 1,
+        precision="bf16-mixed",
+        max_steps=steps,
+        log_every_n_steps=log_every,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
     trainer.fit(module, data)
     return module
 
@@ -95,8 +113,11 @@ def accumulation(args) -> tuple[dict, GPTLightningModule | None]:
         if mode == "eager":
             eager, trained = losses.losses, module
         diff = max((abs(a - b) for a, b in zip(losses.losses, eager or [])), default=None)
-        results[mode] = {"losses": losses.losses, "max_diff_vs_eager": diff,
-                         "ok": diff is None or diff <= BF16_TOLERANCE}
+        results[mode] = {
+            "losses": losses.losses,
+            "max_diff_vs_eager": diff,
+            "ok": diff is None or diff <= BF16_TOLERANCE,
+        }
     return results, trained
 
 
@@ -125,7 +146,9 @@ def check_device(args) -> torch.device:
     if args.accelerator == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise SystemExit(f"--accelerator {args.accelerator}: no CUDA device here; --accelerator cpu for a CPU rehearsal")
+        raise SystemExit(
+            f"--accelerator {args.accelerator}: no CUDA device here; --accelerator cpu for a CPU rehearsal"
+        )
     return torch.device("cuda", torch.cuda.current_device())
 
 
@@ -155,23 +178,43 @@ def sampling(model: torch.nn.Module, device: torch.device, args) -> dict:
             start = time.perf_counter()
             tokens = generate(model, prompt, new_tokens, temperature=0)
             sync()
-        out[name] = {"tokens_per_sec": new_tokens / (time.perf_counter() - start),
-                     "tokens": tokens[0, prompt.size(1):].tolist()}
+        out[name] = {
+            "tokens_per_sec": new_tokens / (time.perf_counter() - start),
+            "tokens": tokens[0, prompt.size(1) :].tolist(),
+        }
     same = [a == b for a, b in zip(out["float32"]["tokens"], out["bfloat16"]["tokens"])]
     first_diff = same.index(False) if False in same else None
     diff = (logprobs["bfloat16"] - logprobs["float32"]).abs()  # (block_size, V)
     top1 = (logprobs["bfloat16"].argmax(-1) == logprobs["float32"].argmax(-1)).float().mean()
-    return {"device": str(device), "prompt_tokens": prompt[0].tolist(), **out,
-            "greedy_tokens_equal": all(same), "first_different_position": first_diff,
-            "distinct_greedy_tokens": len(set(out["float32"]["tokens"])),
-            "teacher_forced": {"positions": logprobs["float32"].size(0), "max_abs_logprob_diff": float(diff.max()),
-                               "mean_abs_logprob_diff": float(diff.mean()), "top1_agreement": float(top1)}}
+    return {
+        "device": str(device),
+        "prompt_tokens": prompt[0].tolist(),
+        **out,
+        "greedy_tokens_equal": all(same),
+        "first_different_position": first_diff,
+        "distinct_greedy_tokens": len(set(out["float32"]["tokens"])),
+        "teacher_forced": {
+            "positions": logprobs["float32"].size(0),
+            "max_abs_logprob_diff": float(diff.max()),
+            "mean_abs_logprob_diff": float(diff.mean()),
+            "top1_agreement": float(top1),
+        },
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name, default in (("n_layer", 12), ("n_head", 12), ("n_embd", 768), ("batch_size", 4), ("block_size", 1024),
-                          ("micro_batches", 8), ("steps", 3), ("quiet_steps", 20), ("sample_tokens", 64)):
+    for name, default in (
+        ("n_layer", 12),
+        ("n_head", 12),
+        ("n_embd", 768),
+        ("batch_size", 4),
+        ("block_size", 1024),
+        ("micro_batches", 8),
+        ("steps", 3),
+        ("quiet_steps", 20),
+        ("sample_tokens", 64),
+    ):
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
     parser.add_argument("--accelerator", default="cuda", choices=["cuda", "cpu"])
@@ -183,21 +226,36 @@ def main() -> None:
     sampled = sampling(trained.model, device, args) if trained is not None else None
     del trained  # not resident while the optimizers' peaks are measured
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    report = {"device": name, "shape": {k: v for k, v in vars(args).items() if k != "device"}, "accumulation": results, "quiet_steps": quiet_steps(args),
-              "memory": peak_memory(args), "sampling": sampled}
+    report = {
+        "device": name,
+        "shape": {k: v for k, v in vars(args).items() if k != "device"},
+        "accumulation": results,
+        "quiet_steps": quiet_steps(args),
+        "memory": peak_memory(args),
+        "sampling": sampled,
+    }
     Path(args.out).write_text(json.dumps(report, indent=1))
     for mode, result in results.items():
-        print(f"accumulation {mode}: " + (f"refused: {result['refused']}" if "refused" in result else
-                                          f"max |dloss| vs eager {result['max_diff_vs_eager']}"))
+        print(
+            f"accumulation {mode}: "
+            + (
+                f"refused: {result['refused']}"
+                if "refused" in result
+                else f"max |dloss| vs eager {result['max_diff_vs_eager']}"
+            )
+        )
     print(f"quiet steps: {report['quiet_steps']}")
     print(f"peak memory: {report['memory']}")
     if report["sampling"]:
         s = report["sampling"]
-        print(f"sampling on {s['device']}: greedy bf16 == float32: {s['greedy_tokens_equal']} "
-              f"(first difference at {s['first_different_position']}), teacher-forced {s['teacher_forced']}, "
-              f"tokens/s float32 {s['float32']['tokens_per_sec']:.0f}, bf16 {s['bfloat16']['tokens_per_sec']:.0f}")
+        print(
+            f"sampling on {s['device']}: greedy bf16 == float32: {s['greedy_tokens_equal']} "
+            f"(first difference at {s['first_different_position']}), teacher-forced {s['teacher_forced']}, "
+            f"tokens/s float32 {s['float32']['tokens_per_sec']:.0f}, bf16 {s['bfloat16']['tokens_per_sec']:.0f}"
+        )
     failed = [mode for mode, r in results.items() if not r.get("ok", True)] + (
-        ["quiet_steps"] if "error" in report["quiet_steps"] else [])
+        ["quiet_steps"] if "error" in report["quiet_steps"] else []
+    )
     if failed:
         raise SystemExit(f"FAIL: {', '.join(failed)} (see {args.out})")
 

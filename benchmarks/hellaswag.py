@@ -41,8 +41,10 @@ def write_examples(path: Path, n: int, seed: int = 0) -> Path:
         start, length = rng.randrange(len(words) - hi), rng.randint(lo, hi)
         return " ".join(words[start : start + length])
 
-    lines = [json.dumps({"ctx": span(20, 60), "endings": [span(8, 30) for _ in range(4)], "label": rng.randrange(4)})
-             for _ in range(n)]
+    lines = [
+        json.dumps({"ctx": span(20, 60), "endings": [span(8, 30) for _ in range(4)], "label": rng.randrange(4)})
+        for _ in range(n)
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -56,7 +58,9 @@ def per_example_scorer(model: GPT, examples, encode, device: torch.device) -> di
         tokens, mask = render(example, encode)
         tokens, mask = tokens[:, -model.config.block_size :].to(device), mask[:, -model.config.block_size :].to(device)
         logits, _ = model(tokens)  # (4, L, V)
-        losses = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction="none").view(4, -1)
+        losses = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction="none").view(
+            4, -1
+        )
         ending = mask[:, 1:].float()
         summed = (losses * ending).sum(dim=1)
         by_mean, by_sum = torch.stack(((summed / ending.sum(dim=1)).argmin(), summed.argmin())).tolist()
@@ -115,10 +119,17 @@ def main(argv: list[str] | None = None) -> dict:
     same = all(r == results["per_example_before"] for r in results.values())
     print(f"same answers as before: {same}")
     report = {
-        "benchmark": "hellaswag", "model": {"n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd},
-        "examples": len(examples), "data": args.data_file or "synthetic (tiny Shakespeare)", "repeats": args.repeats,
-        "device": str(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "python": platform.python_version(), "same_answers_as_before": same, "results": rows,
+        "benchmark": "hellaswag",
+        "model": {"n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd},
+        "examples": len(examples),
+        "data": args.data_file or "synthetic (tiny Shakespeare)",
+        "repeats": args.repeats,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "same_answers_as_before": same,
+        "results": rows,
     }
     atomic_write_bytes(Path(args.out), (json.dumps(report, indent=2) + "\n").encode())
     print(f"written to {args.out}")

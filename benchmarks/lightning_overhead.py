@@ -66,8 +66,20 @@ from gpt_lightning.training.step_loss import StepLoss
 LOOPS = ("plain", "plain_ours", "lightning")
 # The parts a step is split into, in table order. "rest" is the step's time no timer covered: in
 # the plain loops the Python loop itself, in ours Lightning's loop (hooks, result collection, ...).
-PARTS = ("data", "forward", "backward", "optimizer", "zero_grad", "nonfinite_guard", "step_logging",
-         "throughput_monitor", "progress_bar", "logger", "other_hooks", "rest")
+PARTS = (
+    "data",
+    "forward",
+    "backward",
+    "optimizer",
+    "zero_grad",
+    "nonfinite_guard",
+    "step_logging",
+    "throughput_monitor",
+    "progress_bar",
+    "logger",
+    "other_hooks",
+    "rest",
+)
 OURS = ("nonfinite_guard", "step_logging", "throughput_monitor", "progress_bar", "logger", "other_hooks")
 # The host's own work, beside the compute (forward, backward, AdamW) the loops share: what Lightning
 # adds to a step is the difference of these between ours and plain_ours. It is measured to a fraction
@@ -75,8 +87,11 @@ OURS = ("nonfinite_guard", "step_logging", "throughput_monitor", "progress_bar",
 HOST = ("data", "zero_grad", *OURS, "rest")
 # What Lightning adds, by who does it: its own loop (fetching, hooks, the closure, progress tracking,
 # zero_grad's place), the callbacks and logger a Trainer run has, and our module's hooks run by it.
-ADDED_BY = {"trainer_loop": ("data", "zero_grad", "rest"), "callbacks_and_logger": ("throughput_monitor", "progress_bar", "logger"),
-            "module_hooks": ("nonfinite_guard", "step_logging", "other_hooks")}
+ADDED_BY = {
+    "trainer_loop": ("data", "zero_grad", "rest"),
+    "callbacks_and_logger": ("throughput_monitor", "progress_bar", "logger"),
+    "module_hooks": ("nonfinite_guard", "step_logging", "other_hooks"),
+}
 
 
 class Breakdown:
@@ -154,14 +169,19 @@ def timed(breakdown: Breakdown, part: str, function):
     def wrapper(*args, **kwargs):
         with breakdown.part(part):
             return function(*args, **kwargs)
+
     return wrapper
 
 
 def make_module(args: argparse.Namespace, compiled: bool) -> GPTLightningModule:
     seed_everything(0, verbose=False)
     return GPTLightningModule(
-        block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
-        compile=compiled, val_sample_tokens=0,
+        block_size=args.block_size,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        n_embd=args.n_embd,
+        compile=compiled,
+        val_sample_tokens=0,
     )
 
 
@@ -241,10 +261,18 @@ def plain_loop(args, data: TokenStreamDataModule, compiled: bool, device: torch.
     if ours:
         guard.raise_if_found(args.steps)
     breakdown.close()
-    return {"seconds": clock.seconds()[args.warmup :], "breakdown": breakdown.steps[args.warmup :],
-            "setup": describe_setup(optimizer, compiled and (module.hparams.compile_scope if ours else "model"),
-                                    "TokenStreamDataModule.train_dataloader" if ours else "TokenWindows, read directly",
-                                    args.precision, progress_bar=None, logger=None)}
+    return {
+        "seconds": clock.seconds()[args.warmup :],
+        "breakdown": breakdown.steps[args.warmup :],
+        "setup": describe_setup(
+            optimizer,
+            compiled and (module.hparams.compile_scope if ours else "model"),
+            "TokenStreamDataModule.train_dataloader" if ours else "TokenWindows, read directly",
+            args.precision,
+            progress_bar=None,
+            logger=None,
+        ),
+    }
 
 
 class PartsProfiler(Profiler):
@@ -270,7 +298,9 @@ class PartsProfiler(Profiler):
             return "throughput_monitor"
         if action.startswith(f"[Callback]{self.bar_name}"):
             return "progress_bar"
-        if action.startswith("[LightningModule]") and action.endswith((".on_train_batch_end", ".configure_gradient_clipping")):
+        if action.startswith("[LightningModule]") and action.endswith(
+            (".on_train_batch_end", ".configure_gradient_clipping")
+        ):
             # check_at_logging_interval (and, at a stop, the step's logging); clip_gradients (the guard's norm)
             return "nonfinite_guard"
         if action.startswith("[LightningModule]") and action.endswith(".on_train_batch_start"):
@@ -307,6 +337,7 @@ class Instrument(Callback):
             with b.part("optimizer"):
                 # the closure's own glue (Lightning's) is "rest"; what it runs is timed inside it
                 return step(closure=None if closure is None else timed(b, "rest", closure), **kwargs)
+
         optimizer.step = timed_step
         guard, loss = pl_module._nonfinite, pl_module._step_loss
         guard.observe_loss = timed(b, "nonfinite_guard", guard.observe_loss)
@@ -335,9 +366,17 @@ def lightning_loop(args, data: TokenStreamDataModule, compiled: bool, log_dir: s
     breakdown = Breakdown()
     bars = [StepProgressBar()] if args.progress_bar == "step" else []  # else the one a plain Trainer gives
     trainer = Trainer(
-        accelerator=args.accelerator, devices=1, precision=args.precision, max_steps=args.steps,
-        logger=TensorBoardLogger(log_dir, name="overhead"), callbacks=[monitor, *bars], enable_checkpointing=False,
-        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=args.log_every,
+        accelerator=args.accelerator,
+        devices=1,
+        precision=args.precision,
+        max_steps=args.steps,
+        logger=TensorBoardLogger(log_dir, name="overhead"),
+        callbacks=[monitor, *bars],
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        log_every_n_steps=args.log_every,
     )
     bar = trainer.progress_bar_callback  # what a plain Trainer gives
     profiler = PartsProfiler(breakdown, type(bar).__qualname__ if bar is not None else "-")
@@ -348,15 +387,23 @@ def lightning_loop(args, data: TokenStreamDataModule, compiled: bool, log_dir: s
     breakdown.close()
     # ThroughputMonitor marks a step at its on_train_batch_end, Instrument at its own: the same steps.
     steps = breakdown.steps[args.warmup : args.steps]
-    return {"seconds": [s.seconds for s in monitor.steps if s.index >= args.warmup], "breakdown": steps,
-            "setup": describe_setup(trainer.optimizers[0], compiled and module.hparams.compile_scope,
-                                    "TokenStreamDataModule.train_dataloader", str(trainer.precision),
-                                    progress_bar=type(bar).__name__ if bar is not None else None,
-                                    logger=f"TensorBoardLogger, every {trainer.log_every_n_steps} steps")}
+    return {
+        "seconds": [s.seconds for s in monitor.steps if s.index >= args.warmup],
+        "breakdown": steps,
+        "setup": describe_setup(
+            trainer.optimizers[0],
+            compiled and module.hparams.compile_scope,
+            "TokenStreamDataModule.train_dataloader",
+            str(trainer.precision),
+            progress_bar=type(bar).__name__ if bar is not None else None,
+            logger=f"TensorBoardLogger, every {trainer.log_every_n_steps} steps",
+        ),
+    }
 
 
-def run_loop(loop: str, args, data: TokenStreamDataModule, compiled: bool, device: torch.device, log_dir: str,
-             steps: int) -> dict:
+def run_loop(
+    loop: str, args, data: TokenStreamDataModule, compiled: bool, device: torch.device, log_dir: str, steps: int
+) -> dict:
     """One run of ``loop`` for ``steps`` steps, compiling afresh."""
     torch._dynamo.reset()
     args = argparse.Namespace(**{**vars(args), "steps": steps})
@@ -365,17 +412,28 @@ def run_loop(loop: str, args, data: TokenStreamDataModule, compiled: bool, devic
     return plain_loop(args, data, compiled, device, ours=loop == "plain_ours")
 
 
-def describe_setup(optimizer: torch.optim.Optimizer, compile_scope, data_path: str, precision: str,
-                   progress_bar: str | None, logger: str | None) -> dict:
+def describe_setup(
+    optimizer: torch.optim.Optimizer,
+    compile_scope,
+    data_path: str,
+    precision: str,
+    progress_bar: str | None,
+    logger: str | None,
+) -> dict:
     """What each loop ran with, for the fairness check: everything here but the data path, compile,
     progress bar and logger must be the same in all loops."""
     defaults = {k: v for k, v in optimizer.defaults.items() if isinstance(v, (bool, int, float, tuple, type(None)))}
     return {
-        "optimizer": type(optimizer).__name__, "optimizer_flags": defaults,
+        "optimizer": type(optimizer).__name__,
+        "optimizer_flags": defaults,
         "weight_decay_groups": [g["weight_decay"] for g in optimizer.param_groups],
-        "compile": compile_scope or None, "data_path": data_path, "precision": precision,
+        "compile": compile_scope or None,
+        "data_path": data_path,
+        "precision": precision,
         "zero_grad_set_to_none": True,  # the plain loops' call; Lightning's optimizer_zero_grad calls zero_grad()
-        "torch_threads": torch.get_num_threads(), "progress_bar": progress_bar, "logger": logger,
+        "torch_threads": torch.get_num_threads(),
+        "progress_bar": progress_bar,
+        "logger": logger,
     }
 
 
@@ -388,7 +446,9 @@ def load_average() -> float | None:
 
 def compute_ms(run: dict) -> float:
     """A run's median ms per step of the compute all loops share: forward, backward and AdamW."""
-    return 1000 * statistics.median(sum(s.get(part, 0.0) for part in ("forward", "backward", "optimizer")) for s in run["breakdown"])
+    return 1000 * statistics.median(
+        sum(s.get(part, 0.0) for part in ("forward", "backward", "optimizer")) for s in run["breakdown"]
+    )
 
 
 def summarize_breakdown(runs: list[dict]) -> dict[str, dict[str, float]]:
@@ -413,30 +473,47 @@ def summarize_breakdown(runs: list[dict]) -> dict[str, dict[str, float]]:
 
 
 def markdown(results: dict, load: tuple) -> str:
-    lines = [f"Load average {load[0]:.2f} at the start, {load[1]:.2f} at the end.", "",
-             "| mode | plain tok/s | plain + our work tok/s | ours (Lightning) tok/s | ours / plain (target >= 0.98) "
-             "| per-round median | total time | our work / plain | Lightning / plain + our work | estimate from host time (CPU) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Load average {load[0]:.2f} at the start, {load[1]:.2f} at the end.",
+        "",
+        "| mode | plain tok/s | plain + our work tok/s | ours (Lightning) tok/s | ours / plain (target >= 0.98) "
+        "| per-round median | total time | our work / plain | Lightning / plain + our work | estimate from host time (CPU) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for mode, r in results.items():
         t = r["tokens_per_sec_median"]
-        lines.append(f"| {mode} | {t['plain']:,.0f} | {t['plain_ours']:,.0f} | {t['lightning']:,.0f} | "
-                     f"{r['ratio']:.3f} | {r['ratio_per_round_median']:.3f} | {r['ratio_total_time']:.3f} | "
-                     f"{r['our_work_ratio']:.3f} | {r['lightning_ratio']:.3f} | {r['ratio_from_host_time']:.3f} |")
-    lines += ["", "Host ms per step beside the shared compute (" + ", ".join(HOST) + "), and each round's ratio "
-              "(ours / plain: its spread is the machine's noise):", "",
-              "| mode | plain | plain + our work | ours (Lightning) | added by Lightning (its loop, callbacks and "
-              "logger, our hooks) | added by our work | added, of a plain step | per-round ratios "
-              "| per-round compute, Lightning / plain + our work |",
-              "|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {mode} | {t['plain']:,.0f} | {t['plain_ours']:,.0f} | {t['lightning']:,.0f} | "
+            f"{r['ratio']:.3f} | {r['ratio_per_round_median']:.3f} | {r['ratio_total_time']:.3f} | "
+            f"{r['our_work_ratio']:.3f} | {r['lightning_ratio']:.3f} | {r['ratio_from_host_time']:.3f} |"
+        )
+    lines += [
+        "",
+        "Host ms per step beside the shared compute (" + ", ".join(HOST) + "), and each round's ratio "
+        "(ours / plain: its spread is the machine's noise):",
+        "",
+        "| mode | plain | plain + our work | ours (Lightning) | added by Lightning (its loop, callbacks and "
+        "logger, our hooks) | added by our work | added, of a plain step | per-round ratios "
+        "| per-round compute, Lightning / plain + our work |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for mode, r in results.items():
         h, by = r["host_ms_per_step"], r["host_ms_added_by_lightning_parts"]
-        lines.append(f"| {mode} | {h['plain']:.2f} | {h['plain_ours']:.2f} | {h['lightning']:.2f} | "
-                     f"{r['host_ms_added_by_lightning']:.2f} ({by['trainer_loop']:.2f}, {by['callbacks_and_logger']:.2f}, "
-                     f"{by['module_hooks']:.2f}) | {r['host_ms_added_by_our_work']:.2f} | "
-                     f"{r['host_added_fraction_of_plain_step']:.2%} | " + ", ".join(f"{x:.3f}" for x in r["ratio_per_round"])
-                     + " | " + ", ".join(f"{x:.3f}" for x in r["compute_ratio_per_round"]) + " |")
-    lines += ["", "Mean host ms per step (the parts exclusive of each other; `rest`: the loop itself, in ours "
-              "Lightning's):", ""]
+        lines.append(
+            f"| {mode} | {h['plain']:.2f} | {h['plain_ours']:.2f} | {h['lightning']:.2f} | "
+            f"{r['host_ms_added_by_lightning']:.2f} ({by['trainer_loop']:.2f}, {by['callbacks_and_logger']:.2f}, "
+            f"{by['module_hooks']:.2f}) | {r['host_ms_added_by_our_work']:.2f} | "
+            f"{r['host_added_fraction_of_plain_step']:.2%} | "
+            + ", ".join(f"{x:.3f}" for x in r["ratio_per_round"])
+            + " | "
+            + ", ".join(f"{x:.3f}" for x in r["compute_ratio_per_round"])
+            + " |"
+        )
+    lines += [
+        "",
+        "Mean host ms per step (the parts exclusive of each other; `rest`: the loop itself, in ours Lightning's):",
+        "",
+    ]
     header = "| part | " + " | ".join(f"{mode} {loop}" for mode in results for loop in LOOPS) + " |"
     lines += [header, "|---|" + "---|" * (len(results) * len(LOOPS))]
     for part in (*PARTS, "step", "gc", "other_threads_cpu", "ours_total"):
@@ -449,7 +526,9 @@ def markdown(results: dict, load: tuple) -> str:
         for loop in LOOPS:
             by_thread = results[mode]["breakdown"][loop]["other_threads_cpu"]["by_thread_ms"]
             if by_thread:
-                lines.append(f"- {mode} {loop}: " + ", ".join(f"`{name}` {ms:.2f}" for name, ms in sorted(by_thread.items())))
+                lines.append(
+                    f"- {mode} {loop}: " + ", ".join(f"`{name}` {ms:.2f}" for name, ms in sorted(by_thread.items()))
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -471,9 +550,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of each run")
     parser.add_argument("--rounds", type=int, default=4, help="runs of each loop, in rotated order")
     parser.add_argument("--log_every", type=int, default=10, help="the Trainer's log_every_n_steps (as every config)")
-    parser.add_argument("--progress_bar", choices=["default", "step"], default="default",
-                        help="default: the bar a plain Trainer gives (RichProgressBar where rich is installed, else "
-                             "TQDMProgressBar); step: StepProgressBar, the one gpt-lightning's CLI attaches")
+    parser.add_argument(
+        "--progress_bar",
+        choices=["default", "step"],
+        default="default",
+        help="default: the bar a plain Trainer gives (RichProgressBar where rich is installed, else "
+        "TQDMProgressBar); step: StepProgressBar, the one gpt-lightning's CLI attaches",
+    )
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--block_size", type=int, default=128)
     parser.add_argument("--n_layer", type=int, default=4)
@@ -487,7 +570,9 @@ def main() -> None:
     tokens_per_step = args.batch_size * args.block_size
     load_start = load_average()
 
-    data = TokenStreamDataModule(args.data_path, batch_size=args.batch_size, block_size=args.block_size, val_fraction=0.0)
+    data = TokenStreamDataModule(
+        args.data_path, batch_size=args.batch_size, block_size=args.block_size, val_fraction=0.0
+    )
     data.prepare_data()
     data.setup("fit")
     results = {}
@@ -512,8 +597,12 @@ def main() -> None:
             # every step counted: a median never sees the steps at logging intervals
             rate_total = {loop: tokens_per_step * len(v) / sum(v) for loop, v in pooled.items()}
             # each round's ratio: drift between rounds cancels in it
-            paired = [tokens_per_step / statistics.median(runs["lightning"][i]["seconds"])
-                      / (tokens_per_step / statistics.median(runs["plain"][i]["seconds"])) for i in range(args.rounds)]
+            paired = [
+                tokens_per_step
+                / statistics.median(runs["lightning"][i]["seconds"])
+                / (tokens_per_step / statistics.median(runs["plain"][i]["seconds"]))
+                for i in range(args.rounds)
+            ]
             name = "compiled" if compiled else "eager"
             results[name] = {
                 "tokens_per_sec_median": rate,
@@ -534,8 +623,9 @@ def main() -> None:
                 "ratio_per_round": paired,
                 # each round's compute (forward + backward + AdamW, median ms): Lightning's over the
                 # plain loop doing our work, the same computation, so a ratio away from 1 is the machine
-                "compute_ratio_per_round": [compute_ms(runs["lightning"][i]) / compute_ms(runs["plain_ours"][i])
-                                            for i in range(args.rounds)],
+                "compute_ratio_per_round": [
+                    compute_ms(runs["lightning"][i]) / compute_ms(runs["plain_ours"][i]) for i in range(args.rounds)
+                ],
                 "setup": {loop: v[0]["setup"] for loop, v in runs.items()},
                 "load_average_per_run": loads,
             }
@@ -545,7 +635,9 @@ def main() -> None:
             results[name]["host_ms_per_step"] = host
             results[name]["host_ms_added_by_lightning"] = host["lightning"] - host["plain_ours"]
             results[name]["host_ms_added_by_lightning_parts"] = {
-                who: sum(breakdown["lightning"][part]["mean_ms"] - breakdown["plain_ours"][part]["mean_ms"] for part in parts)
+                who: sum(
+                    breakdown["lightning"][part]["mean_ms"] - breakdown["plain_ours"][part]["mean_ms"] for part in parts
+                )
                 for who, parts in ADDED_BY.items()
             }
             results[name]["host_ms_added_by_our_work"] = host["plain_ours"] - host["plain"]
@@ -561,7 +653,14 @@ def main() -> None:
             plain_mean = breakdown["plain"]["step"]["mean_ms"]
             results[name]["ratio_from_host_time"] = plain_mean / (plain_mean + added["lightning"] - added["plain"])
             setups = results[name]["setup"]
-            same = ("optimizer", "optimizer_flags", "weight_decay_groups", "precision", "zero_grad_set_to_none", "torch_threads")
+            same = (
+                "optimizer",
+                "optimizer_flags",
+                "weight_decay_groups",
+                "precision",
+                "zero_grad_set_to_none",
+                "torch_threads",
+            )
             unfair = [key for key in same if len({json.dumps(s[key], sort_keys=True) for s in setups.values()}) > 1]
             results[name]["unequal_settings"] = unfair
             if unfair:
@@ -570,17 +669,23 @@ def main() -> None:
     print(f"\n{'mode':<9} {'plain tok/s':>12} {'plain+ours':>11} {'lightning':>10} {'ratio':>7}   (target >= 0.98)")
     for name, r in results.items():
         t = r["tokens_per_sec_median"]
-        print(f"{name:<9} {t['plain']:>12,.0f} {t['plain_ours']:>11,.0f} {t['lightning']:>10,.0f} {r['ratio']:>7.3f}"
-              f"   per-round median {r['ratio_per_round_median']:.3f}, total time {r['ratio_total_time']:.3f},"
-              f" estimate from host time {r['ratio_from_host_time']:.3f}")
+        print(
+            f"{name:<9} {t['plain']:>12,.0f} {t['plain_ours']:>11,.0f} {t['lightning']:>10,.0f} {r['ratio']:>7.3f}"
+            f"   per-round median {r['ratio_per_round_median']:.3f}, total time {r['ratio_total_time']:.3f},"
+            f" estimate from host time {r['ratio_from_host_time']:.3f}"
+        )
         for loop, rates in r["per_run_tokens_per_sec"].items():
             print(f"    {loop} runs: " + ", ".join(f"{rate:,.0f}" for rate in rates))
     table = markdown(results, load)
     print("\n" + table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = {"args": repo_relative(vars(args)), "load_average": {"start": load[0], "end": load[1]},
-              "cpu_count": os.cpu_count(), "results": results}
+    report = {
+        "args": repo_relative(vars(args)),
+        "load_average": {"start": load[0], "end": load[1]},
+        "cpu_count": os.cpu_count(),
+        "results": results,
+    }
     out.write_text(json.dumps(report, indent=2) + "\n")
     out.with_suffix(".md").write_text(table)
     print(f"saved {out} and {out.with_suffix('.md')}")

@@ -40,18 +40,44 @@ def tokens(compact: bool) -> tuple[torch.Tensor, int]:
 
 def add_arguments(parser: argparse.ArgumentParser, **defaults) -> None:
     """The options every lockstep benchmark takes (shape, schedule, evaluation, seed)."""
-    options = dict(device="cuda" if torch.cuda.is_available() else "cpu", n_layer=4, n_head=4, n_embd=64,
-                   batch_size=8, block_size=64, steps=60, warmup_steps=3, decay_fraction=0.3, eval_every=6,
-                   eval_batches=4, seed=0)
+    options = dict(
+        device="cuda" if torch.cuda.is_available() else "cpu",
+        n_layer=4,
+        n_head=4,
+        n_embd=64,
+        batch_size=8,
+        block_size=64,
+        steps=60,
+        warmup_steps=3,
+        decay_fraction=0.3,
+        eval_every=6,
+        eval_batches=4,
+        seed=0,
+    )
     options.update(defaults)
     for name, value in options.items():
         parser.add_argument(f"--{name}", type=type(value), default=value)
-    parser.add_argument("--compact_vocab", action=argparse.BooleanOptionalAction, default=None,
-                        help="renumber the used tokens densely (default: on a CPU)")
+    parser.add_argument(
+        "--compact_vocab",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="renumber the used tokens densely (default: on a CPU)",
+    )
 
 
-SHAPE = ("device", "n_layer", "n_head", "n_embd", "batch_size", "block_size", "steps", "warmup_steps",
-         "decay_fraction", "eval_every", "eval_batches")
+SHAPE = (
+    "device",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "batch_size",
+    "block_size",
+    "steps",
+    "warmup_steps",
+    "decay_fraction",
+    "eval_every",
+    "eval_batches",
+)
 
 
 class Data:
@@ -66,11 +92,11 @@ class Data:
         self.starts = torch.randint(0, len(self.train) - self.T - 1, (args.steps, self.B), generator=generator)
         n = args.eval_batches * self.B
         val_starts = (torch.arange(n) * ((len(held_out) - self.T - 1) // n)).tolist()
-        self.val = [self.windows(held_out, val_starts[k * self.B:(k + 1) * self.B]) for k in range(args.eval_batches)]
+        self.val = [self.windows(held_out, val_starts[k * self.B : (k + 1) * self.B]) for k in range(args.eval_batches)]
 
     def windows(self, data: torch.Tensor, starts: list[int]) -> Batch:
-        x = torch.stack([data[i:i + self.T] for i in starts])  # (B, T)
-        y = torch.stack([data[i + 1:i + 1 + self.T] for i in starts])  # (B, T): the next tokens
+        x = torch.stack([data[i : i + self.T] for i in starts])  # (B, T)
+        y = torch.stack([data[i + 1 : i + 1 + self.T] for i in starts])  # (B, T): the next tokens
         return x.to(self.device), y.to(self.device)
 
     def batch(self, step: int) -> Batch:
@@ -83,8 +109,14 @@ class Run:
 
     def __init__(self, name: str, model: GPT, optimizer: torch.optim.Optimizer, args: argparse.Namespace) -> None:
         self.name, self.model, self.optimizer, self.device = name, model, optimizer, args.device
-        schedule = dict(warmup_steps=args.warmup_steps, lr_schedule="wsd", cosine_decay_steps=None,
-                        decay_fraction=args.decay_fraction, min_lr_ratio=0.0, total_steps=args.steps)
+        schedule = dict(
+            warmup_steps=args.warmup_steps,
+            lr_schedule="wsd",
+            cosine_decay_steps=None,
+            decay_fraction=args.decay_fraction,
+            min_lr_ratio=0.0,
+            total_steps=args.steps,
+        )
         self.scheduler = LambdaLR(optimizer, lambda step: lr_multiplier(step, **schedule))
         self.step_seconds: list[float] = []
         self.curve: list[tuple[int, float]] = []  # (tokens, validation loss)
@@ -117,7 +149,7 @@ class Run:
 
     def median_step_s(self) -> float:
         """The median step time past the first tenth of the steps (allocator and caches warm)."""
-        return statistics.median(self.step_seconds[len(self.step_seconds) // 10:])
+        return statistics.median(self.step_seconds[len(self.step_seconds) // 10 :])
 
 
 def train_in_lockstep(runs: list[Run], data: Data, args: argparse.Namespace) -> float:
@@ -132,7 +164,11 @@ def train_in_lockstep(runs: list[Run], data: Data, args: argparse.Namespace) -> 
             runs[(step + k) % len(runs)].step(x, y, step)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             losses = [run.evaluate(data.val, (step + 1) * data.B * data.T) for run in runs]
-            print(f"step {step + 1} ({time.perf_counter() - started:.0f} s): " + ", ".join(f"{r.name} {loss:.3f}" for r, loss in zip(runs, losses)), flush=True)
+            print(
+                f"step {step + 1} ({time.perf_counter() - started:.0f} s): "
+                + ", ".join(f"{r.name} {loss:.3f}" for r, loss in zip(runs, losses)),
+                flush=True,
+            )
     return time.perf_counter() - started
 
 

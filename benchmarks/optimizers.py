@@ -48,20 +48,50 @@ tokens_to_reach = lockstep.tokens_to_reach
 class Run(lockstep.Run):
     """A GPT-2 of the benchmark's shape and its AdamW or Muon, with the Muon variants' changes."""
 
-    def __init__(self, name: str, args: argparse.Namespace, vocab: int, optimizer: str, lr: float, muon_lr: float,
-                 qkv_split: bool = False, momentum_warmup: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        args: argparse.Namespace,
+        vocab: int,
+        optimizer: str,
+        lr: float,
+        muon_lr: float,
+        qkv_split: bool = False,
+        momentum_warmup: bool = False,
+    ) -> None:
         torch.manual_seed(args.seed)  # the same initial weights for every run
         self.args = args
-        config = GPTConfig(vocab_size=vocab, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-                           n_embd=args.n_embd, dropout=0.0, bias=True)
+        config = GPTConfig(
+            vocab_size=vocab,
+            block_size=args.block_size,
+            n_layer=args.n_layer,
+            n_head=args.n_head,
+            n_embd=args.n_embd,
+            dropout=0.0,
+            bias=True,
+        )
         model = GPT(config).to(args.device)
         built = build_optimizer(
-            model, optimizer, learning_rate=lr, weight_decay=0.01, betas=(0.9, 0.95), eps=1e-8,
-            fused=True, muon_learning_rate=muon_lr, muon_momentum=0.95, muon_weight_decay=0.0, muon_adjust_lr="original",
+            model,
+            optimizer,
+            learning_rate=lr,
+            weight_decay=0.01,
+            betas=(0.9, 0.95),
+            eps=1e-8,
+            fused=True,
+            muon_learning_rate=muon_lr,
+            muon_momentum=0.95,
+            muon_weight_decay=0.0,
+            muon_adjust_lr="original",
         )
         super().__init__(name, model, built, args)
-        self.settings = dict(optimizer=optimizer, learning_rate=lr, muon_learning_rate=muon_lr if optimizer == "muon" else None,
-                             qkv_split=qkv_split, momentum_warmup=momentum_warmup)
+        self.settings = dict(
+            optimizer=optimizer,
+            learning_rate=lr,
+            muon_learning_rate=muon_lr if optimizer == "muon" else None,
+            qkv_split=qkv_split,
+            momentum_warmup=momentum_warmup,
+        )
         self.momentum_warmup = momentum_warmup
         if qkv_split:
             split_qkv(self.optimizer, self.model)
@@ -109,7 +139,7 @@ class LiveTensorPeak(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if func._schema.is_mutable or func.is_view:
             return out
-        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+        for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
                 nbytes = t.untyped_storage().nbytes()
                 self.live += nbytes
@@ -121,12 +151,28 @@ class LiveTensorPeak(TorchDispatchMode):
 def guarded_step(args: argparse.Namespace, vocab: int) -> dict:
     """Muon's step as the guard runs it (``found_inf`` set, finite): median time and peak extra memory."""
     torch.manual_seed(args.seed)
-    config = GPTConfig(vocab_size=vocab, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-                       n_embd=args.n_embd, dropout=0.0, bias=True)
+    config = GPTConfig(
+        vocab_size=vocab,
+        block_size=args.block_size,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        n_embd=args.n_embd,
+        dropout=0.0,
+        bias=True,
+    )
     model = GPT(config).to(args.device)
     optimizer = build_optimizer(
-        model, "muon", learning_rate=1e-3, weight_decay=0.01, betas=(0.9, 0.95), eps=1e-8, fused=True,
-        muon_learning_rate=0.02, muon_momentum=0.95, muon_weight_decay=0.01, muon_adjust_lr="original",
+        model,
+        "muon",
+        learning_rate=1e-3,
+        weight_decay=0.01,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        fused=True,
+        muon_learning_rate=0.02,
+        muon_momentum=0.95,
+        muon_weight_decay=0.01,
+        muon_adjust_lr="original",
     )
     x = torch.randint(0, vocab, (args.batch_size, args.block_size), device=args.device)
     model(x, x)[1].backward()
@@ -150,12 +196,19 @@ def guarded_step(args: argparse.Namespace, vocab: int) -> dict:
             optimizer.step()
         peak = tracker.peak
     muon_bytes = sum(p.numel() * p.element_size() for p in optimizer.muon.param_groups[0]["params"])
-    return {"what": "MuonWithAdamW.step with found_inf set (the guarded step), benchmarks/optimizers.py --guarded_step",
-            "shape": {k: getattr(args, k) for k in ("device", "n_layer", "n_head", "n_embd", "batch_size", "block_size", "steps")},
-            "vocab_size": vocab, "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "median_step_ms": round(1000 * statistics.median(seconds), 2),
-            "peak_step_bytes": peak, "muon_weight_bytes": muon_bytes,
-            "peak_over_muon_weights": round(peak / muon_bytes, 3)}
+    return {
+        "what": "MuonWithAdamW.step with found_inf set (the guarded step), benchmarks/optimizers.py --guarded_step",
+        "shape": {
+            k: getattr(args, k) for k in ("device", "n_layer", "n_head", "n_embd", "batch_size", "block_size", "steps")
+        },
+        "vocab_size": vocab,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "median_step_ms": round(1000 * statistics.median(seconds), 2),
+        "peak_step_bytes": peak,
+        "muon_weight_bytes": muon_bytes,
+        "peak_over_muon_weights": round(peak / muon_bytes, 3),
+    }
 
 
 def main() -> None:
@@ -164,11 +217,22 @@ def main() -> None:
     lockstep.add_arguments(parser)
     parser.add_argument("--adamw_lrs", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2])
     parser.add_argument("--muon_lrs", type=float, nargs="+", default=[0.01, 0.02, 0.04])
-    parser.add_argument("--muon_adamw_lr", type=float, default=None, help="the AdamW part's lr under Muon; default: the middle AdamW lr")
-    parser.add_argument("--qkv_split", action="store_true", help="add a Muon run at the middle Muon lr with Q, K, V orthogonalized apart")
-    parser.add_argument("--momentum_warmup", action="store_true", help="add a Muon run at the middle Muon lr with momentum 0.85 -> 0.95")
-    parser.add_argument("--guarded_step", action="store_true",
-                        help="measure Muon's guarded optimizer step only (time, peak memory): guarded_step.json")
+    parser.add_argument(
+        "--muon_adamw_lr", type=float, default=None, help="the AdamW part's lr under Muon; default: the middle AdamW lr"
+    )
+    parser.add_argument(
+        "--qkv_split",
+        action="store_true",
+        help="add a Muon run at the middle Muon lr with Q, K, V orthogonalized apart",
+    )
+    parser.add_argument(
+        "--momentum_warmup", action="store_true", help="add a Muon run at the middle Muon lr with momentum 0.85 -> 0.95"
+    )
+    parser.add_argument(
+        "--guarded_step",
+        action="store_true",
+        help="measure Muon's guarded optimizer step only (time, peak memory): guarded_step.json",
+    )
     args = parser.parse_args()
     torch.set_float32_matmul_precision("high")
     compact = args.compact_vocab if args.compact_vocab is not None else args.device == "cpu"
@@ -187,45 +251,70 @@ def main() -> None:
     runs = [Run(f"adamw lr={lr:g}", args, vocab, "adamw", lr, 0.0) for lr in args.adamw_lrs]
     runs += [Run(f"muon lr={lr:g}", args, vocab, "muon", muon_adamw_lr, lr) for lr in args.muon_lrs]
     if args.qkv_split:
-        runs.append(Run(f"muon lr={mid_muon:g} qkv split", args, vocab, "muon", muon_adamw_lr, mid_muon, qkv_split=True))
+        runs.append(
+            Run(f"muon lr={mid_muon:g} qkv split", args, vocab, "muon", muon_adamw_lr, mid_muon, qkv_split=True)
+        )
     if args.momentum_warmup:
-        runs.append(Run(f"muon lr={mid_muon:g} momentum warm-up", args, vocab, "muon", muon_adamw_lr, mid_muon, momentum_warmup=True))
+        runs.append(
+            Run(
+                f"muon lr={mid_muon:g} momentum warm-up",
+                args,
+                vocab,
+                "muon",
+                muon_adamw_lr,
+                mid_muon,
+                momentum_warmup=True,
+            )
+        )
 
     wall_s = lockstep.train_in_lockstep(runs, data, args)
 
     adamw = [r for r in runs if r.settings["optimizer"] == "adamw"]
     best_adamw = min(adamw, key=lambda r: r.curve[-1][1])
     target, budget = best_adamw.curve[-1][1], args.steps * B * T
-    plain_muon = [r for r in runs if r.settings["optimizer"] == "muon" and not (r.settings["qkv_split"] or r.momentum_warmup)]
+    plain_muon = [
+        r for r in runs if r.settings["optimizer"] == "muon" and not (r.settings["qkv_split"] or r.momentum_warmup)
+    ]
     best_muon = min(plain_muon, key=lambda r: r.curve[-1][1])  # of the lr sweep; the variants are compared to it
     step_s = {r.name: r.median_step_s() for r in runs}  # past warm-up
     results = []
     for r in runs:
         reached = tokens_to_reach(r.curve, target)
-        results.append({
-            "name": r.name, **r.settings, "final_val_loss": round(r.curve[-1][1], 4),
-            "tokens_to_best_adamw_final": None if reached is None else round(reached),
-            "tokens_ratio_vs_best_adamw": None if reached is None else round(reached / budget, 3),
-            "median_step_ms": round(1000 * step_s[r.name], 2),
-            "step_time_ratio_vs_best_adamw": round(step_s[r.name] / step_s[best_adamw.name], 3),
-            "curve": [[t, round(loss, 4)] for t, loss in r.curve],
-        })
+        results.append(
+            {
+                "name": r.name,
+                **r.settings,
+                "final_val_loss": round(r.curve[-1][1], 4),
+                "tokens_to_best_adamw_final": None if reached is None else round(reached),
+                "tokens_ratio_vs_best_adamw": None if reached is None else round(reached / budget, 3),
+                "median_step_ms": round(1000 * step_s[r.name], 2),
+                "step_time_ratio_vs_best_adamw": round(step_s[r.name] / step_s[best_adamw.name], 3),
+                "curve": [[t, round(loss, 4)] for t, loss in r.curve],
+            }
+        )
     report = {
         "what": "validation loss against tokens, AdamW vs Muon, one lockstep run (benchmarks/optimizers.py)",
         "shape": {k: getattr(args, k) for k in (*lockstep.SHAPE, "seed")},
-        "vocab_size": vocab, "compact_vocab": compact, "schedule": "wsd (warm-up, constant, linear decay to 0)",
-        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "vocab_size": vocab,
+        "compact_vocab": compact,
+        "schedule": "wsd (warm-up, constant, linear decay to 0)",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
         "loadavg": Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None,
         "wall_s": round(wall_s, 1),
-        "best_adamw": best_adamw.name, "best_adamw_final_val_loss": round(target, 4), "best_muon": best_muon.name,
+        "best_adamw": best_adamw.name,
+        "best_adamw_final_val_loss": round(target, 4),
+        "best_muon": best_muon.name,
         "runs": results,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "optimizers.json").write_text(json.dumps(report, indent=1) + "\n")
     plot(report, args.out / "optimizers.png")
     for r in results:
-        print(f"{r['name']:32s} final {r['final_val_loss']:.3f}  tokens to {target:.3f}: "
-              f"{r['tokens_ratio_vs_best_adamw']}x  step {r['median_step_ms']} ms ({r['step_time_ratio_vs_best_adamw']}x)")
+        print(
+            f"{r['name']:32s} final {r['final_val_loss']:.3f}  tokens to {target:.3f}: "
+            f"{r['tokens_ratio_vs_best_adamw']}x  step {r['median_step_ms']} ms ({r['step_time_ratio_vs_best_adamw']}x)"
+        )
 
 
 def plot(report: dict, path: Path) -> None:
@@ -238,9 +327,15 @@ def plot(report: dict, path: Path) -> None:
     for r in report["runs"]:
         best = r["name"] in (report["best_adamw"], report["best_muon"])
         t, loss = zip(*r["curve"][1:])
-        ax.plot(t, loss, label=r["name"], linewidth=2.2 if best else 0.9,
-                color=("tab:blue" if r["optimizer"] == "adamw" else "tab:red"), alpha=1.0 if best else 0.45,
-                linestyle="-" if best else "--")
+        ax.plot(
+            t,
+            loss,
+            label=r["name"],
+            linewidth=2.2 if best else 0.9,
+            color=("tab:blue" if r["optimizer"] == "adamw" else "tab:red"),
+            alpha=1.0 if best else 0.45,
+            linestyle="-" if best else "--",
+        )
     ax.axhline(report["best_adamw_final_val_loss"], color="gray", linewidth=0.8, linestyle=":")
     ax.set_xlabel("training tokens")
     ax.set_ylabel("validation loss")

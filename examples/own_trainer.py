@@ -1,6 +1,6 @@
 """Use gpt-lightning's pieces from your own project: your Trainer, no CLI.
 
-    python examples/own_trainer.py --data_path my_corpus.txt --max_steps 50
+python examples/own_trainer.py --data_path my_corpus.txt --max_steps 50
 """
 
 import argparse

@@ -24,7 +24,10 @@ class BigramMLP(LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Embedding(VOCAB, WIDTH), torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.GELU(), torch.nn.Linear(4 * WIDTH, VOCAB)
+            torch.nn.Embedding(VOCAB, WIDTH),
+            torch.nn.Linear(WIDTH, 4 * WIDTH),
+            torch.nn.GELU(),
+            torch.nn.Linear(4 * WIDTH, VOCAB),
         )
         # Lightning's convention, read by the callback: training FLOPs of one batch (6 x matmul params x tokens).
         self.flops_per_batch = 6 * (WIDTH * 4 * WIDTH + 4 * WIDTH * VOCAB) * BATCH * CONTEXT
@@ -48,6 +51,8 @@ args = parser.parse_args()
 tokens = torch.randint(0, VOCAB, (BATCH * 64, CONTEXT + 1))
 loader = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=BATCH)
 monitor = ThroughputMonitor(warmup_steps=5, peak_flops=args.peak_flops, filename=None)
-trainer = Trainer(accelerator="cpu", max_steps=args.max_steps, logger=False, enable_checkpointing=False, callbacks=[monitor])
+trainer = Trainer(
+    accelerator="cpu", max_steps=args.max_steps, logger=False, enable_checkpointing=False, callbacks=[monitor]
+)
 trainer.fit(BigramMLP(), loader)
 print(f"median tokens/s {monitor.summary['tokens_per_sec_median']:.0f}, MFU {monitor.summary['mfu']:.2%}")

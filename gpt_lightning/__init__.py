@@ -29,7 +29,6 @@ __all__ = sorted(_WHERE)
 __version__ = "0.1.0"
 
 
-
 def __getattr__(name: str) -> Any:
     if name in _WHERE:
         return getattr(importlib.import_module(_WHERE[name]), name)

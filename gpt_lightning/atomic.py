@@ -35,7 +35,9 @@ def atomic_output(path: Path) -> Iterator[Path]:
         try:
             os.replace(tmp, path)
         except IsADirectoryError:  # only the destination's: one the writer met is its own error
-            raise UserError(f"Cannot write {path}: it is a directory. Give a file path, or remove the directory.") from None
+            raise UserError(
+                f"Cannot write {path}: it is a directory. Give a file path, or remove the directory."
+            ) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -74,7 +76,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def no_room_message(path: Path, needed: int, free: int, estimated: bool = False) -> str:
     """The one line of a save that the disk has no room for: where, how many bytes, what to do."""
-    bytes_needed = f"about {needed:,} bytes needed, the previous one's size" if estimated else f"{needed:,} bytes needed"
-    return (f"Cannot save the checkpoint {path}: its folder {path.parent} has no room for it ({bytes_needed}, "
-            f"{free:,} free); the previous checkpoint there is kept. Free some space, or save to a disk with room "
-            "(--checkpoint.dirpath).")
+    bytes_needed = (
+        f"about {needed:,} bytes needed, the previous one's size" if estimated else f"{needed:,} bytes needed"
+    )
+    return (
+        f"Cannot save the checkpoint {path}: its folder {path.parent} has no room for it ({bytes_needed}, "
+        f"{free:,} free); the previous checkpoint there is kept. Free some space, or save to a disk with room "
+        "(--checkpoint.dirpath)."
+    )

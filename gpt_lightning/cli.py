@@ -18,14 +18,16 @@ COMMANDS = {
     "tokenize": "turn .txt, .jsonl or .parquet files into GPT-2 token shards",
     "eval": "score a checkpoint or a Hugging Face GPT-2 on lm-evaluation-harness tasks, or on HellaSwag",
 }
-OVERVIEW = "\n".join([
-    "usage: gpt-lightning COMMAND [options]",
-    "",
-    "Lightning's commands, configured by YAML files and flags (COMMAND --help lists every option):",
-    "  fit, validate, test",
-    "Ours (COMMAND --help for their options):",
-    *(f"  {name:<9} {text}" for name, text in COMMANDS.items()),
-])
+OVERVIEW = "\n".join(
+    [
+        "usage: gpt-lightning COMMAND [options]",
+        "",
+        "Lightning's commands, configured by YAML files and flags (COMMAND --help lists every option):",
+        "  fit, validate, test",
+        "Ours (COMMAND --help for their options):",
+        *(f"  {name:<9} {text}" for name, text in COMMANDS.items()),
+    ]
+)
 
 
 def _lightning_errors() -> tuple[type[Exception], ...]:

@@ -89,7 +89,9 @@ def generate(
     return idx
 
 
-def _generate_cached(model: GPT, idx: torch.Tensor, max_new_tokens: int, sample: Sampler, compile: bool) -> torch.Tensor:
+def _generate_cached(
+    model: GPT, idx: torch.Tensor, max_new_tokens: int, sample: Sampler, compile: bool
+) -> torch.Tensor:
     # forward_cached is not the compiled __call__ of the model or its blocks (training's
     # torch.compile): it runs eager unless `compile` asks for a decode graph of its own.
     B, T = idx.shape
@@ -107,7 +109,9 @@ def _generate_cached(model: GPT, idx: torch.Tensor, max_new_tokens: int, sample:
         step, caches = model.forward_cached, [KVCache(max_len) for _ in model.transformer.h]
     positions = torch.arange(max_len, device=idx.device)  # (max_len,)
     pos = torch.zeros(1, dtype=torch.long, device=idx.device)  # (1,): the decode step's position
-    token = torch.empty((B, 1), dtype=idx.dtype, device=idx.device)  # (B, 1): its token, strides unchanged at any length
+    token = torch.empty(
+        (B, 1), dtype=idx.dtype, device=idx.device
+    )  # (B, 1): its token, strides unchanged at any length
     start = max(0, T - block_size)  # the window: out[:, start:end] is in the cache
     logits = model.forward_cached(out[:, start:T], caches, positions[: T - start])  # prefill
     if compile and idx.is_cuda:  # the caches exist now and stay where they are: CUDA graphs keep their addresses
@@ -165,7 +169,9 @@ def compiled_decoding(
     decoding = _COMPILED.get(model)
     if decoding is None or decoding.weights != weights:
         decoding = _COMPILED[model] = CompiledDecoding(weights)
-    dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else model.lm_head.weight.dtype
+    dtype = (
+        torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else model.lm_head.weight.dtype
+    )
     if (batch, length, device, dtype) not in decoding.caches:
         decoding.caches[batch, length, device, dtype] = [KVCache(length) for _ in model.transformer.h]
     # CUDA graphs record static shapes: a graph per batch size. On a CPU, batch 1 has static shapes
@@ -176,7 +182,9 @@ def compiled_decoding(
         # A copy of _decode with a code object of its own: dynamo keeps graphs per code object, so this
         # one holds a single graph, freed with it (frozen weights included), and never meets torch's recompile limit.
         decode = types.FunctionType(_decode.__code__.replace(), _decode.__globals__, _decode.__name__)
-        decoding.steps[key] = torch.compile(decode, mode="reduce-overhead" if cuda else None, fullgraph=True, dynamic=False)
+        decoding.steps[key] = torch.compile(
+            decode, mode="reduce-overhead" if cuda else None, fullgraph=True, dynamic=False
+        )
     return functools.partial(decoding.steps[key], model), decoding.caches[batch, length, device, dtype]
 
 
@@ -195,8 +203,14 @@ class Sampler:
     from the softmax of logits / temperature over the ``top_k`` likeliest ids below ``vocab_limit``,
     cut to the nucleus of probability ``top_p`` (the fewest likeliest ids that reach it)."""
 
-    def __init__(self, temperature: float, top_k: int | None, generator: torch.Generator | None, vocab_limit: int | None,
-                 top_p: float | None = None):
+    def __init__(
+        self,
+        temperature: float,
+        top_k: int | None,
+        generator: torch.Generator | None,
+        vocab_limit: int | None,
+        top_p: float | None = None,
+    ):
         self.temperature, self.top_k, self.generator, self.vocab_limit = temperature, top_k, generator, vocab_limit
         self.top_p = top_p if top_p is not None and top_p < 1 else None
 

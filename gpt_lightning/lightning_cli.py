@@ -86,8 +86,11 @@ class GPTArgumentParser(LightningArgumentParser):
 
 def _did_you_mean(message: str, parser: LightningArgumentParser) -> str:
     """`` Did you mean --model.n_layer?`` for an unknown option close to a real one, else ''."""
-    match = re.search(r"unrecognized arguments: (--[\w.]+)|does not accept (?:nested )?key '([\w.]+)'|"
-                      r"accept option '([\w.]+)'", message)
+    match = re.search(
+        r"unrecognized arguments: (--[\w.]+)|does not accept (?:nested )?key '([\w.]+)'|"
+        r"accept option '([\w.]+)'",
+        message,
+    )
     if not match:
         return ""
     wrong = "--" + next(group for group in match.groups() if group).lstrip("-")
@@ -129,8 +132,10 @@ def _refuse_a_finished_run(ckpt_path: str, checkpoint: dict[str, Any], max_steps
     step = checkpoint.get("global_step")
     if isinstance(step, int) and max_steps is not None and 0 <= max_steps <= step:
         if newest:
-            rank_zero_info(f"--ckpt_path last: {ckpt_path} is at step {step}, trainer.max_steps is {max_steps}: "
-                           "this run is finished, nothing to do.")
+            rank_zero_info(
+                f"--ckpt_path last: {ckpt_path} is at step {step}, trainer.max_steps is {max_steps}: "
+                "this run is finished, nothing to do."
+            )
             raise SystemExit(0)
         raise UserError(
             f"Checkpoint {ckpt_path} is at step {step}, and trainer.max_steps is {max_steps}: nothing is left to "
@@ -250,7 +255,9 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
         logger = fit.trainer.get("logger")
         init_args = getattr(logger, "init_args", None) or {}
         save_dir, name = init_args.get("save_dir"), init_args.get("name") or ""
-        fixed_run = any(init_args.get(key) is not None for key in ("version", "id", "run_id"))  # W&B: id, MLflow: run_id
+        fixed_run = any(
+            init_args.get(key) is not None for key in ("version", "id", "run_id")
+        )  # W&B: id, MLflow: run_id
         if fixed_run or fit.get("checkpoint", {}).get("dirpath"):
             return None
         located = pydoc.locate(str(getattr(logger, "class_path", "")))
@@ -310,9 +317,13 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
         callbacks.append(PeerGoneReport())  # a rank gone after the first step: one line from the CLI
         if not any(isinstance(c, ValidationSamples) for c in callbacks):
             callbacks.append(ValidationSamples())  # --model.val_sample_tokens sets it (0: off)
-        if trainer_config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+        if trainer_config.get("enable_progress_bar") is not False and not any(
+            isinstance(c, ProgressBar) for c in callbacks
+        ):
             callbacks.append(StepProgressBar())
-        if trainer_config.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
+        if trainer_config.get("enable_model_summary") is not False and not any(
+            isinstance(c, ModelSummary) for c in callbacks
+        ):
             callbacks.append(TrainingFlopsSummary())
         if SLURMEnvironment.detect() and not TorchElasticEnvironment.detect():  # torchrun in an allocation: its ranks
             kwargs["plugins"] = _without_slurm_requeue(trainer_config.get("plugins"))

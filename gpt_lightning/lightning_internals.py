@@ -188,7 +188,9 @@ def _watcher_ends_through_terminate_all() -> bool:
             seen.append(list(self._child_processes))
 
     Probe(main_pid=0, child_processes=[ended])._run()
-    return seen == [[ended]] and "_ChildProcessObserver(" in inspect.getsource(subprocess_script._launch_process_observer)
+    return seen == [[ended]] and "_ChildProcessObserver(" in inspect.getsource(
+        subprocess_script._launch_process_observer
+    )
 
 
 def _bumps_version() -> bool:
@@ -217,9 +219,14 @@ def _calls_sigterm_broadcast() -> bool:
         tree = ast.parse(textwrap.dedent(inspect.getsource(loop.advance)))
     except (OSError, TypeError):  # no source to read: unknown, so not vouched for
         return False
-    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-               and node.func.attr == "_broadcast_sigterm_tensor" and isinstance(node.func.value, ast.Name)
-               and node.func.value.id == "self" for node in ast.walk(tree))
+    return any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "_broadcast_sigterm_tensor"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "self"
+        for node in ast.walk(tree)
+    )
 
 
 def _compile_sets_compiled_call_impl() -> bool:
@@ -231,29 +238,45 @@ def _compile_sets_compiled_call_impl() -> bool:
 
 # name -> (a check that returns True while the installed version still has it)
 CHECKS: dict[str, Callable[[], bool]] = {
-    "fit_loop.epoch_loop._batches_that_stepped": lambda: _present(Trainer(logger=False).fit_loop.epoch_loop, "_batches_that_stepped"),
+    "fit_loop.epoch_loop._batches_that_stepped": lambda: _present(
+        Trainer(logger=False).fit_loop.epoch_loop, "_batches_that_stepped"
+    ),
     "fit_loop.epoch_loop.batch_progress.current.ready": lambda: _present(
-        getattr(getattr(Trainer(logger=False).fit_loop.epoch_loop, "batch_progress", None), "current", None), "ready"),
-    "fit_loop.epoch_loop.batch_progress": lambda: all(
-        _present(getattr(Trainer(logger=False).fit_loop.epoch_loop.batch_progress, part), name)
-        for part in ("current", "total") for name in ("ready", "started", "processed", "completed")
-    ) and _present(Trainer(logger=False).fit_loop.epoch_loop.batch_progress, "is_last_batch"),
+        getattr(getattr(Trainer(logger=False).fit_loop.epoch_loop, "batch_progress", None), "current", None), "ready"
+    ),
+    "fit_loop.epoch_loop.batch_progress": lambda: (
+        all(
+            _present(getattr(Trainer(logger=False).fit_loop.epoch_loop.batch_progress, part), name)
+            for part in ("current", "total")
+            for name in ("ready", "started", "processed", "completed")
+        )
+        and _present(Trainer(logger=False).fit_loop.epoch_loop.batch_progress, "is_last_batch")
+    ),
     "fit_loop.epoch_loop._broadcast_sigterm_tensor": lambda: _calls_sigterm_broadcast(),
-    "strategy._timeout": lambda: getattr(DDPStrategy(timeout=timedelta(seconds=7)), "_timeout", None) == timedelta(seconds=7),
+    "strategy._timeout": lambda: (
+        getattr(DDPStrategy(timeout=timedelta(seconds=7)), "_timeout", None) == timedelta(seconds=7)
+    ),
     "model_summary._format_summary_table": lambda: _present(
-        __import__("lightning.pytorch.utilities.model_summary.model_summary", fromlist=["_"]), "_format_summary_table"),
+        __import__("lightning.pytorch.utilities.model_summary.model_summary", fromlist=["_"]), "_format_summary_table"
+    ),
     "LightningCLI._parse_ckpt_path": lambda: _present(LightningCLI, "_parse_ckpt_path"),
-    "LightningCLI._add_configure_optimizers_method_to_model": lambda: _present(LightningCLI, "_add_configure_optimizers_method_to_model"),
-    "lightning_utilities.core.rank_zero.log": lambda: isinstance(getattr(
-        __import__("lightning_utilities.core.rank_zero", fromlist=["_"]), "log", None), logging.Logger),
+    "LightningCLI._add_configure_optimizers_method_to_model": lambda: _present(
+        LightningCLI, "_add_configure_optimizers_method_to_model"
+    ),
+    "lightning_utilities.core.rank_zero.log": lambda: isinstance(
+        getattr(__import__("lightning_utilities.core.rank_zero", fromlist=["_"]), "log", None), logging.Logger
+    ),
     "GradScaler._get_scale_async": lambda: _present(torch.amp.GradScaler, "_get_scale_async"),
-    "Optimizer._step_supports_amp_scaling": lambda: getattr(torch.optim.AdamW([torch.zeros(1, requires_grad=True)], fused=True),
-                                                            "_step_supports_amp_scaling", None) is True,
+    "Optimizer._step_supports_amp_scaling": lambda: (
+        getattr(torch.optim.AdamW([torch.zeros(1, requires_grad=True)], fused=True), "_step_supports_amp_scaling", None)
+        is True
+    ),
     "ArgumentParser._actions": lambda: isinstance(getattr(argparse.ArgumentParser(), "_actions", None), list),
     "Tensor._version": lambda: _bumps_version(),
     "launchers.subprocess_script._ChildProcessObserver._terminate_all": lambda: _watcher_ends_through_terminate_all(),
-    "torch.optim._muon._zeropower_via_newtonschulz": lambda: not hasattr(torch.optim, "Muon") or all(
-        callable(f) for f in muon_math()),
+    "torch.optim._muon._zeropower_via_newtonschulz": lambda: (
+        not hasattr(torch.optim, "Muon") or all(callable(f) for f in muon_math())
+    ),
     "nn.Module._compiled_call_impl": lambda: _compile_sets_compiled_call_impl(),
     "torch._inductor.runtime.cache_dir_utils.default_cache_dir": lambda: isinstance(inductor_default_cache_dir(), str),
 }
@@ -265,5 +288,7 @@ def check(name: str) -> str | None:
         return None
     import lightning
 
-    return (f"{name} is gone in lightning {lightning.__version__} / torch {torch.__version__}: "
-            f"gpt_lightning/lightning_internals.py uses it (see its docstring for why); update it there.")
+    return (
+        f"{name} is gone in lightning {lightning.__version__} / torch {torch.__version__}: "
+        f"gpt_lightning/lightning_internals.py uses it (see its docstring for why); update it there."
+    )

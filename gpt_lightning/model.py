@@ -79,28 +79,42 @@ class GPTConfig:
         if self.activation not in ("gelu", "relu2"):
             raise ValueError(f"GPTConfig.activation must be gelu or relu2, got {self.activation!r}.")
         if self.rotary and (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"GPTConfig.rotary needs an even head size, got n_embd // n_head = {self.n_embd // self.n_head}.")
+            raise ValueError(
+                f"GPTConfig.rotary needs an even head size, got n_embd // n_head = {self.n_embd // self.n_head}."
+            )
         if self.logit_softcap is not None and self.logit_softcap <= 0:
             raise ValueError(f"GPTConfig.logit_softcap must be positive or null, got {self.logit_softcap}.")
         if self.value_embeddings and self.n_embd < VALUE_GATE_CHANNELS:
-            raise ValueError(f"GPTConfig.value_embeddings needs n_embd >= {VALUE_GATE_CHANNELS} (the gate reads that "
-                             f"many channels), got {self.n_embd}.")
+            raise ValueError(
+                f"GPTConfig.value_embeddings needs n_embd >= {VALUE_GATE_CHANNELS} (the gate reads that "
+                f"many channels), got {self.n_embd}."
+            )
 
     def has_value_embedding(self, layer: int) -> bool:
         """Whether block ``layer`` gets a value embedding: every other block, counted back from the last (nanochat)."""
         return self.value_embeddings and layer % 2 == (self.n_layer - 1) % 2
 
 
-MODERN_SWITCHES = ("rotary", "norm", "norm_affine", "qk_norm", "activation", "tie_embeddings", "zero_init_proj",
-                   "logit_softcap", "value_embeddings")
+MODERN_SWITCHES = (
+    "rotary",
+    "norm",
+    "norm_affine",
+    "qk_norm",
+    "activation",
+    "tie_embeddings",
+    "zero_init_proj",
+    "logit_softcap",
+    "value_embeddings",
+)
 
 
 def modern_switches_on(config: GPTConfig) -> list[str]:
     """The modern switches ``config`` sets away from GPT-2's defaults that Hugging Face GPT-2 cannot
     hold (``zero_init_proj`` changes only the starting weights, not the layout: not one of them)."""
     default = GPTConfig()
-    return [name for name in MODERN_SWITCHES
-            if name != "zero_init_proj" and getattr(config, name) != getattr(default, name)]
+    return [
+        name for name in MODERN_SWITCHES if name != "zero_init_proj" and getattr(config, name) != getattr(default, name)
+    ]
 
 
 @dataclass
@@ -405,7 +419,9 @@ class GPT(nn.Module):
         B, T, _ = x.shape
         if targets is not None and not return_logits:  # training: the (B, T, V) logits never exist whole
             h = self.transformer.ln_f(x).view(B * T, -1)  # (B*T, C)
-            return None, chunked_cross_entropy(h, self.lm_head.weight, targets.reshape(B * T), self.config.logit_softcap)
+            return None, chunked_cross_entropy(
+                h, self.lm_head.weight, targets.reshape(B * T), self.config.logit_softcap
+            )
         logits = self.logits(x)  # (B, T, vocab_size)
         loss = None
         if targets is not None:
@@ -449,8 +465,12 @@ LOSS_CHUNK_ROWS = 2048
 
 
 def chunked_cross_entropy(
-    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap: float | None = None,
-    chunk_rows: int | None = None, ignore_index: int = -100,
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    softcap: float | None = None,
+    chunk_rows: int | None = None,
+    ignore_index: int = -100,
 ) -> torch.Tensor:
     """Mean cross-entropy of the logits ``h @ weight.T`` (softcapped as ``GPT.logits`` does) against
     ``targets`` (N,), for ``h`` (N, C) and ``weight`` (V, C): ``F.cross_entropy``'s loss and gradients
@@ -486,7 +506,9 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             t = t.where(valid, 0)  # (n, 1): ignored rows gather class 0, then are masked out
             logits = x @ w.t()  # (n, V), in h's dtype
             z = None
-            if softcap is not None:  # cap * tanh(logits / cap), in float32; z = tanh(logits / cap) kept for the gradient
+            if (
+                softcap is not None
+            ):  # cap * tanh(logits / cap), in float32; z = tanh(logits / cap) kept for the gradient
                 z = logits.float().div_(softcap).tanh_()  # (n, V)
                 del logits
                 logits = z * softcap  # (n, V), float32

@@ -33,9 +33,28 @@ TINY_MODEL = dict(n_layer=2, n_head=2, n_embd=32, compile=False)
 # CLI's shrink to it too, so inductor's cache compiles its kernels once for them all.
 COMPILED_TINY = dict(TINY_MODEL, n_layer=1, compile=True)
 # configs/modern-tiny-cpu.yaml's switches as CLI flags, for tests that keep their own config's sizes.
-MODERN_FLAGS = ["--model.bias", "false", "--model.rotary", "true", "--model.norm", "rmsnorm", "--model.norm_affine", "false",
-                "--model.qk_norm", "true", "--model.activation", "relu2", "--model.tie_embeddings", "false",
-                "--model.zero_init_proj", "true", "--model.logit_softcap", "15.0", "--model.value_embeddings", "true"]
+MODERN_FLAGS = [
+    "--model.bias",
+    "false",
+    "--model.rotary",
+    "true",
+    "--model.norm",
+    "rmsnorm",
+    "--model.norm_affine",
+    "false",
+    "--model.qk_norm",
+    "true",
+    "--model.activation",
+    "relu2",
+    "--model.tie_embeddings",
+    "false",
+    "--model.zero_init_proj",
+    "true",
+    "--model.logit_softcap",
+    "15.0",
+    "--model.value_embeddings",
+    "true",
+]
 
 
 # The slowest test files (seconds of one worker, measured on 2 cores from an empty compile cache), run

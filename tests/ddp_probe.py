@@ -59,7 +59,9 @@ def check_one_job_on_two_ranks(tmp_path: Path, steps: int, logged_steps: list[in
     logged = {e.step: e.value for e in events.Scalars("train/loss")}
     assert sorted(logged) == logged_steps
     values = [logged[step] for step in logged_steps]
-    assert values == pytest.approx([(ranks[0]["losses"][s] + ranks[1]["losses"][s]) / 2 for s in logged_steps], rel=1e-5)
+    assert values == pytest.approx(
+        [(ranks[0]["losses"][s] + ranks[1]["losses"][s]) / 2 for s in logged_steps], rel=1e-5
+    )
     assert values != pytest.approx([ranks[0]["losses"][s] for s in logged_steps], rel=1e-5)
 
     # Tokens/sec is the sum of what each rank processed.

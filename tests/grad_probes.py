@@ -30,24 +30,31 @@ class ClipProbe(Callback):
     def _scale(self, trainer) -> float:
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         optimizer = trainer.optimizers[0]
-        return scaler.get_scale() if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False) else 1.0
+        return (
+            scaler.get_scale()
+            if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False)
+            else 1.0
+        )
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         grads, scale = _grads(pl_module), self._scale(trainer)
         self._pending = {
             "scale": scale,
-            "pre_norm": float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) / scale,
+            "pre_norm": float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+            / scale,
             "pre_max": max(float(g.abs().max()) for g in grads) / scale,
             "fused": bool(optimizer.defaults.get("fused")),
         }
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         grads = _grads(pl_module)
-        self.steps.append({
-            **self._pending,
-            "post_norm": float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))),
-            "post_max": max(float(g.abs().max()) for g in grads),
-        })
+        self.steps.append(
+            {
+                **self._pending,
+                "post_norm": float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))),
+                "post_max": max(float(g.abs().max()) for g in grads),
+            }
+        )
 
     def on_train_end(self, trainer, pl_module):
         self.out.write_text(json.dumps({"steps": self.steps}))
@@ -106,12 +113,17 @@ class CollectiveCounter(Callback):
                 if kind:
                     self._counts[kind] += 1
                 return real(*args, **kwargs)
+
             return wrapper
 
         def all_reduce_kind(tensor, op=None, group=None, *args, **kwargs):
             if tensor.dtype == torch.uint8:
                 return "flag_all_reduce"
-            return "replica_all_reduce" if group is not None and dist.get_world_size(group) < dist.get_world_size() else None
+            return (
+                "replica_all_reduce"
+                if group is not None and dist.get_world_size(group) < dist.get_world_size()
+                else None
+            )
 
         dist.reduce_scatter_single = counted(dist.reduce_scatter_single, lambda *a, **k: "reduce_scatter")
         dist.all_reduce = counted(dist.all_reduce, all_reduce_kind)
@@ -146,6 +158,7 @@ class LogCallsProbe(Callback):
         def recorded(name, *args, **kwargs):
             self.calls.append((trainer.global_step, name))
             return log(name, *args, **kwargs)
+
         pl_module.log = recorded
 
     def on_train_end(self, trainer, pl_module):

@@ -19,7 +19,9 @@ class _Counter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._local_scalar_dense.default and self.probe.step is not None:
-            where = [f"{f.filename}:{f.lineno}" for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename][-8:]
+            where = [f"{f.filename}:{f.lineno}" for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename][
+                -8:
+            ]
             self.probe.reads[self.probe.step].append(where)
         return func(*args, **(kwargs or {}))
 
@@ -156,8 +158,11 @@ class CollectiveCounter(Callback):
         for name, original in self.originals.items():
             setattr(torch.distributed, name, original)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        record = {"steps": trainer.global_step, "counts": {str(k): dict(v) for k, v in self.counts.items()},
-                  "reads": {str(k): len(v) for k, v in self.reads.items()}}
+        record = {
+            "steps": trainer.global_step,
+            "counts": {str(k): dict(v) for k, v in self.counts.items()},
+            "reads": {str(k): len(v) for k, v in self.reads.items()},
+        }
         (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
 
     def on_train_end(self, trainer, pl_module):

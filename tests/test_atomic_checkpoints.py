@@ -25,20 +25,44 @@ from gpt_lightning.training.checkpoint_io import AtomicCheckpointIO, use_atomic_
 
 # The quick start's config shrunk in size and steps, eager. A checkpoint is 19.5 MB (mostly the
 # 50257 x 32 embedding and its AdamW moments); 1 x 16 tokens a step make saving most of a step.
-SHRUNK = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.compile", "false",
-          "--model.val_sample_tokens", "0", "--data.batch_size", "1", "--data.block_size", "16",
-          "--trainer.limit_val_batches", "0"]
+SHRUNK = [
+    "--model.n_layer",
+    "1",
+    "--model.n_head",
+    "2",
+    "--model.n_embd",
+    "32",
+    "--model.compile",
+    "false",
+    "--model.val_sample_tokens",
+    "0",
+    "--data.batch_size",
+    "1",
+    "--data.block_size",
+    "16",
+    "--trainer.limit_val_batches",
+    "0",
+]
 
 
 # FSDP2 as the README gives it, on one CPU process (a mesh of one; tests/test_fsdp.py runs 2 and 4).
-FSDP = ["--config", str(REPO / "configs/fsdp2.yaml"), "--trainer.devices", "1", "--trainer.accelerator", "cpu",
-        "--trainer.precision", "32-true"]
+FSDP = [
+    "--config",
+    str(REPO / "configs/fsdp2.yaml"),
+    "--trainer.devices",
+    "1",
+    "--trainer.accelerator",
+    "cpu",
+    "--trainer.precision",
+    "32-true",
+]
 
 
 def mount_tmpfs(path: Path, size: str) -> None:
     path.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
     if result.returncode != 0:
         pytest.skip(f"needs a small tmpfs of its own and cannot mount one here: {result.stderr.strip()}")
 
@@ -60,7 +84,16 @@ def small_disk(tmp_path):
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gpt_lightning", "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *SHRUNK, *args]
+    return [
+        sys.executable,
+        "-m",
+        "gpt_lightning",
+        "fit",
+        "--config",
+        str(REPO / "configs/tiny-cpu.yaml"),
+        *SHRUNK,
+        *args,
+    ]
 
 
 def environment(tmpdir: Path) -> dict[str, str]:
@@ -78,48 +111,83 @@ def orphans_in(tmpdir: Path) -> list[str]:
 
 
 @pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")  # Lightning's note on resume
-def test_a_full_disk_fails_the_save_in_one_line_and_keeps_the_previous_checkpoint(small_disk, tmp_path, monkeypatch, capsys):
+def test_a_full_disk_fails_the_save_in_one_line_and_keeps_the_previous_checkpoint(
+    small_disk, tmp_path, monkeypatch, capsys
+):
     """In this process (a subprocess would only add its start-up): the CLI's own main, its exit code and stderr."""
     logs = small_disk("logs", "32m")  # room for one checkpoint and the logs, not for two
     (tmp_path / "tmpdir").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmpdir"))  # what $TMPDIR sets
     with pytest.raises(SystemExit) as exit_info:
-        main(cli("--trainer.max_steps", "4", "--checkpoint.every_n_train_steps", "2",
-                 "--trainer.logger.init_args.save_dir", str(logs))[3:])
+        main(
+            cli(
+                "--trainer.max_steps",
+                "4",
+                "--checkpoint.every_n_train_steps",
+                "2",
+                "--trainer.logger.init_args.save_dir",
+                str(logs),
+            )[3:]
+        )
     err = capsys.readouterr().err
     run = logs / "tiny-cpu" / "version_0"
     ckpt = run / "checkpoints" / "last.ckpt"
     assert exit_info.value.code == 2, err[-3000:]
     last_line = err.strip().splitlines()[-1]
-    assert last_line.startswith(f"gpt-lightning: error: Cannot save the checkpoint {ckpt}: its folder {ckpt.parent} "
-                                "has no room for it ("), err[-3000:]
+    assert last_line.startswith(
+        f"gpt-lightning: error: Cannot save the checkpoint {ckpt}: its folder {ckpt.parent} has no room for it ("
+    ), err[-3000:]
     assert "bytes needed" in last_line and "the previous checkpoint there is kept" in last_line
     assert "Traceback" not in err
     # The step-2 checkpoint is whole, nothing else is left on the disk or in $TMPDIR...
     assert torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"] == 2
     assert [f for f in files_under(logs) if f.startswith("tiny-cpu/version_0/checkpoints")] == [
-        "tiny-cpu/version_0/checkpoints/last.ckpt"]
+        "tiny-cpu/version_0/checkpoints/last.ckpt"
+    ]
     assert not [f for f in files_under(logs) if ".tmp" in f]
     assert orphans_in(tmp_path / "tmpdir") == []
     # ...and resumes.
-    main(cli("--ckpt_path", str(ckpt), "--trainer.max_steps", "3",
-             "--trainer.logger.init_args.save_dir", str(tmp_path / "more-logs"))[3:])
+    main(
+        cli(
+            "--ckpt_path",
+            str(ckpt),
+            "--trainer.max_steps",
+            "3",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "more-logs"),
+        )[3:]
+    )
     again = tmp_path / "more-logs" / "tiny-cpu" / "version_0" / "checkpoints" / "last.ckpt"
     assert torch.load(again, map_location="cpu", weights_only=False)["global_step"] == 3
 
 
 @pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")
-def test_a_full_disk_fails_an_fsdp2_save_in_one_line_and_keeps_the_previous_folder(small_disk, tmp_path, capsys,
-                                                                                    in_process_group):
+def test_a_full_disk_fails_an_fsdp2_save_in_one_line_and_keeps_the_previous_folder(
+    small_disk, tmp_path, capsys, in_process_group
+):
     logs = small_disk("logs", "32m")  # room for one checkpoint folder and the logs, not for two
     with pytest.raises(SystemExit) as exit_info:
-        main(cli(*FSDP, "--trainer.max_steps", "4", "--checkpoint.every_n_train_steps", "2",
-                 "--trainer.logger.init_args.save_dir", str(logs))[3:])
+        main(
+            cli(
+                *FSDP,
+                "--trainer.max_steps",
+                "4",
+                "--checkpoint.every_n_train_steps",
+                "2",
+                "--trainer.logger.init_args.save_dir",
+                str(logs),
+            )[3:]
+        )
     err = capsys.readouterr().err
     ckpt = logs / "tiny-cpu" / "version_0" / "checkpoints" / "last.ckpt"
     assert exit_info.value.code == 2, err[-3000:]
-    assert err.strip().splitlines()[-1].startswith(
-        f"gpt-lightning: error: Cannot save the checkpoint {ckpt}: its folder {ckpt.parent} has no room for it (about ")
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"gpt-lightning: error: Cannot save the checkpoint {ckpt}: its folder {ckpt.parent} has no room for it (about "
+        )
+    )
     assert ckpt.is_dir() and [p.name for p in ckpt.parent.iterdir()] == ["last.ckpt"]
     assert read_checkpoint(ckpt, weights=False)["global_step"] == 2
     assert gpt_from_checkpoint(ckpt) is not None
@@ -156,9 +224,20 @@ def kill_during_saves(args: list[str], ckpt: Path, tmp_path: Path, kills: int) -
         log = tmp_path / f"stderr-{kill}.txt"
         with open(log, "w") as stderr:
             proc = subprocess.Popen(
-                cli("--trainer.max_steps", "100000", "--checkpoint.every_n_train_steps", "1",
-                    "--checkpoint.dirpath", str(ckpt.parent), *args, *resume),
-                env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr,
+                cli(
+                    "--trainer.max_steps",
+                    "100000",
+                    "--checkpoint.every_n_train_steps",
+                    "1",
+                    "--checkpoint.dirpath",
+                    str(ckpt.parent),
+                    *args,
+                    *resume,
+                ),
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
             )
         try:
             deadline = time.monotonic() + 300
@@ -190,8 +269,17 @@ def test_a_kill_at_any_moment_of_a_save_leaves_last_ckpt_whole_and_it_resumes(sm
     modern = [*MODERN_FLAGS, "--model.optimizer", "muon"]
     kill_during_saves([*modern, "--trainer.logger.init_args.save_dir", str(logs)], ckpt, tmp_path, 1)
     step = read_checkpoint(ckpt, weights=False)["global_step"]
-    main(cli(*modern, "--ckpt_path", str(ckpt), "--trainer.max_steps", str(step + 1),
-             "--trainer.logger.init_args.save_dir", str(tmp_path / "resumed"))[3:])
+    main(
+        cli(
+            *modern,
+            "--ckpt_path",
+            str(ckpt),
+            "--trainer.max_steps",
+            str(step + 1),
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "resumed"),
+        )[3:]
+    )
     (resumed,) = (tmp_path / "resumed").glob("*/version_0/checkpoints/last.ckpt")
     assert read_checkpoint(resumed, weights=False)["global_step"] == step + 1
     assert gpt_from_checkpoint(resumed).config.value_embeddings
@@ -199,8 +287,9 @@ def test_a_kill_at_any_moment_of_a_save_leaves_last_ckpt_whole_and_it_resumes(sm
 
 def test_a_kill_during_an_fsdp2_save_leaves_a_folder_that_resumes(small_disk, tmp_path):
     logs = small_disk("logs", "128m")
-    kill_during_saves([*FSDP, "--trainer.logger.init_args.save_dir", str(logs)], logs / "checkpoints" / "last.ckpt",
-                      tmp_path, 1)
+    kill_during_saves(
+        [*FSDP, "--trainer.logger.init_args.save_dir", str(logs)], logs / "checkpoints" / "last.ckpt", tmp_path, 1
+    )
     assert (logs / "checkpoints" / "last.ckpt").is_dir()  # the sharded folder, not a file
 
 
@@ -245,7 +334,9 @@ class KillAt:
         monkeypatch.setattr(swap, "os", Os())
         for name in ("_remove", "_flush", "sync_folder"):
             monkeypatch.setattr(swap, name, self.step(name, getattr(swap, name)))
-        monkeypatch.setattr(swap, "_exchange", self.step("exchange", swap._exchange if exchange else lambda a, b: False))
+        monkeypatch.setattr(
+            swap, "_exchange", self.step("exchange", swap._exchange if exchange else lambda a, b: False)
+        )
 
     def step(self, name: str, real):
         def counted(*args):
@@ -254,12 +345,15 @@ class KillAt:
                 raise Killed(name)
             self.done.append(name)
             return real(*args)
+
         return counted
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP in one process, no group
 @pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "two-renames"])
-def test_a_kill_at_each_moment_of_an_fsdp2_swap_resumes_from_the_newest_whole_checkpoint(tmp_path, monkeypatch, exchange):
+def test_a_kill_at_each_moment_of_an_fsdp2_swap_resumes_from_the_newest_whole_checkpoint(
+    tmp_path, monkeypatch, exchange
+):
     """Killed before each file operation of a swap (renameat2's exchange, or NFS's two renames),
     ``--ckpt_path last`` finds a whole checkpoint: the new one once the old is out of ``last.ckpt``,
     as after the first of two renames (it used to put the old one back, and the next save deleted
@@ -271,7 +365,9 @@ def test_a_kill_at_each_moment_of_an_fsdp2_swap_resumes_from_the_newest_whole_ch
         with monkeypatch.context() as patch:
             kill = KillAt(patch, at, exchange)
             try:
-                strategy.save_checkpoint({"state_dict": {"w": torch.full((4,), float(step))}, "global_step": step}, last)
+                strategy.save_checkpoint(
+                    {"state_dict": {"w": torch.full((4,), float(step))}, "global_step": step}, last
+                )
             except Killed:
                 pass
         return kill.done

@@ -13,13 +13,16 @@ from gpt_lightning.training.module import GPTLightningModule
 FALLBACKS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-@pytest.mark.parametrize("device_type, capability, cudnn, expected", [
-    ("cuda", (9, 0), True, [SDPBackend.CUDNN_ATTENTION, *FALLBACKS]),  # Hopper: H100, H200
-    ("cuda", (10, 0), True, [SDPBackend.CUDNN_ATTENTION, *FALLBACKS]),  # Blackwell
-    ("cuda", (9, 0), False, None),  # cuDNN < 9: no attention in it
-    ("cuda", (8, 0), True, None),  # Ampere: flash, SDPA's own first choice
-    ("cpu", None, False, None),
-])
+@pytest.mark.parametrize(
+    "device_type, capability, cudnn, expected",
+    [
+        ("cuda", (9, 0), True, [SDPBackend.CUDNN_ATTENTION, *FALLBACKS]),  # Hopper: H100, H200
+        ("cuda", (10, 0), True, [SDPBackend.CUDNN_ATTENTION, *FALLBACKS]),  # Blackwell
+        ("cuda", (9, 0), False, None),  # cuDNN < 9: no attention in it
+        ("cuda", (8, 0), True, None),  # Ampere: flash, SDPA's own first choice
+        ("cpu", None, False, None),
+    ],
+)
 def test_cudnn_attention_first_where_the_gpu_has_it(device_type, capability, cudnn, expected):
     assert training_attention_backends(device_type, capability, cudnn) == expected
 

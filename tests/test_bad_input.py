@@ -28,9 +28,18 @@ def run_main(args, capsys):
 
 def fit_args(tmp_path, *extra):
     return [
-        "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--model.compile", "false",
-        "--data.cache_dir", str(tmp_path / "cache"), "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
-        "--trainer.max_steps", "1", *extra,
+        "fit",
+        "--config",
+        str(REPO / "configs/tiny-cpu.yaml"),
+        "--model.compile",
+        "false",
+        "--data.cache_dir",
+        str(tmp_path / "cache"),
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path / "tb"),
+        "--trainer.max_steps",
+        "1",
+        *extra,
     ]
 
 
@@ -45,15 +54,32 @@ def write(path: Path, data: bytes) -> Path:
         (lambda t: ["--data.data_path", str(t / "missing.txt")], "does not exist"),
         (lambda t: ["--data.data_path", str(write(t / "empty.txt", b"  \n"))], "is empty"),
         (lambda t: ["--data.data_path", str(write(t / "bin.txt", b"ok \xff\xfe\x00 text"))], "is not UTF-8 text"),
-        (lambda t: ["--data.data_path", str(write(t / "short.txt", b"Too short to train on."))], "needs world_size x batch_size x block_size + 1"),
+        (
+            lambda t: ["--data.data_path", str(write(t / "short.txt", b"Too short to train on."))],
+            "needs world_size x batch_size x block_size + 1",
+        ),
         (lambda t: ["--data.batch_size", "0"], "data.batch_size must be a positive integer"),
         (lambda t: ["--data.batch_size", "-4"], "data.batch_size must be a positive integer"),
-        (lambda t: ["--data.block_size", "0"], "block_size must be a positive integer, got 0. (the CLI sets it from data.block_size)"),
+        (
+            lambda t: ["--data.block_size", "0"],
+            "block_size must be a positive integer, got 0. (the CLI sets it from data.block_size)",
+        ),
         (lambda t: ["--trainer.max_steps", "-5"], "max_steps"),
         (lambda t: ["--model.learning_rate", "0"], "model.learning_rate must be > 0"),
         (lambda t: ["--model.learning_rate", "-0.1"], "model.learning_rate must be > 0"),
     ],
-    ids=["missing", "empty", "not-utf8", "too-small", "batch-0", "batch-negative", "block-0", "steps-negative", "lr-0", "lr-negative"],
+    ids=[
+        "missing",
+        "empty",
+        "not-utf8",
+        "too-small",
+        "batch-0",
+        "batch-negative",
+        "block-0",
+        "steps-negative",
+        "lr-0",
+        "lr-negative",
+    ],
 )
 def test_bad_input_is_one_clear_error(make_args, message, tmp_path, capsys):
     code, err = run_main(fit_args(tmp_path, *make_args(tmp_path)), capsys)
@@ -81,16 +107,22 @@ def test_unknown_config_key(tmp_path, capsys):
 def test_data_block_size_larger_than_the_model_s(small_text, tmp_path):
     module = GPTLightningModule(**TINY_MODEL, block_size=16)
     data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, cache_dir=str(tmp_path))
-    trainer = Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer = Trainer(
+        accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False
+    )
     with pytest.raises(UserError, match=r"data.block_size \(32\) is larger than the model's block_size \(16\)"):
         trainer.fit(module, data)
 
 
 def test_too_few_tokens_for_every_rank(small_text, tmp_path):
     small_text.write_text(small_text.read_text()[:400])  # about 100 tokens: one rank's batch, not two
-    data = TokenStreamDataModule(str(small_text), batch_size=1, block_size=64, val_fraction=0.0, cache_dir=str(tmp_path))
+    data = TokenStreamDataModule(
+        str(small_text), batch_size=1, block_size=64, val_fraction=0.0, cache_dir=str(tmp_path)
+    )
     data.setup("fit")  # one process: fine
-    data = TokenStreamDataModule(str(small_text), batch_size=1, block_size=64, val_fraction=0.0, cache_dir=str(tmp_path))
+    data = TokenStreamDataModule(
+        str(small_text), batch_size=1, block_size=64, val_fraction=0.0, cache_dir=str(tmp_path)
+    )
     data.trainer = type("T", (), {"world_size": 2, "global_rank": 0, "accumulate_grad_batches": 1})()
     with pytest.raises(UserError, match="on each of 2 process"):
         data.setup("fit")
@@ -130,8 +162,10 @@ def test_concurrent_preparation_does_not_corrupt_the_cache(small_text, tmp_path)
     tokens = np.fromfile(paths[0], dtype=np.uint16)
     assert len(tokens) == json.loads(Path(paths[0]).with_suffix(".json").read_text())["n_tokens"]
     assert not [p for p in (tmp_path / "cache" / "tokens").iterdir() if ".tmp" in p.name]
-    assert token_cache._problem(Path(paths[0]), Path(paths[0]).with_suffix(".json"),
-                                token_cache.sha256_file(big), "gpt2") is None
+    assert (
+        token_cache._problem(Path(paths[0]), Path(paths[0]).with_suffix(".json"), token_cache.sha256_file(big), "gpt2")
+        is None
+    )
 
 
 class NaNAtStep(GPTLightningModule):
@@ -146,10 +180,14 @@ class NaNAtStep(GPTLightningModule):
 
 def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(small_text, tmp_path):
     module = NaNAtStep(nan_step=3, **TINY_MODEL)
-    data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path))
+    data = TokenStreamDataModule(
+        str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path)
+    )
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_last=True)
     trainer = Trainer(accelerator="cpu", max_steps=10, logger=False, callbacks=[checkpoint], enable_progress_bar=False)
-    with pytest.raises(UserError, match=r"became non-finite \(nan or inf\) at step 3\. That update and every one after it were skipped"):
+    with pytest.raises(
+        UserError, match=r"became non-finite \(nan or inf\) at step 3\. That update and every one after it were skipped"
+    ):
         trainer.fit(module, data)
     last = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)
     assert last["global_step"] == 3
@@ -161,10 +199,22 @@ def test_with_a_checkpoint_on_exception_a_nan_still_keeps_the_last_good_one(smal
     """With Lightning's checkpoint on exception turned on, the guard refuses the save after a
     non-finite step: the error is still the one line, and last.ckpt is the last good step's."""
     module = NaNAtStep(nan_step=3, **TINY_MODEL)
-    data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path))
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_last=True, save_on_exception=True)
-    trainer = Trainer(accelerator="cpu", max_steps=10, logger=False, callbacks=[checkpoint], enable_progress_bar=False,
-                      precision="bf16-mixed", log_every_n_steps=1, enable_model_summary=False)
+    data = TokenStreamDataModule(
+        str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path)
+    )
+    checkpoint = ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_last=True, save_on_exception=True
+    )
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=10,
+        logger=False,
+        callbacks=[checkpoint],
+        enable_progress_bar=False,
+        precision="bf16-mixed",
+        log_every_n_steps=1,
+        enable_model_summary=False,
+    )
     with pytest.raises(UserError, match=r"became non-finite \(nan or inf\) at step 3\."):
         trainer.fit(module, data)
     last = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)
@@ -172,19 +222,35 @@ def test_with_a_checkpoint_on_exception_a_nan_still_keeps_the_last_good_one(smal
     assert all(torch.isfinite(v).all() for v in last["state_dict"].values())
 
 
-@pytest.mark.parametrize("precision, optimizer", [("32-true", "adamw"), ("16-mixed", "adamw"), ("32-true", "muon")],
-                         ids=["32-true", "16-mixed", "muon"])
-def test_a_nan_is_reported_at_the_next_logging_interval_and_no_update_follows_it(precision, optimizer, small_text, tmp_path):
+@pytest.mark.parametrize(
+    "precision, optimizer",
+    [("32-true", "adamw"), ("16-mixed", "adamw"), ("32-true", "muon")],
+    ids=["32-true", "16-mixed", "muon"],
+)
+def test_a_nan_is_reported_at_the_next_logging_interval_and_no_update_follows_it(
+    precision, optimizer, small_text, tmp_path
+):
     """Under 16-mixed the GradScaler skips the updates (their gradients are made non-finite on the
     device) and the host reads nothing until the interval, as with fused AdamW's found_inf. On CPU
     the 16-mixed flag becomes bf16-mixed: the plugin keeps fp16 and its GradScaler."""
+
     def fit(module, max_steps):
         seed_everything(0)
         # a fresh GradScaler for each run: its scale shapes the fp16 gradients
         amp = {"precision": "32-true"} if precision == "32-true" else {"plugins": [MixedPrecision("16-mixed", "cpu")]}
-        data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path))
-        trainer = Trainer(accelerator="cpu", **amp, max_steps=max_steps, log_every_n_steps=5, logger=False,
-                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        data = TokenStreamDataModule(
+            str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path)
+        )
+        trainer = Trainer(
+            accelerator="cpu",
+            **amp,
+            max_steps=max_steps,
+            log_every_n_steps=5,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
         trainer.fit(module, data)
         return trainer
 

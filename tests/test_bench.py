@@ -26,15 +26,44 @@ def test_bench_compares_runs_side_by_side_and_fails_on_divergence(tmp_path, monk
     monkeypatch.setattr(bench, "run_in_subprocess", in_this_process)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
-        main([
-            "bench", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--runs", "eager", "blocks",
-            "--every", "2", "--tolerance", "-1",  # any difference at all counts as divergence: the failure path
-            "--trainer.max_steps", "6", "--throughput.warmup_steps", "2", "--trainer.val_check_interval", "3",
-            "--trainer.accumulate_grad_batches", "2", "--trainer.log_every_n_steps", "1",  # as the GPU recipes do
-            "--trainer.limit_val_batches", "1", "--model.n_layer", "2", "--model.n_embd", "32",
-            "--model.n_head", "2", "--data.batch_size", "2", "--data.block_size", "32",
-            "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
-        ])
+        main(
+            [
+                "bench",
+                "--config",
+                str(REPO / "configs/tiny-cpu.yaml"),
+                "--runs",
+                "eager",
+                "blocks",
+                "--every",
+                "2",
+                "--tolerance",
+                "-1",  # any difference at all counts as divergence: the failure path
+                "--trainer.max_steps",
+                "6",
+                "--throughput.warmup_steps",
+                "2",
+                "--trainer.val_check_interval",
+                "3",
+                "--trainer.accumulate_grad_batches",
+                "2",
+                "--trainer.log_every_n_steps",
+                "1",  # as the GPU recipes do
+                "--trainer.limit_val_batches",
+                "1",
+                "--model.n_layer",
+                "2",
+                "--model.n_embd",
+                "32",
+                "--model.n_head",
+                "2",
+                "--data.batch_size",
+                "2",
+                "--data.block_size",
+                "32",
+                "--trainer.logger.init_args.save_dir",
+                str(tmp_path / "tb"),
+            ]
+        )
     out, err = capfd.readouterr()
     assert exit_info.value.code == 1, err[-3000:]
     assert "FAIL: blocks's loss curve leaves eager's" in out
@@ -55,7 +84,11 @@ def test_bench_compares_runs_side_by_side_and_fails_on_divergence(tmp_path, monk
         events = EventAccumulator(str(run_dir / name))
         events.Reload()
         assert runs[name]["loss"] == pytest.approx([e.value for e in events.Scalars("train/loss")], rel=1e-6)
-    assert (runs["eager"]["compiled"], runs["blocks"]["compiled"], runs["blocks"]["compile_scope"]) == (False, True, "blocks")
+    assert (runs["eager"]["compiled"], runs["blocks"]["compiled"], runs["blocks"]["compile_scope"]) == (
+        False,
+        True,
+        "blocks",
+    )
     for name in ("blocks",):
         # what bench reports, not how fast this machine was: in a suite worker whose earlier tests
         # compiled this shape, the "compile" is a cache hit, and a loaded machine's steps vary more
@@ -70,15 +103,29 @@ def test_bench_compares_runs_side_by_side_and_fails_on_divergence(tmp_path, monk
 def test_repo_relative_rewrites_paths_in_the_checkout_only():
     assert repository_root() == REPO  # an editable install: the clone holding pyproject.toml
     root = Path("/work/repo")
-    given = {"config": "/work/repo/configs/a.yaml", "args": ["--config", "/work/repo/configs/a.yaml",
-             "--trainer.callbacks+=/work/repo/x.py", "--data.data_path=/work/repo/data/t.txt", 3, None],
-             "root": "/work/repo", "outside": "/tmp/work/repo/configs/a.yaml", "sibling": "/work/repo2/configs/a.yaml",
-             "log_dir": "logs/bench/x/eager"}
+    given = {
+        "config": "/work/repo/configs/a.yaml",
+        "args": [
+            "--config",
+            "/work/repo/configs/a.yaml",
+            "--trainer.callbacks+=/work/repo/x.py",
+            "--data.data_path=/work/repo/data/t.txt",
+            3,
+            None,
+        ],
+        "root": "/work/repo",
+        "outside": "/tmp/work/repo/configs/a.yaml",
+        "sibling": "/work/repo2/configs/a.yaml",
+        "log_dir": "logs/bench/x/eager",
+    }
     assert repo_relative(given, root) == {
-        "config": "configs/a.yaml", "args": ["--config", "configs/a.yaml", "--trainer.callbacks+=x.py",
-                                             "--data.data_path=data/t.txt", 3, None],
-        "root": ".", "outside": "/tmp/work/repo/configs/a.yaml", "sibling": "/work/repo2/configs/a.yaml",
-        "log_dir": "logs/bench/x/eager"}
+        "config": "configs/a.yaml",
+        "args": ["--config", "configs/a.yaml", "--trainer.callbacks+=x.py", "--data.data_path=data/t.txt", 3, None],
+        "root": ".",
+        "outside": "/tmp/work/repo/configs/a.yaml",
+        "sibling": "/work/repo2/configs/a.yaml",
+        "log_dir": "logs/bench/x/eager",
+    }
 
 
 @pytest.mark.parametrize("cold", [True, False])
@@ -95,8 +142,10 @@ def test_cold_gives_each_run_its_own_empty_compile_cache(cold, tmp_path, monkeyp
     def child(command, env):  # stands in for the child process: records what it was given
         result = Path(command[command.index("--child") + 1])
         cache = Path(env["TORCHINDUCTOR_CACHE_DIR"])
-        seen.append({key: env.get(key) for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")} |
-                    {"empty": not cache.exists() or not any(cache.iterdir()), "scratch": str(result.parent)})
+        seen.append(
+            {key: env.get(key) for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+            | {"empty": not cache.exists() or not any(cache.iterdir()), "scratch": str(result.parent)}
+        )
         (cache / "fxgraph").mkdir(parents=True, exist_ok=True)
         (cache / "fxgraph" / f"{len(seen)}.bin").write_text("compiled")  # what this run compiled
         result.write_text(json.dumps({"loss": []}))
@@ -127,13 +176,23 @@ def test_bench_writes_its_results_after_each_run_into_out(tmp_path, monkeypatch)
     def fake_run(name, args, cold):  # run_in_subprocess: eager trains, the compiled run dies
         if name == "blocks":
             raise UserError("bench run 'blocks' failed (exit code 137)")
-        return {"name": name, "args": args, "log_dir": str(tmp_path / "tb" / name), "compiled": False,
-                "compile_scope": "blocks", "loss": [10.9, 10.1], "step_ms": [9.0, 8.0], "tokens_per_sec": [100.0, 110.0],
-                "summary": None}
+        return {
+            "name": name,
+            "args": args,
+            "log_dir": str(tmp_path / "tb" / name),
+            "compiled": False,
+            "compile_scope": "blocks",
+            "loss": [10.9, 10.1],
+            "step_ms": [9.0, 8.0],
+            "tokens_per_sec": [100.0, 110.0],
+            "summary": None,
+        }
 
     monkeypatch.setattr(bench, "run_in_subprocess", fake_run)
     with pytest.raises(SystemExit):  # the CLI's one-line refusal of the UserError
-        main(["bench", "--config", "configs/tiny-cpu.yaml", "--runs", "eager", "blocks", "--out", str(tmp_path / "out")])
+        main(
+            ["bench", "--config", "configs/tiny-cpu.yaml", "--runs", "eager", "blocks", "--out", str(tmp_path / "out")]
+        )
     saved = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert list(saved["runs"]) == ["eager"] and saved["runs"]["eager"]["loss"] == [10.9, 10.1]
     assert (tmp_path / "out" / "bench.png").read_bytes()[:4] == b"\x89PNG"
@@ -148,14 +207,17 @@ def test_the_verdict_compares_mean_losses_so_bf16_step_noise_is_not_a_divergence
     from gpt_lightning.commands.bench import compare
 
     generator = torch.Generator().manual_seed(0)
-    curve = [6.0 + 4.0 * 0.97 ** step for step in range(200)]
+    curve = [6.0 + 4.0 * 0.97**step for step in range(200)]
     noise = (torch.rand(200, generator=generator) - 0.5) * 0.7 * torch.linspace(0, 1, 200)  # grows along the run
     eager = {"loss": curve, "summary": None, "compiled": False}
     noisy = {"loss": [c + float(n) for c, n in zip(curve, noise)], "summary": None, "compiled": True}
     row = compare(noisy, eager)
     assert row["max_step_loss_diff_vs_eager"] > 0.25  # what the old verdict read as leaving eager's curve
     assert row["max_loss_diff_vs_eager"] < 0.12
-    leaving = {"loss": [c + (0.8 if step >= 100 else 0.0) for step, c in enumerate(noisy["loss"])], "summary": None,
-               "compiled": True}
+    leaving = {
+        "loss": [c + (0.8 if step >= 100 else 0.0) for step, c in enumerate(noisy["loss"])],
+        "summary": None,
+        "compiled": True,
+    }
     row = compare(leaving, eager)
     assert row["max_loss_diff_vs_eager"] > 0.5 and 100 <= row["max_loss_diff_step"] < 200

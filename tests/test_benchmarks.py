@@ -11,8 +11,14 @@ from conftest import REPO
 
 
 def run_script(name, *args, cwd):
-    return subprocess.run([sys.executable, str(REPO / "benchmarks" / name), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / name), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 def test_data_loading_benchmark_reports_a_multiple(cache_dir, tmp_path):
@@ -23,12 +29,20 @@ def test_data_loading_benchmark_reports_a_multiple(cache_dir, tmp_path):
 
 def test_tokenize_benchmark_compares_with_build_nanogpt_on_the_same_tokens(tmp_path):
     out = tmp_path / "tokenize.json"
-    result = run_script("tokenizing.py", "--size_mb", "0.4", "--workers", "2", "--repeats", "1", "--out", str(out), cwd=tmp_path)
+    result = run_script(
+        "tokenizing.py", "--size_mb", "0.4", "--workers", "2", "--repeats", "1", "--out", str(out), cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     runs = report["runs"]
-    assert set(runs) == {"ours/parquet/full", "ours/parquet/quarter", "ours/jsonl/full", "ours/jsonl/quarter",
-                         "build-nanogpt/parquet/full", "build-nanogpt/jsonl/full"}
+    assert set(runs) == {
+        "ours/parquet/full",
+        "ours/parquet/quarter",
+        "ours/jsonl/full",
+        "ours/jsonl/quarter",
+        "build-nanogpt/parquet/full",
+        "build-nanogpt/jsonl/full",
+    }
     # The same corpus gives the same tokens both ways (the script checks the shards' counts too).
     assert runs["ours/parquet/full"]["tokens"] == runs["build-nanogpt/jsonl/full"]["tokens"] > 50_000
     assert all(r["peak_memory_mb"] > 10 and r["tokens_per_s"] > 0 for r in runs.values())
@@ -38,10 +52,32 @@ def test_tokenize_benchmark_compares_with_build_nanogpt_on_the_same_tokens(tmp_p
 def test_first_step_benchmark_splits_the_time_to_the_first_step(cache_dir, tmp_path):
     out = tmp_path / "first_step.json"
     result = run_script(
-        "first_step.py", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--variant", "eager=--model.compile false",
-        "--trainer.max_steps", "3", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
-        "--throughput.warmup_steps", "1", "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32",
-        "--data.block_size", "32", "--model.val_sample_tokens", "0", "--out", str(out), cwd=tmp_path,
+        "first_step.py",
+        "--config",
+        str(REPO / "configs/tiny-cpu.yaml"),
+        "--variant",
+        "eager=--model.compile false",
+        "--trainer.max_steps",
+        "3",
+        "--trainer.val_check_interval",
+        "2",
+        "--trainer.limit_val_batches",
+        "1",
+        "--throughput.warmup_steps",
+        "1",
+        "--model.n_layer",
+        "1",
+        "--model.n_head",
+        "2",
+        "--model.n_embd",
+        "32",
+        "--data.block_size",
+        "32",
+        "--model.val_sample_tokens",
+        "0",
+        "--out",
+        str(out),
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     (run,) = json.loads(out.read_text())["runs"]["eager"]["cold"]
@@ -50,14 +86,17 @@ def test_first_step_benchmark_splits_the_time_to_the_first_step(cache_dir, tmp_p
     assert run["total_s"] > run["to_first_step_s"] + run["first_step_s"] + run["rest_s"]
     assert run["validations"] == 1 and run["tokens_per_sec_median"] > 0
     assert (run["graphs_before_first_step"], run["graphs_in_first_step"], run["compile_notices"]) == (0, 0, 0)
-    assert run["module_file"] == "gpt_lightning/training/module.py"  # this checkout ran, via the CLI (recorded relative to it)
+    assert (
+        run["module_file"] == "gpt_lightning/training/module.py"
+    )  # this checkout ran, via the CLI (recorded relative to it)
     assert json.loads(out.read_text())["config"] == "configs/tiny-cpu.yaml"
     assert "eager (cold)" in result.stdout
 
 
 def test_export_memory_benchmark_reports_peaks_against_the_weights(tmp_path):
-    result = run_script("export_memory.py", "--shape", "tiny", "--modes", "export", "--workdir", str(tmp_path),
-                        cwd=tmp_path)
+    result = run_script(
+        "export_memory.py", "--shape", "tiny", "--modes", "export", "--workdir", str(tmp_path), cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["weight_bytes"] == 4 * (50257 * 32 + 1024 * 32 + 12 * 32 * 32 + 13 * 32 + 2 * 32)  # tiny's weights
@@ -77,35 +116,51 @@ def test_committed_results_name_no_directory_of_the_machine_that_made_them():
 
 def test_the_generation_table_in_the_docs_quotes_the_committed_results():
     text = (REPO / "docs" / "benchmarks.md").read_text()
-    for name in ("generation-1thread.json", "generation-2thread.json", "generation-bf16-1thread.json",
-                 "generation-2thread-onednn.json"):
+    for name in (
+        "generation-1thread.json",
+        "generation-2thread.json",
+        "generation-bf16-1thread.json",
+        "generation-2thread-onednn.json",
+    ):
         written = json.loads((REPO / "benchmarks" / "results" / "cpu-2core" / name).read_text())
         for batch, row in written["results"].items():
             ours, theirs = row["ours"], row["transformers"]
-            quoted = (f"| {written['dtype']} | {written['threads']} | {batch} | {ours['tokens_per_sec']:.1f} ({ours['steps_per_sec_of_ceiling']:.0%}) | "
-                      f"{theirs['tokens_per_sec']:.1f} ({theirs['steps_per_sec_of_ceiling']:.0%}) | {row['ours_vs_transformers']:.2f}x |")
+            quoted = (
+                f"| {written['dtype']} | {written['threads']} | {batch} | {ours['tokens_per_sec']:.1f} ({ours['steps_per_sec_of_ceiling']:.0%}) | "
+                f"{theirs['tokens_per_sec']:.1f} ({theirs['steps_per_sec_of_ceiling']:.0%}) | {row['ours_vs_transformers']:.2f}x |"
+            )
             assert quoted in text, quoted
 
 
 def test_the_lightning_cost_tables_in_the_docs_quote_the_committed_results():
     text = (REPO / "docs" / "benchmarks.md").read_text()
-    for name, bar, run in (("lightning_overhead.json", "plain `Trainer`'s", "5, plain `Trainer`'s bar (committed)"),
-                           ("lightning_overhead_step_bar.json", "`StepProgressBar`", "6, `StepProgressBar` (committed)")):
+    for name, bar, run in (
+        ("lightning_overhead.json", "plain `Trainer`'s", "5, plain `Trainer`'s bar (committed)"),
+        ("lightning_overhead_step_bar.json", "`StepProgressBar`", "6, `StepProgressBar` (committed)"),
+    ):
         results = json.loads((REPO / "benchmarks" / "results" / "cpu-2core" / name).read_text())["results"]
         eager, compiled = results["eager"], results["compiled"]
-        quoted = (f"| {run} | {eager['ratio']:.3f} | {eager['ratio_per_round_median']:.3f} | "
-                  f"{compiled['ratio']:.3f} | {compiled['ratio_per_round_median']:.3f} |")
+        quoted = (
+            f"| {run} | {eager['ratio']:.3f} | {eager['ratio_per_round_median']:.3f} | "
+            f"{compiled['ratio']:.3f} | {compiled['ratio_per_round_median']:.3f} |"
+        )
         assert quoted in text, quoted
         for mode, r in results.items():
             host, by = r["host_ms_per_step"], r["host_ms_added_by_lightning_parts"]
-            quoted = (f"| {mode}, {bar} | {host['plain']:.2f} | {host['plain_ours']:.2f} | {host['lightning']:.2f} | "
-                      f"{r['host_ms_added_by_lightning']:.2f}: {by['trainer_loop']:.2f}, {by['callbacks_and_logger']:.2f}, "
-                      f"{by['module_hooks']:.2f} | {r['host_added_fraction_of_plain_step']:.2%} |")
+            quoted = (
+                f"| {mode}, {bar} | {host['plain']:.2f} | {host['plain_ours']:.2f} | {host['lightning']:.2f} | "
+                f"{r['host_ms_added_by_lightning']:.2f}: {by['trainer_loop']:.2f}, {by['callbacks_and_logger']:.2f}, "
+                f"{by['module_hooks']:.2f} | {r['host_added_fraction_of_plain_step']:.2%} |"
+            )
             assert quoted in text, quoted
     # the figures quoted in the text: the ratios of total times, and the range of the host-time estimate
-    committed = [json.loads((REPO / "benchmarks" / "results" / "cpu-2core" / name).read_text())["results"]
-                 for name in ("lightning_overhead.json", "lightning_overhead_step_bar.json")]
-    total = {mode: " and ".join(f"{r[mode]['ratio_total_time']:.3f}" for r in committed) for mode in ("eager", "compiled")}
+    committed = [
+        json.loads((REPO / "benchmarks" / "results" / "cpu-2core" / name).read_text())["results"]
+        for name in ("lightning_overhead.json", "lightning_overhead_step_bar.json")
+    ]
+    total = {
+        mode: " and ".join(f"{r[mode]['ratio_total_time']:.3f}" for r in committed) for mode in ("eager", "compiled")
+    }
     sentence = f"ratio of total times was {total['eager']} (eager), {total['compiled']}\n(compiled)"
     assert sentence in text, sentence
     estimates = [r[mode]["ratio_from_host_time"] for r in committed for mode in r]
@@ -118,11 +173,48 @@ def test_architecture_benchmark_compares_gpt2_and_the_modern_gpt_in_lockstep(tmp
     from gpt_lightning.model import MODERN_SWITCHES
 
     result = run_script(
-        "architectures.py", "--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--batch_size", "2", "--block_size", "16",
-        "--steps", "4", "--warmup_steps", "1", "--eval_every", "2", "--eval_batches", "1", "--seeds", "0", "1",
-        "--gpt2_adamw_lrs", "1e-3", "3e-3", "--gpt2_muon_lrs", "0.02", "--gpt2_muon_adamw_lrs", "3e-3",
-        "--modern_adamw_lrs", "3e-3", "--modern_muon_lrs", "0.02", "--embedding_lrs", "0.1", "--head_lrs", "0.004",
-        "--switches", "tie_embeddings", "--out", str(tmp_path), cwd=REPO,
+        "architectures.py",
+        "--n_layer",
+        "1",
+        "--n_head",
+        "2",
+        "--n_embd",
+        "32",
+        "--batch_size",
+        "2",
+        "--block_size",
+        "16",
+        "--steps",
+        "4",
+        "--warmup_steps",
+        "1",
+        "--eval_every",
+        "2",
+        "--eval_batches",
+        "1",
+        "--seeds",
+        "0",
+        "1",
+        "--gpt2_adamw_lrs",
+        "1e-3",
+        "3e-3",
+        "--gpt2_muon_lrs",
+        "0.02",
+        "--gpt2_muon_adamw_lrs",
+        "3e-3",
+        "--modern_adamw_lrs",
+        "3e-3",
+        "--modern_muon_lrs",
+        "0.02",
+        "--embedding_lrs",
+        "0.1",
+        "--head_lrs",
+        "0.004",
+        "--switches",
+        "tie_embeddings",
+        "--out",
+        str(tmp_path),
+        cwd=REPO,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "architectures.json").read_text())
@@ -130,10 +222,18 @@ def test_architecture_benchmark_compares_gpt2_and_the_modern_gpt_in_lockstep(tmp
     assert report["modern"] == {k: preset[k] for k in (*MODERN_SWITCHES, "bias") if k in preset}  # every switch it sets
     first, second = report["seeds"]
     rows = {r["name"]: r for r in first["runs"]}
-    assert [r["group"] for r in first["runs"]] == ["gpt2 adamw"] * 2 + ["gpt2 muon", "modern adamw", "modern muon"] + ["switch"]
+    assert [r["group"] for r in first["runs"]] == ["gpt2 adamw"] * 2 + ["gpt2 muon", "modern adamw", "modern muon"] + [
+        "switch"
+    ]
     untied = rows["gpt2 muon + tie_embeddings=False"]  # the untied head at the modern rows' own rates
-    assert (untied["embedding_learning_rate"], untied["head_learning_rate"], untied["architecture"]) == (0.1, 0.004, {"tie_embeddings": False})
-    assert all(len(r["curve"]) == 3 and r["median_step_ms"] > 0 for r in first["runs"])  # before training, after steps 2 and 4
+    assert (untied["embedding_learning_rate"], untied["head_learning_rate"], untied["architecture"]) == (
+        0.1,
+        0.004,
+        {"tie_embeddings": False},
+    )
+    assert all(
+        len(r["curve"]) == 3 and r["median_step_ms"] > 0 for r in first["runs"]
+    )  # before training, after steps 2 and 4
     best = rows[first["best"]["gpt2 adamw"]]
     assert best["final_val_loss"] == min(r["final_val_loss"] for r in first["runs"] if r["group"] == "gpt2 adamw")
     assert 0 < best["tokens_ratio_to_best_gpt2_adamw"] <= 1.0
@@ -150,20 +250,25 @@ def test_the_architecture_tables_in_the_docs_quote_the_committed_results():
     text = (REPO / "docs" / "modern.md").read_text()
     results = REPO / "benchmarks" / "results" / "cpu-2core"
     report = json.loads((results / "architectures.json").read_text())
+
     def ratio(x: float | None) -> str:
         return "not reached" if x is None else f"{x:.2f}x"
 
     for r in report["seeds"][0]["runs"]:
-        quoted = (f"| {r['name']} | {r['final_val_loss']:.3f} | {ratio(r['tokens_ratio_to_best_gpt2_adamw'])} | "
-                  f"{ratio(r['tokens_ratio_to_best_gpt2_muon'])} | {r['step_time_vs_gpt2_muon_base']:.2f}x |")
+        quoted = (
+            f"| {r['name']} | {r['final_val_loss']:.3f} | {ratio(r['tokens_ratio_to_best_gpt2_adamw'])} | "
+            f"{ratio(r['tokens_ratio_to_best_gpt2_muon'])} | {r['step_time_vs_gpt2_muon_base']:.2f}x |"
+        )
         assert quoted in text, quoted
     targets = report["headline"]["targets"]  # the verdict's figures, both seeds
     muon, adamw = (targets[f"modern_muon_to_best_gpt2_{k}"]["measured"] for k in ("muon", "adamw"))
     assert f"final loss in\n{muon[0]:.2f}x and {muon[1]:.2f}x of the tokens (target at most 0.8x)" in text
     assert f"AdamW run's in {adamw[0]:.2f}x and\n{adamw[1]:.2f}x (target at most 0.5x)" in text
     for r in json.loads((results / "architectures_step_time.json").read_text())["runs"]:
-        quoted = (f"| {r['name']} | {r['eager_cpu_ms']:.0f} ({r['eager_cpu_vs_first']:.2f}x) | "
-                  f"{r['compiled_cpu_ms']:.0f} ({r['compiled_cpu_vs_first']:.2f}x) |")
+        quoted = (
+            f"| {r['name']} | {r['eager_cpu_ms']:.0f} ({r['eager_cpu_vs_first']:.2f}x) | "
+            f"{r['compiled_cpu_ms']:.0f} ({r['compiled_cpu_vs_first']:.2f}x) |"
+        )
         assert quoted in text, quoted
 
 

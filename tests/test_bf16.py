@@ -17,8 +17,16 @@ def test_bf16_mixed_eager_steps_are_a_plain_autocast_loop_s_bit_for_bit():
     module = GPTLightningModule(**TINY_MODEL, block_size=32, val_sample_tokens=0)
     plain = copy.deepcopy(module)
     batches = [(x, x.roll(-1, dims=1)) for x in torch.randint(0, 50257, (4, 2, 32))]
-    trainer = Trainer(accelerator="cpu", precision="bf16-mixed", max_steps=len(batches), gradient_clip_val=1.0,
-                      logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = Trainer(
+        accelerator="cpu",
+        precision="bf16-mixed",
+        max_steps=len(batches),
+        gradient_clip_val=1.0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None))
 
     optimizer = plain.configure_optimizers()

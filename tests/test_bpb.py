@@ -22,7 +22,10 @@ def test_validation_and_eval_give_the_bits_per_byte_of_a_hand_computation(tmp_pa
     ids = enc.encode_ordinary(shakespeare[:2000])
     (tmp_path / "shards").mkdir()  # validation: two documents, each begun by <|endoftext|>
     np.save(tmp_path / "shards" / "s_train_000000.npy", np.array(ids[:300], dtype=np.uint16))
-    np.save(tmp_path / "shards" / "s_val_000000.npy", np.array([enc.eot_token, *ids[300:380], enc.eot_token, *ids[380:450]], dtype=np.uint16))
+    np.save(
+        tmp_path / "shards" / "s_val_000000.npy",
+        np.array([enc.eot_token, *ids[300:380], enc.eot_token, *ids[380:450]], dtype=np.uint16),
+    )
     data = TokenStreamDataModule(str(tmp_path / "shards"), batch_size=2, block_size=16)
     torch.manual_seed(0)
     module = GPTLightningModule(**TINY_MODEL, block_size=16, val_sample_tokens=0)
@@ -58,10 +61,21 @@ def test_validation_and_eval_give_the_bits_per_byte_of_a_hand_computation(tmp_pa
     with torch.no_grad():
         for inputs, predicted in get_rolling_token_windows(ids, enc.eot_token, 16, 1):
             logp = F.log_softmax(module.model(torch.tensor([inputs]))[0][0].double(), dim=-1)  # (len(inputs), V)
-            bits -= logp[-len(predicted):].gather(1, torch.tensor(predicted)[:, None]).sum().item() / math.log(2)
+            bits -= logp[-len(predicted) :].gather(1, torch.tensor(predicted)[:, None]).sum().item() / math.log(2)
     out = tmp_path / "bpb.json"
-    main(["eval", "--ckpt_path", str(tmp_path / "model.ckpt"), "--text_file", str(tmp_path / "text.txt"),
-          "--device", "cpu", "--output_path", str(out)])
+    main(
+        [
+            "eval",
+            "--ckpt_path",
+            str(tmp_path / "model.ckpt"),
+            "--text_file",
+            str(tmp_path / "text.txt"),
+            "--device",
+            "cpu",
+            "--output_path",
+            str(out),
+        ]
+    )
     assert f"{bits / len(text.encode()):.4f} bits per byte" in capsys.readouterr().out
     result = json.loads(out.read_text())
     assert result["bytes"] == len(text.encode()) and result["tokens"] == len(ids)

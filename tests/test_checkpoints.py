@@ -17,10 +17,17 @@ from gpt_lightning.training.module import GPTLightningModule
 
 def fit_tiny(tmp_path, small_text, **overrides):
     module = GPTLightningModule(**{**TINY_MODEL, **overrides})
-    data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path))
+    data = TokenStreamDataModule(
+        str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path)
+    )
     trainer = Trainer(
-        accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
     )
     trainer.fit(module, data)
     ckpt = tmp_path / "tiny.ckpt"
@@ -103,7 +110,11 @@ def test_sample_in_bfloat16_reads_bf16_weights_and_cache(eager_ckpt, monkeypatch
     store = KVCache.store
     monkeypatch.setattr(KVCache, "store", lambda self, k, v, pos: (seen.append(k.dtype), store(self, k, v, pos))[1])
     generate = command.generate
-    monkeypatch.setattr(command, "generate", lambda model, *a, **kw: (seen.append(model.lm_head.weight.dtype), generate(model, *a, **kw))[1])
+    monkeypatch.setattr(
+        command,
+        "generate",
+        lambda model, *a, **kw: (seen.append(model.lm_head.weight.dtype), generate(model, *a, **kw))[1],
+    )
     texts = sample(ckpt, prompt="ROMEO:", max_new_tokens=6, temperature=0, dtype="bfloat16", device="cpu")
     assert texts[0].startswith("ROMEO:") and len(texts[0]) > len("ROMEO:")
     assert seen[0] == torch.bfloat16
@@ -135,7 +146,9 @@ def test_top_k_0_samples_among_the_whole_vocabulary(eager_ckpt, monkeypatch):
     _, ckpt = eager_ckpt
     seen = []
     generate = command.generate
-    monkeypatch.setattr(command, "generate", lambda model, *a, **kw: (seen.append(kw["top_k"]), generate(model, *a, **kw))[1])
+    monkeypatch.setattr(
+        command, "generate", lambda model, *a, **kw: (seen.append(kw["top_k"]), generate(model, *a, **kw))[1]
+    )
     sample(ckpt, prompt="ROMEO:", max_new_tokens=3, top_k=0, device="cpu")
     sample(ckpt, prompt="ROMEO:", max_new_tokens=3, top_k=5, device="cpu")
     assert seen == [None, 5]

@@ -68,16 +68,38 @@ def run_cli(*args: str, cwd: Path, env_extra: dict | None = None) -> subprocess.
 
 # The quick start's config, compiled at its precision as written (auto), shrunk in size only: the suite's one tiny
 # compiled shape (1 layer of width 32, batches of 2 x 32 tokens), whose kernels the compile cache shares.
-SHRUNK = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--data.batch_size", "2",
-          "--data.block_size", "32"]
+SHRUNK = [
+    "--model.n_layer",
+    "1",
+    "--model.n_head",
+    "2",
+    "--model.n_embd",
+    "32",
+    "--data.batch_size",
+    "2",
+    "--data.block_size",
+    "32",
+]
 
 
 def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
     result = run_cli(
-        "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *SHRUNK,
-        "--trainer.max_steps", "6", "--trainer.log_every_n_steps", "2", "--trainer.val_check_interval", "3",
-        "--trainer.limit_val_batches", "1", "--throughput.warmup_steps", "2",
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
+        "fit",
+        "--config",
+        str(REPO / "configs/tiny-cpu.yaml"),
+        *SHRUNK,
+        "--trainer.max_steps",
+        "6",
+        "--trainer.log_every_n_steps",
+        "2",
+        "--trainer.val_check_interval",
+        "3",
+        "--trainer.limit_val_batches",
+        "1",
+        "--throughput.warmup_steps",
+        "2",
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path / "tb"),
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -92,15 +114,19 @@ def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
     mixed = fast_precision("cpu")[0] == "bf16-mixed"
     assert f"precision auto: {fast_precision('cpu')[0]} (this CPU " in console
     memory = training_memory(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32), 2, 32, ddp=False, mixed=mixed)
-    assert (f"{memory.total / GIB:.2f} GiB per device, estimated (eager; the memory guide, docs/multi-gpu.md): "
-            f"{memory.weights_grads_adamw / GIB:.2f} weights, gradients and AdamW + "
-            + (f"{memory.bf16_weight_copies / GIB:.2f} bf16 weight copies + " if mixed else "")
-            + f"{memory.activations / GIB:.2f} activations of 64 tokens") in console
+    assert (
+        f"{memory.total / GIB:.2f} GiB per device, estimated (eager; the memory guide, docs/multi-gpu.md): "
+        f"{memory.weights_grads_adamw / GIB:.2f} weights, gradients and AdamW + "
+        + (f"{memory.bf16_weight_copies / GIB:.2f} bf16 weight copies + " if mixed else "")
+        + f"{memory.activations / GIB:.2f} activations of 64 tokens"
+    ) in console
     # The docs quote the estimate of the quick start as written: 4 x 128 model, 8 x 128 tokens.
     from test_readme import DOCS_TEXT
 
     cfg = ParseOnlyCLI(run=False, args=["--config", str(REPO / "configs/tiny-cpu.yaml")]).config
-    config = GPTConfig(n_layer=cfg.model.n_layer, n_head=cfg.model.n_head, n_embd=cfg.model.n_embd, block_size=cfg.model.block_size)
+    config = GPTConfig(
+        n_layer=cfg.model.n_layer, n_head=cfg.model.n_head, n_embd=cfg.model.n_embd, block_size=cfg.model.block_size
+    )
     quick_start = training_memory(config, cfg.data.batch_size, cfg.data.block_size, ddp=False)
     assert f"`{quick_start.total / GIB:.2f} GiB per device,\nestimated ...` for the quick start" in DOCS_TEXT
     for noise in ("Tip:", "LeafSpec", "not supported by the model summary", "Warning", "Traceback"):
@@ -111,8 +137,18 @@ def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
     events = EventAccumulator(str(run_dirs[0]))
     events.Reload()
     tags = events.Tags()["scalars"]
-    assert {"train/loss", "val/loss", "val/perplexity", "throughput/tokens_per_sec", "throughput/step_ms",
-            "lr-AdamW/pg1", "lr-AdamW/pg2", "throughput/first_step_s", "throughput/warmup_s", "train/grad_norm"} <= set(tags)
+    assert {
+        "train/loss",
+        "val/loss",
+        "val/perplexity",
+        "throughput/tokens_per_sec",
+        "throughput/step_ms",
+        "lr-AdamW/pg1",
+        "lr-AdamW/pg2",
+        "throughput/first_step_s",
+        "throughput/warmup_s",
+        "train/grad_norm",
+    } <= set(tags)
     assert all(0 < e.value < 1e3 for e in events.Scalars("train/grad_norm"))
     # Once-only values appear once, not at every logging step.
     assert len(events.Scalars("throughput/first_step_s")) == len(events.Scalars("throughput/warmup_s")) == 1
@@ -123,8 +159,9 @@ def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
     assert (run_dirs[0] / "throughput.json").is_file()
 
 
-def test_a_small_corpus_with_epochs_shorter_than_the_validation_interval(shakespeare, tmp_path, monkeypatch, caplog, capfd,
-                                                                       recwarn, in_process_group):
+def test_a_small_corpus_with_epochs_shorter_than_the_validation_interval(
+    shakespeare, tmp_path, monkeypatch, caplog, capfd, recwarn, in_process_group
+):
     text = shakespeare[:2_000]
     (tmp_path / "small.txt").write_text(text)
     n = len(gpt2_encoding().encode_ordinary(text))
@@ -132,13 +169,39 @@ def test_a_small_corpus_with_epochs_shorter_than_the_validation_interval(shakesp
     assert 0 < epoch < 5  # shorter than the validation interval below
     monkeypatch.chdir(tmp_path)
     caplog.set_level("INFO")
-    main([  # in this process, as the `gpt-lightning` script calls it
-        "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--data.data_path", "small.txt",
-        "--data.batch_size", "2", "--data.block_size", "64", "--data.val_fraction", "0.5",
-        "--model.n_layer", "1", "--model.n_embd", "32", "--model.n_head", "2", "--model.compile", "false",
-        "--trainer.max_steps", "7", "--trainer.val_check_interval", "5", "--trainer.log_every_n_steps", "3",
-        "--trainer.limit_val_batches", "1", "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
-    ])
+    main(
+        [  # in this process, as the `gpt-lightning` script calls it
+            "fit",
+            "--config",
+            str(REPO / "configs/tiny-cpu.yaml"),
+            "--data.data_path",
+            "small.txt",
+            "--data.batch_size",
+            "2",
+            "--data.block_size",
+            "64",
+            "--data.val_fraction",
+            "0.5",
+            "--model.n_layer",
+            "1",
+            "--model.n_embd",
+            "32",
+            "--model.n_head",
+            "2",
+            "--model.compile",
+            "false",
+            "--trainer.max_steps",
+            "7",
+            "--trainer.val_check_interval",
+            "5",
+            "--trainer.log_every_n_steps",
+            "3",
+            "--trainer.limit_val_batches",
+            "1",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "tb"),
+        ]
+    )
     out, err = capfd.readouterr()
     console = caplog.text + out + err + "".join(str(warning.message) for warning in recwarn)  # all the user would see
     assert f"1 epoch = {epoch} batches" in console
@@ -170,8 +233,12 @@ def test_the_fast_config_is_the_reference_plus_only_its_speed_choices():
 
 @pytest.mark.parametrize(
     ("name", "published"),
-    [("gpt2-124m.yaml", 124_439_808), ("gpt2-medium.yaml", 354_823_168), ("gpt2-large.yaml", 774_030_080),
-     ("gpt2-xl.yaml", 1_557_611_200)],
+    [
+        ("gpt2-124m.yaml", 124_439_808),
+        ("gpt2-medium.yaml", 354_823_168),
+        ("gpt2-large.yaml", 774_030_080),
+        ("gpt2-xl.yaml", 1_557_611_200),
+    ],
 )
 def test_gpt2_family_configs_have_the_published_parameter_counts(name, published):
     model_args = ParseOnlyCLI(run=False, args=["--config", str(REPO / "configs" / name)]).config.model

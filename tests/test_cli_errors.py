@@ -31,8 +31,20 @@ def assert_one_clear_line(code, err, *expected):
 
 
 def fit_args(tmp_path, *extra):
-    return ["fit", "--config", TINY_CPU, "--model.compile", "false", "--trainer.max_steps", "1",
-            "--data.cache_dir", str(tmp_path / "cache"), "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"), *extra]
+    return [
+        "fit",
+        "--config",
+        TINY_CPU,
+        "--model.compile",
+        "false",
+        "--trainer.max_steps",
+        "1",
+        "--data.cache_dir",
+        str(tmp_path / "cache"),
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path / "tb"),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +53,17 @@ def good_ckpt(tmp_path_factory, shakespeare):
     root = tmp_path_factory.mktemp("good")
     (root / "text.txt").write_text(shakespeare[:5_000])
     module = GPTLightningModule(**TINY_MODEL, block_size=16)
-    data = TokenStreamDataModule(str(root / "text.txt"), batch_size=2, block_size=16, val_fraction=0.0, cache_dir=str(root))
-    trainer = Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False)
+    data = TokenStreamDataModule(
+        str(root / "text.txt"), batch_size=2, block_size=16, val_fraction=0.0, cache_dir=str(root)
+    )
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, data)
     trainer.save_checkpoint(root / "good.ckpt")
     return root / "good.ckpt"
@@ -117,7 +137,9 @@ def test_sample_on_cuda_without_a_gpu(good_ckpt, capsys):
 
 def test_vocab_smaller_than_the_tokenizer(tmp_path, capsys):
     code, err = run_main(fit_args(tmp_path, "--model.vocab_size", "1000"), capsys)
-    assert_one_clear_line(code, err, "model.vocab_size (1000) is smaller than the tokenizer's 50257", "--model.vocab_size 50257")
+    assert_one_clear_line(
+        code, err, "model.vocab_size (1000) is smaller than the tokenizer's 50257", "--model.vocab_size 50257"
+    )
 
 
 @pytest.mark.parametrize("option", ["--trainer.max_steps", "--trainer.max_epochs"])
@@ -135,7 +157,10 @@ def test_heads_that_do_not_divide_the_width(tmp_path, capsys):
     ("args", "expected"),
     [
         (["--model.n_layers", "3"], "unrecognized arguments: --model.n_layers 3. Did you mean --model.n_layer?"),
-        (["--model.learning_rate", "abc"], 'Parser key "model.learning_rate": Expected a <class \'float\'>. Got value: abc'),
+        (
+            ["--model.learning_rate", "abc"],
+            "Parser key \"model.learning_rate\": Expected a <class 'float'>. Got value: abc",
+        ),
         (["--trainer.precision", "bf17"], "trainer.precision"),
         (["--config", "no-such-file.yaml"], "File does not exist"),
     ],
@@ -158,8 +183,14 @@ def test_misspelt_subcommand(capsys):
     "command, expected",
     [
         (["export", "--out", "{dir}"], "Cannot write {dir}: it is a directory. Give a file path"),
-        (["export", "--format", "hf", "--out", "{file}"], "Cannot write {file}/config.json: cannot make the folder {file}"),
-        (["export", "--out", "{file}/x.safetensors"], "Cannot write {file}/x.safetensors: cannot make the folder {file}"),
+        (
+            ["export", "--format", "hf", "--out", "{file}"],
+            "Cannot write {file}/config.json: cannot make the folder {file}",
+        ),
+        (
+            ["export", "--out", "{file}/x.safetensors"],
+            "Cannot write {file}/x.safetensors: cannot make the folder {file}",
+        ),
     ],
     ids=["file-onto-a-directory", "directory-onto-a-file", "under-a-file"],
 )
@@ -212,19 +243,38 @@ def test_a_broken_config_file_is_named(content, expected, tmp_path, capsys):
 
 
 def test_a_validation_interval_longer_than_an_epoch(tmp_path, capsys):
-    code, err = run_main(fit_args(tmp_path, "--trainer.val_check_interval", "100000",
-                                  "--trainer.check_val_every_n_epoch", "1"), capsys)
-    assert_one_clear_line(code, err, "trainer.val_check_interval (100000) is more than the 297 training batches",
-                          "--trainer.check_val_every_n_epoch null")
+    code, err = run_main(
+        fit_args(tmp_path, "--trainer.val_check_interval", "100000", "--trainer.check_val_every_n_epoch", "1"), capsys
+    )
+    assert_one_clear_line(
+        code,
+        err,
+        "trainer.val_check_interval (100000) is more than the 297 training batches",
+        "--trainer.check_val_every_n_epoch null",
+    )
 
 
 def test_a_validation_interval_in_optimizer_steps_longer_than_an_epoch(tmp_path, capsys):
     """With tokens_per_step (4 micro-batches a step here) the interval is counted, and named, in steps;
     the epoch is its whole steps (297 batches, 296 of them trained)."""
-    code, err = run_main(fit_args(tmp_path, "--data.tokens_per_step", "4096", "--trainer.val_check_interval", "100",
-                                  "--trainer.check_val_every_n_epoch", "1"), capsys)
-    assert_one_clear_line(code, err, "trainer.val_check_interval (100 optimizer steps = 400 batches) is more than the "
-                          "296 training batches", "validate every 100 steps across epochs, or use a val_check_interval <= 74.")
+    code, err = run_main(
+        fit_args(
+            tmp_path,
+            "--data.tokens_per_step",
+            "4096",
+            "--trainer.val_check_interval",
+            "100",
+            "--trainer.check_val_every_n_epoch",
+            "1",
+        ),
+        capsys,
+    )
+    assert_one_clear_line(
+        code,
+        err,
+        "trainer.val_check_interval (100 optimizer steps = 400 batches) is more than the 296 training batches",
+        "validate every 100 steps across epochs, or use a val_check_interval <= 74.",
+    )
 
 
 def test_trainer_settings_that_cannot_be_built_here(tmp_path, capsys):

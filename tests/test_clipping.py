@@ -20,15 +20,41 @@ def fit_tiny_config(small_text, tmp_path, *extra):
     refusal of clipping with a fused optimizer is a mixed-precision one (its auto is float32 where bf16 is emulated)."""
     out = tmp_path / "clip.json"
     probe = {"class_path": "grad_probes.ClipProbe", "init_args": {"out": str(out)}}
-    main([
-        "fit", "--config", str(REPO / "configs" / "tiny-cpu.yaml"),
-        "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32",
-        "--data.data_path", str(small_text), "--data.batch_size", "2", "--data.block_size", "32",
-        "--trainer.max_steps", "3", "--trainer.log_every_n_steps", "1", "--trainer.limit_val_batches", "0",
-        "--checkpoint.every_n_train_steps", "1000", "--throughput.warmup_steps", "1",
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"), f"--trainer.callbacks+={json.dumps(probe)}",
-        "--trainer.precision", "bf16-mixed", *extra,
-    ])
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs" / "tiny-cpu.yaml"),
+            "--model.n_layer",
+            "1",
+            "--model.n_head",
+            "2",
+            "--model.n_embd",
+            "32",
+            "--data.data_path",
+            str(small_text),
+            "--data.batch_size",
+            "2",
+            "--data.block_size",
+            "32",
+            "--trainer.max_steps",
+            "3",
+            "--trainer.log_every_n_steps",
+            "1",
+            "--trainer.limit_val_batches",
+            "0",
+            "--checkpoint.every_n_train_steps",
+            "1000",
+            "--throughput.warmup_steps",
+            "1",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "tb"),
+            f"--trainer.callbacks+={json.dumps(probe)}",
+            "--trainer.precision",
+            "bf16-mixed",
+            *extra,
+        ]
+    )
     return json.loads(out.read_text())["steps"]
 
 
@@ -36,7 +62,9 @@ def assert_clipped_by_norm(steps, clip):
     assert len(steps) == 3 and all(step["fused"] for step in steps)
     assert all(step["pre_norm"] > clip for step in steps)  # clipping had work to do
     for step in steps:  # x min(1, clip / (norm + 1e-6)), the norm measured independently
-        assert step["post_norm"] == pytest.approx(min(1.0, clip / (step["pre_norm"] + 1e-6)) * step["pre_norm"], rel=1e-5)
+        assert step["post_norm"] == pytest.approx(
+            min(1.0, clip / (step["pre_norm"] + 1e-6)) * step["pre_norm"], rel=1e-5
+        )
 
 
 @pytest.mark.parametrize("overlay", [[], FSDP2], ids=["as-written", "fsdp2"])
@@ -49,8 +77,16 @@ def test_clip_by_norm_on_the_tiny_config(overlay, small_text, tmp_path, in_proce
 
 
 def test_clip_by_value_on_the_tiny_config(small_text, tmp_path):
-    steps = fit_tiny_config(small_text, tmp_path, "--model.compile", "false", "--trainer.gradient_clip_val", "0.05",
-                            "--trainer.gradient_clip_algorithm", "value")
+    steps = fit_tiny_config(
+        small_text,
+        tmp_path,
+        "--model.compile",
+        "false",
+        "--trainer.gradient_clip_val",
+        "0.05",
+        "--trainer.gradient_clip_algorithm",
+        "value",
+    )
     assert len(steps) == 3 and all(step["fused"] for step in steps)
     for step in steps:
         assert step["pre_max"] > 0.05  # some element was over the bound, and none is now
@@ -64,10 +100,21 @@ def test_clipping_under_16_mixed_clips_the_unscaled_gradients(algorithm, clip, s
     (the fused step unscales them), so the clip must apply to gradient / scale. On CPU the
     precision flag turns 16-mixed into bf16-mixed; the plugin keeps fp16 and its GradScaler."""
     module = GPTLightningModule(**TINY_MODEL)
-    data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path))
-    trainer = Trainer(accelerator="cpu", plugins=[MixedPrecision("16-mixed", "cpu")], max_steps=3,
-                      gradient_clip_val=clip, gradient_clip_algorithm=algorithm, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, callbacks=[ClipProbe(str(tmp_path / "clip.json"))])
+    data = TokenStreamDataModule(
+        str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path)
+    )
+    trainer = Trainer(
+        accelerator="cpu",
+        plugins=[MixedPrecision("16-mixed", "cpu")],
+        max_steps=3,
+        gradient_clip_val=clip,
+        gradient_clip_algorithm=algorithm,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[ClipProbe(str(tmp_path / "clip.json"))],
+    )
     trainer.fit(module, data)
     steps = json.loads((tmp_path / "clip.json").read_text())["steps"]
     assert all(step["scale"] > 1 for step in steps)  # the gradients were scaled at clipping time

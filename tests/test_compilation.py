@@ -54,7 +54,9 @@ class GraphsPerPhase(Callback):
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._start()
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._end("step")
 
 
@@ -79,9 +81,18 @@ def compiled_fit(tmp_path_factory, shakespeare):
     data = TokenStreamDataModule(str(text), batch_size=2, block_size=32, val_fraction=0.1, cache_dir=str(tmp))
     phases = GraphsPerPhase()
     trainer = Trainer(
-        accelerator="cpu", max_steps=3, precision="bf16-mixed", val_check_interval=1, check_val_every_n_epoch=None,
-        limit_val_batches=2, num_sanity_val_steps=2, logger=TensorBoardLogger(tmp / "tb"), enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[phases, ValidationSamples()],
+        accelerator="cpu",
+        max_steps=3,
+        precision="bf16-mixed",
+        val_check_interval=1,
+        check_val_every_n_epoch=None,
+        limit_val_batches=2,
+        num_sanity_val_steps=2,
+        logger=TensorBoardLogger(tmp / "tb"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[phases, ValidationSamples()],
     )
     lines, lightning_log = Lines(), logging.getLogger("lightning.pytorch.utilities.rank_zero")
     lightning_log.addHandler(lines)
@@ -203,10 +214,18 @@ def test_reduce_overhead_on_a_cpu_trains_as_eager_under_accumulation(tmp_path, s
         torch._dynamo.reset()
         torch.manual_seed(0)
         module = GPTLightningModule(**{**TINY_MODEL, "compile": compile, "compile_mode": "reduce-overhead"})
-        data = TokenStreamDataModule(str(text), batch_size=2, block_size=32, cache_dir=str(tmp_path), tokens_per_step=128)
+        data = TokenStreamDataModule(
+            str(text), batch_size=2, block_size=32, cache_dir=str(tmp_path), tokens_per_step=128
+        )
         trainer = Trainer(
-            accelerator="cpu", max_steps=3, log_every_n_steps=1, limit_val_batches=0, logger=False,
-            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            accelerator="cpu",
+            max_steps=3,
+            log_every_n_steps=1,
+            limit_val_batches=0,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
         )
         trainer.fit(module, data)
         assert trainer.accumulate_grad_batches == 2

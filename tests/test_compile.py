@@ -52,10 +52,19 @@ def test_compiled_fit_really_compiles_and_checkpoints_keep_plain_keys(scope, sma
     torch._dynamo.reset()
     frames_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     module = GPTLightningModule(**COMPILED_TINY, compile_scope=scope)
-    data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.1, cache_dir=str(tmp_path))
+    data = TokenStreamDataModule(
+        str(small_text), batch_size=2, block_size=32, val_fraction=0.1, cache_dir=str(tmp_path)
+    )
     trainer = Trainer(
-        accelerator="cpu", max_steps=3, precision="bf16-mixed", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1, default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_steps=3,
+        precision="bf16-mixed",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=1,
+        default_root_dir=tmp_path,
     )
     trainer.fit(module, data)
     assert module.is_compiled

@@ -19,19 +19,58 @@ CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml"))
 OVERLAYS = {"fsdp2.yaml": "gpt2-xl.yaml"}  # overlay -> the model config the README gives it after
 STEPS = 2
 SHRINK = [
-    "--trainer.accelerator", "cpu",
-    "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32",
-    "--data.batch_size", "2", "--data.block_size", "32",
-    "--trainer.max_steps", str(STEPS), "--trainer.log_every_n_steps", "1", "--throughput.warmup_steps", "1",
+    "--trainer.accelerator",
+    "cpu",
+    "--model.n_layer",
+    "1",
+    "--model.n_head",
+    "2",
+    "--model.n_embd",
+    "32",
+    "--data.batch_size",
+    "2",
+    "--data.block_size",
+    "32",
+    "--trainer.max_steps",
+    str(STEPS),
+    "--trainer.log_every_n_steps",
+    "1",
+    "--throughput.warmup_steps",
+    "1",
 ]
 # What a test must never override: the settings that decide whether a real run works.
 AS_WRITTEN = {
     "trainer": ("precision", "gradient_clip_val", "gradient_clip_algorithm", "accumulate_grad_batches", "strategy"),
-    "model": ("compile", "compile_scope", "compile_mode", "learning_rate", "weight_decay", "betas", "warmup_steps",
-              "cosine_decay_steps", "min_lr_ratio", "float32_matmul_precision", "vocab_size", "dropout", "bias",
-              "optimizer", "muon_learning_rate", "lr_schedule", "decay_fraction", "embedding_learning_rate",
-              "head_learning_rate", "rotary", "norm", "norm_affine", "qk_norm", "activation", "tie_embeddings",
-              "zero_init_proj", "logit_softcap", "value_embeddings"),
+    "model": (
+        "compile",
+        "compile_scope",
+        "compile_mode",
+        "learning_rate",
+        "weight_decay",
+        "betas",
+        "warmup_steps",
+        "cosine_decay_steps",
+        "min_lr_ratio",
+        "float32_matmul_precision",
+        "vocab_size",
+        "dropout",
+        "bias",
+        "optimizer",
+        "muon_learning_rate",
+        "lr_schedule",
+        "decay_fraction",
+        "embedding_learning_rate",
+        "head_learning_rate",
+        "rotary",
+        "norm",
+        "norm_affine",
+        "qk_norm",
+        "activation",
+        "tie_embeddings",
+        "zero_init_proj",
+        "logit_softcap",
+        "value_embeddings",
+    ),
 }
 
 
@@ -54,7 +93,9 @@ def workdir(tmp_path_factory, shakespeare):
     root = tmp_path_factory.mktemp("as-written")
     (root / "texts").mkdir()
     (root / "texts" / "a.txt").write_text(shakespeare[:60_000])
-    main(["tokenize", "--input", str(root / "texts"), "--output", str(root / "edu_fineweb10B"), "--shard_tokens", "4000"])
+    main(
+        ["tokenize", "--input", str(root / "texts"), "--output", str(root / "edu_fineweb10B"), "--shard_tokens", "4000"]
+    )
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=50257, n_positions=64, n_embd=32, n_layer=1, n_head=2)
     transformers.GPT2LMHeadModel(config).save_pretrained(root / "gpt2")
@@ -107,7 +148,9 @@ def test_the_config_trains_as_written(name, workdir, monkeypatch, in_process_gro
         for key in keys:
             if key in merged.get(section, {}):
                 value = ran[section][key]
-                if isinstance(value, dict) and "init_args" not in merged[section][key]:  # a class, its defaults filled in
+                if (
+                    isinstance(value, dict) and "init_args" not in merged[section][key]
+                ):  # a class, its defaults filled in
                     value = {k: v for k, v in value.items() if k != "init_args"}
                 assert value == merged[section][key], (section, key)
     if "tokens_per_step" in merged.get("data", {}):  # the recipe's accumulation: 8 micro-batches a step

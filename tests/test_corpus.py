@@ -50,7 +50,11 @@ def test_the_default_corpus_trains_without_network(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), corpus.CACHE_ENV: str(tmp_path / "empty-cache")}
     result = subprocess.run(
         [sys.executable, "-c", OFFLINE_FIT.format(save_dir=str(tmp_path / "tb"))],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "loaded 338025 tokens" in result.stdout + result.stderr
@@ -63,8 +67,21 @@ def test_the_wheel_carries_the_corpus_and_the_bpe_files_and_reads_them_where_ins
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, source / name)
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(source)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert build.returncode == 0, build.stderr[-3000:]
     (wheel,) = (tmp_path / "dist").glob("gpt_lightning-*.whl")
@@ -79,10 +96,18 @@ def test_the_wheel_carries_the_corpus_and_the_bpe_files_and_reads_them_where_ins
     assert "License-Expression: MIT" in headers
     assert {"License-File: LICENSE", "License-File: gpt_lightning/data/gpt2_bpe/LICENSE"} <= set(headers)
     read = subprocess.run(
-        [sys.executable, "-c", "import gpt_lightning.data.corpus as c, gpt_lightning.data.tokenizer as tok; "
-         "t = c.Corpus.tiny_shakespeare(); text = t.read_text(); print(t.location); print(len(text)); "
-         "print(tok.bpe_files()[0]); print(len(tok.gpt2_encoding().encode_ordinary(text)))"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path / "site")}, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            "import gpt_lightning.data.corpus as c, gpt_lightning.data.tokenizer as tok; "
+            "t = c.Corpus.tiny_shakespeare(); text = t.read_text(); print(t.location); print(len(text)); "
+            "print(tok.bpe_files()[0]); print(len(tok.gpt2_encoding().encode_ordinary(text)))",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert read.returncode == 0, read.stderr[-3000:]
     location, length, vocab_bpe, n_tokens = read.stdout.split()

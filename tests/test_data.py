@@ -65,8 +65,7 @@ def test_rank_r_of_w_reads_every_w_th_window_of_the_single_process_stream():
 def test_ranks_read_disjoint_windows():
     tokens = np.arange(101, dtype=np.uint16)
     seen = [
-        {tuple(x.flatten().tolist()) for x, _ in TokenWindows(tokens, 2, 4, rank=r, world_size=2)}
-        for r in range(2)
+        {tuple(x.flatten().tolist()) for x, _ in TokenWindows(tokens, 2, 4, rank=r, world_size=2)} for r in range(2)
     ]
     assert seen[0] and seen[1] and not seen[0] & seen[1]
     first_rank1 = next(iter(TokenWindows(tokens, 2, 4, rank=1, world_size=2)))[0]
@@ -100,9 +99,14 @@ def test_the_state_counts_the_batches_served_so_far():
     stream = iter(windows)
     for _ in range(5):
         next(stream)
-    assert windows.state_dict() == {"epoch": 0, "batches": 5, "ended": False, "rows": 10,
-                                    "layout": {"batch_size": 2, "processes": 1, "accumulate": 1},
-                                    "order": {"block_size": 4, "shuffle": False, "seed": 0, "rows": [25]}}
+    assert windows.state_dict() == {
+        "epoch": 0,
+        "batches": 5,
+        "ended": False,
+        "rows": 10,
+        "layout": {"batch_size": 2, "processes": 1, "accumulate": 1},
+        "order": {"block_size": 4, "shuffle": False, "seed": 0, "rows": [25]},
+    }
     resumed = TokenWindows(np.arange(101, dtype=np.uint16), 2, 4)
     resumed.load_state_dict(windows.state_dict())
     assert resumed.state_dict()["batches"] == 5  # restored, not yet served: saved on unchanged
@@ -113,8 +117,11 @@ def test_a_position_saved_before_rows_were_counted_is_refused_in_another_layout(
     from gpt_lightning.errors import UserError
 
     windows = TokenWindows(np.arange(101, dtype=np.uint16), 2, 4)
-    with pytest.raises(UserError, match=r"batches of 2 process\(es\) x 4 rows of 4 tokens .* this run's are 1 x 2 x 4: "
-                                        r"resume it once with 2 process\(es\), --data.batch_size 4 and --data.block_size 4;"):
+    with pytest.raises(
+        UserError,
+        match=r"batches of 2 process\(es\) x 4 rows of 4 tokens .* this run's are 1 x 2 x 4: "
+        r"resume it once with 2 process\(es\), --data.batch_size 4 and --data.block_size 4;",
+    ):
         windows.load_state_dict({"epoch": 0, "batches": 3, "layout": [4, 4, 2, 101]})
     windows.load_state_dict({"epoch": 0, "batches": 3, "layout": [2, 4, 1, 101]})  # its own layout: goes on
     assert next(iter(windows))[0][0, 0].item() == 24
@@ -146,7 +153,7 @@ def test_a_position_goes_on_in_another_layout_with_the_same_rows(shuffle):
         resumed = TokenWindows(tokens, 2, 4, accumulate=accumulate, moved=lambda *a: moves.append(a), **kw)
         resumed.load_state_dict(saved)
         rows = first_rows([resumed]) + first_rows([resumed])
-        assert rows == whole[40:epoch_rows] + whole[250:250 + len(rows) - (epoch_rows - 40)]
+        assert rows == whole[40:epoch_rows] + whole[250 : 250 + len(rows) - (epoch_rows - 40)]
         assert len(rows) - (epoch_rows - 40) == len(resumed) * 2
         assert moves.pop() == (done, 2, False)  # batches of the epoch this layout counts as done
 
@@ -158,7 +165,11 @@ def test_a_mid_epoch_resume_in_another_order_of_rows_is_refused_in_one_line():
     windows = TokenWindows(tokens, 2, 4, shuffle=True, seed=7)
     stream = iter(windows)
     next(stream)
-    with pytest.raises(UserError, match="mid-epoch in the order of rows that --data.block_size 4 --data.seed 7 give .this run: block_size 8, seed 8.; .*resume with --data.block_size 4 --data.seed 7, or"):
+    with pytest.raises(
+        UserError,
+        match="mid-epoch in the order of rows that --data.block_size 4 --data.seed 7 give .this run: block_size 8, "
+        "seed 8.; .*resume with --data.block_size 4 --data.seed 7, or",
+    ):
         TokenWindows(tokens, 2, 8, shuffle=True, seed=8).load_state_dict(windows.state_dict())
     list(stream)  # at the epoch's end another order is the next epoch's
     TokenWindows(tokens, 2, 8, shuffle=True, seed=8).load_state_dict(windows.state_dict())
@@ -182,7 +193,9 @@ def test_shuffled_rows_are_a_new_permutation_each_epoch_and_the_same_every_run()
     assert shuffled_firsts(TokenWindows(tokens, 2, 4, shuffle=True, seed=7), 0) == epoch0  # another run
     assert shuffled_firsts(TokenWindows(tokens, 2, 4, shuffle=True, seed=8), 0) != epoch0  # another seed
     # Ranks split each epoch's batches of the single-process stream: disjoint, and all of them.
-    per_rank = [shuffled_firsts(TokenWindows(tokens, 2, 4, rank=r, world_size=2, shuffle=True, seed=7), 1) for r in (0, 1)]
+    per_rank = [
+        shuffled_firsts(TokenWindows(tokens, 2, 4, rank=r, world_size=2, shuffle=True, seed=7), 1) for r in (0, 1)
+    ]
     assert per_rank[0] == epoch1[0:124:2] and per_rank[1] == epoch1[1:124:2]
     # Iterated as a dataset, each pass is the next epoch; resuming mid-epoch continues the same order.
     passes = TokenWindows(tokens, 2, 4, shuffle=True, seed=7)
@@ -266,7 +279,10 @@ def test_a_launch_checks_a_settled_cache_by_size_and_mtime_without_reading_it(sm
     monkeypatch.setattr("gpt_lightning.data.token_cache.sha256_file", counting(token_cache.sha256_file))
 
     def launch():  # as Lightning calls them: prepare_data on (local) rank 0, then setup on every rank
-        ranks = [TokenStreamDataModule(str(small_text), batch_size=2, block_size=16, cache_dir=str(tmp_path)) for _ in range(2)]
+        ranks = [
+            TokenStreamDataModule(str(small_text), batch_size=2, block_size=16, cache_dir=str(tmp_path))
+            for _ in range(2)
+        ]
         ranks[0].prepare_data()
         for dm in ranks:
             dm.setup("fit")
@@ -299,7 +315,9 @@ def test_a_launch_checks_a_settled_cache_by_size_and_mtime_without_reading_it(sm
 
 def test_data_shuffle_serves_the_training_split_in_a_seeded_order(small_text, tmp_path):
     def firsts(**kwargs):
-        dm = TokenStreamDataModule(str(small_text), batch_size=2, block_size=16, val_fraction=0.1, cache_dir=str(tmp_path), **kwargs)
+        dm = TokenStreamDataModule(
+            str(small_text), batch_size=2, block_size=16, val_fraction=0.1, cache_dir=str(tmp_path), **kwargs
+        )
         dm.setup("fit")
         return [x[:, 0].tolist() for x, _ in dm.train_dataloader()], [x[:, 0].tolist() for x, _ in dm.val_dataloader()]
 

@@ -24,21 +24,59 @@ ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
 def fit_args(small_text, tmp_path, max_steps=6, log_every_n_steps=1):
     probe = {"class_path": "ddp_probe.RecordRank", "init_args": {"out_dir": str(tmp_path / "ranks")}}
     return [
-        "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--trainer.strategy", "ddp",
-        "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--model.compile", "false",
-        "--model.n_layer", "1", "--model.n_embd", "32", "--model.n_head", "2",
-        "--data.data_path", str(small_text), "--data.cache_dir", str(tmp_path / "cache"),
-        "--data.batch_size", "2", "--data.block_size", "32",
-        "--trainer.max_steps", str(max_steps), "--trainer.log_every_n_steps", str(log_every_n_steps),
-        "--trainer.limit_val_batches", "0",
-        "--throughput.warmup_steps", "2", f"--trainer.callbacks+={json.dumps(probe)}",
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
+        "fit",
+        "--config",
+        str(REPO / "configs/tiny-cpu.yaml"),
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.precision",
+        "32-true",
+        "--model.compile",
+        "false",
+        "--model.n_layer",
+        "1",
+        "--model.n_embd",
+        "32",
+        "--model.n_head",
+        "2",
+        "--data.data_path",
+        str(small_text),
+        "--data.cache_dir",
+        str(tmp_path / "cache"),
+        "--data.batch_size",
+        "2",
+        "--data.block_size",
+        "32",
+        "--trainer.max_steps",
+        str(max_steps),
+        "--trainer.log_every_n_steps",
+        str(log_every_n_steps),
+        "--trainer.limit_val_batches",
+        "0",
+        "--throughput.warmup_steps",
+        "2",
+        f"--trainer.callbacks+={json.dumps(probe)}",
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path / "tb"),
     ]
 
 
 # ddp_run's job on 2 processes, which the torchrun restart below runs again.
-MODERN_MUON_JOB = ["--trainer.devices", "2", "--model.optimizer", "muon", "--trainer.gradient_clip_val", "1.0", *MODERN_FLAGS,
-                   "--model.embedding_learning_rate", "0.1", "--model.head_learning_rate", "0.004"]
+MODERN_MUON_JOB = [
+    "--trainer.devices",
+    "2",
+    "--model.optimizer",
+    "muon",
+    "--trainer.gradient_clip_val",
+    "1.0",
+    *MODERN_FLAGS,
+    "--model.embedding_learning_rate",
+    "0.1",
+    "--model.head_learning_rate",
+    "0.004",
+]
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +91,26 @@ def ddp_run(tmp_path_factory, shakespeare):
     small_text = tmp_path / "small.txt"
     small_text.write_text(shakespeare[:50_000])
     counter = {"class_path": "host_reads.BarrierCounter", "init_args": {"out": str(tmp_path / "barriers.json")}}
-    harness = {"class_path": "gpt_lightning.HarnessEval", "init_args": {  # at steps 0 and 8
-        "tasks": TASK, "every_n_steps": 8, "limit": 7, "include_path": str(write_task(tmp_path / "tasks", shakespeare))}}
+    harness = {
+        "class_path": "gpt_lightning.HarnessEval",
+        "init_args": {  # at steps 0 and 8
+            "tasks": TASK,
+            "every_n_steps": 8,
+            "limit": 7,
+            "include_path": str(write_task(tmp_path / "tasks", shakespeare)),
+        },
+    }
     args = fit_args(small_text, tmp_path, max_steps=8, log_every_n_steps=4)
-    result = run_cli(*args, *MODERN_MUON_JOB, f"--trainer.callbacks+={json.dumps(counter)}",
-                     f"--trainer.callbacks+={json.dumps(harness)}",
-                     "--checkpoint.every_n_train_steps", "1000", cwd=tmp_path, env_extra=ENV)
+    result = run_cli(
+        *args,
+        *MODERN_MUON_JOB,
+        f"--trainer.callbacks+={json.dumps(counter)}",
+        f"--trainer.callbacks+={json.dumps(harness)}",
+        "--checkpoint.every_n_train_steps",
+        "1000",
+        cwd=tmp_path,
+        env_extra=ENV,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return tmp_path, small_text, result
 
@@ -111,10 +163,19 @@ def test_harness_tasks_on_two_ranks_give_the_one_process_result(ddp_run):
     (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
     events = EventAccumulator(str(run_dir))
     events.Reload()
-    logged = {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"] if tag.startswith("eval/")}
+    logged = {
+        tag: {e.step: e.value for e in events.Scalars(tag)}
+        for tag in events.Tags()["scalars"]
+        if tag.startswith("eval/")
+    }
     assert logged[f"eval/{TASK}/samples"] == {0: 7, 8: 7}  # each example once, not once per rank
-    one = run_tasks(GPTHarnessLM.from_checkpoint(run_dir / "checkpoints" / "last.ckpt"), [TASK], limit=7,
-                    include_path=tmp_path / "tasks", bootstrap_iters=0)["results"][TASK]
+    one = run_tasks(
+        GPTHarnessLM.from_checkpoint(run_dir / "checkpoints" / "last.ckpt"),
+        [TASK],
+        limit=7,
+        include_path=tmp_path / "tasks",
+        bootstrap_iters=0,
+    )["results"][TASK]
     for metric in ("acc", "acc_norm"):
         assert logged[f"eval/{TASK}/{metric}"][8] == pytest.approx(one[f"{metric},none"], abs=1e-6)
 
@@ -129,10 +190,33 @@ def test_two_nodes_launched_by_torchrun(small_text, tmp_path):
     port = free_port()
     launches = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
-             "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
-             "-m", "gpt_lightning", *fit_args(small_text, tmp_path), "--trainer.num_nodes", "2", "--trainer.devices", "1"],
-            cwd=tmp_path, env={**os.environ, **ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--node_rank",
+                str(node),
+                "--nproc_per_node",
+                "1",
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(port),
+                "-m",
+                "gpt_lightning",
+                *fit_args(small_text, tmp_path),
+                "--trainer.num_nodes",
+                "2",
+                "--trainer.devices",
+                "1",
+            ],
+            cwd=tmp_path,
+            env={**os.environ, **ENV},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for node in (0, 1)
     ]
@@ -151,11 +235,30 @@ def test_torchrun_max_restarts_resumes_after_a_rank_dies(ddp_run, tmp_path):
     whole, small_text, _ = ddp_run
     kill = {"class_path": "ddp_probe.KillRank", "init_args": {"rank": 1, "step": 5}}
     launch = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-         "-m", "gpt_lightning", *fit_args(small_text, tmp_path, max_steps=8, log_every_n_steps=4), *MODERN_MUON_JOB,
-         "--checkpoint.every_n_train_steps", "2", "--ckpt_path", "last", f"--trainer.callbacks+={json.dumps(kill)}"],
-        cwd=tmp_path, env={**os.environ, **ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "-m",
+            "gpt_lightning",
+            *fit_args(small_text, tmp_path, max_steps=8, log_every_n_steps=4),
+            *MODERN_MUON_JOB,
+            "--checkpoint.every_n_train_steps",
+            "2",
+            "--ckpt_path",
+            "last",
+            f"--trainer.callbacks+={json.dumps(kill)}",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, **ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     log = launch.stdout + launch.stderr
     assert launch.returncode == 0, log[-3000:]
@@ -169,7 +272,9 @@ def test_torchrun_max_restarts_resumes_after_a_rank_dies(ddp_run, tmp_path):
     if "another rank of this run went away" in log:
         assert "gpt-lightning: error: another rank of this run went away, and this one (rank 0 of 2) stopped" in log
         error_file = tmp_path / "tb" / "tiny-cpu" / "version_0" / "error-rank0.txt"
-        assert f"the whole error is in {error_file})" in log and "Traceback" in error_file.read_text(), error_file.read_text()
+        assert f"the whole error is in {error_file})" in log and "Traceback" in error_file.read_text(), (
+            error_file.read_text()
+        )
     first, relaunched = [line for line in log.splitlines() if line.startswith("--ckpt_path last:")]
     assert "starting fresh" in first  # the job's first launch: no last.ckpt yet
     assert relaunched.endswith("tiny-cpu/version_0/checkpoints/last.ckpt"), relaunched

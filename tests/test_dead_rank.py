@@ -27,10 +27,21 @@ def test_the_survivor_of_a_rank_that_hangs_stops_at_the_timeout_given_in_one_lin
     args = fit_args(small_text, tmp_path, max_steps=8)
     args[args.index("--trainer.strategy") + 1] = "DDPStrategy"
     # 30 s: rank 1 must also join the process group within it, after its start on a busy machine.
-    args += ["--trainer.strategy.timeout", "0:00:30", "--trainer.devices", "2", f"--trainer.callbacks+={json.dumps(stop)}"]
+    args += [
+        "--trainer.strategy.timeout",
+        "0:00:30",
+        "--trainer.devices",
+        "2",
+        f"--trainer.callbacks+={json.dumps(stop)}",
+    ]
     with open(tmp_path / "stderr", "w") as stderr:  # rank 1 (stopped) keeps it open: not a pipe
-        survivor = subprocess.Popen([sys.executable, "-m", "gpt_lightning", *args], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                                    stderr=stderr, env={**os.environ, "PYTHONPATH": str(REPO), **ENV})
+        survivor = subprocess.Popen(
+            [sys.executable, "-m", "gpt_lightning", *args],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env={**os.environ, "PYTHONPATH": str(REPO), **ENV},
+        )
         try:
             returncode = survivor.wait(timeout=300)
             ended = time.time()
@@ -53,8 +64,16 @@ def test_the_survivor_of_a_rank_that_hangs_stops_at_the_timeout_given_in_one_lin
 
 
 def test_a_strategy_by_name_waits_10_minutes_and_a_timeout_given_wins(in_process_group):
-    base = ["--config", str(REPO / "configs/tiny-cpu.yaml"), "--trainer.accelerator", "cpu", "--trainer.devices", "2",
-            "--trainer.logger", "false"]
+    base = [
+        "--config",
+        str(REPO / "configs/tiny-cpu.yaml"),
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.devices",
+        "2",
+        "--trainer.logger",
+        "false",
+    ]
     for strategy, expected in (
         ([], timedelta(minutes=10)),  # auto, on 2 devices: ddp
         (["--trainer.strategy", "ddp"], timedelta(minutes=10)),
@@ -67,8 +86,10 @@ def test_a_strategy_by_name_waits_10_minutes_and_a_timeout_given_wins(in_process
 
 # What the collectives raise, in the shapes torch and gloo give them. A gone peer: gloo a moment after
 # a rank was SIGKILLed (as measured), gloo at the timeout of a rank that hangs, NCCL's remote error.
-GLOO_CLOSED = "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:51911. " \
-              "This is typically caused by a remote worker crashing. Check the logs of the remote worker before reporting an error."
+GLOO_CLOSED = (
+    "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:51911. "
+    "This is typically caused by a remote worker crashing. Check the logs of the remote worker before reporting an error."
+)
 GLOO_TIMED_OUT = "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 30000ms for recv operation to complete"
 NCCL = "NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, {}, NCCL version 2.26.2\n{}\nLast error:\n{}"
 
@@ -83,17 +104,32 @@ def real_errors():
     except dist.DistStoreError as err:
         startup = err
     return [
-        dist.DistBackendError(NCCL.format("invalid usage (run with NCCL_DEBUG=WARN for details)",
-                                          "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.",
-                                          "Invalid config blocking attribute value -2147483648")),
-        dist.DistBackendError(NCCL.format("unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
-                                          "ncclUnhandledCudaError: Call to CUDA function failed.", "Cuda failure 2 'out of memory'")),
-        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.53 GiB. GPU 0 has a total capacity of 79.10 GiB of "
-                               "which 1.02 GiB is free. Of the allocated memory 75.20 GiB is allocated by PyTorch."),
+        dist.DistBackendError(
+            NCCL.format(
+                "invalid usage (run with NCCL_DEBUG=WARN for details)",
+                "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.",
+                "Invalid config blocking attribute value -2147483648",
+            )
+        ),
+        dist.DistBackendError(
+            NCCL.format(
+                "unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+                "ncclUnhandledCudaError: Call to CUDA function failed.",
+                "Cuda failure 2 'out of memory'",
+            )
+        ),
+        torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 1.53 GiB. GPU 0 has a total capacity of 79.10 GiB of "
+            "which 1.02 GiB is free. Of the allocated memory 75.20 GiB is allocated by PyTorch."
+        ),
         startup,
-        dist.DistNetworkError("The server socket has failed to listen on any local network address. port: 29500, "
-                              "useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"),
-        RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:144] connect [127.0.1.1]:40523: Connection refused"),
+        dist.DistNetworkError(
+            "The server socket has failed to listen on any local network address. port: 29500, "
+            "useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"
+        ),
+        RuntimeError(
+            "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:144] connect [127.0.1.1]:40523: Connection refused"
+        ),
     ]
 
 
@@ -115,10 +151,18 @@ def test_real_errors_keep_their_traceback_even_after_training_started(tmp_path, 
         report.on_exception(trainer, None, err)
         exit_if_peer_went_away(err)  # returns: the CLI raises it again, with its traceback
     assert not list(tmp_path.iterdir())
-    gone = [RuntimeError(GLOO_CLOSED), RuntimeError(GLOO_TIMED_OUT),
-            dist.DistBackendError(NCCL.format("remote process exited or there was a network error",
-                                              "ncclRemoteError: A call failed possibly due to a network error or a remote "
-                                              "process exiting prematurely.", "socketProgress: Connection closed by remote peer"))]
+    gone = [
+        RuntimeError(GLOO_CLOSED),
+        RuntimeError(GLOO_TIMED_OUT),
+        dist.DistBackendError(
+            NCCL.format(
+                "remote process exited or there was a network error",
+                "ncclRemoteError: A call failed possibly due to a network error or a remote "
+                "process exiting prematurely.",
+                "socketProgress: Connection closed by remote peer",
+            )
+        ),
+    ]
     for err in gone:
         assert peer_went_away(err), err
         try:
@@ -149,7 +193,14 @@ def test_a_gone_peer_before_the_first_step_keeps_its_traceback(small_text, tmp_p
     args = fit_args(small_text, tmp_path, max_steps=2)
     args[args.index("--trainer.strategy") + 1] = "auto"
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
-        main([*args, "--trainer.devices", "1", f"--trainer.callbacks+={json.dumps({'class_path': 'test_dead_rank.RaiseAt'})}"])
+        main(
+            [
+                *args,
+                "--trainer.devices",
+                "1",
+                f"--trainer.callbacks+={json.dumps({'class_path': 'test_dead_rank.RaiseAt'})}",
+            ]
+        )
     assert not list(tmp_path.rglob("error-rank*"))
 
 
@@ -190,10 +241,22 @@ def test_ranks_wait_for_the_data_to_be_prepared_longer_than_the_timeout(small_te
         probe.bind(("127.0.0.1", 0))
         port = str(probe.getsockname()[1])
     ranks = [
-        subprocess.Popen([sys.executable, "-c", SLOW_PREPARE, str(tmp_path), str(small_text)], cwd=tmp_path,
-                         env={**os.environ, **ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2",
-                              "NODE_RANK": "0", "LOCAL_RANK": str(rank)},
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", SLOW_PREPARE, str(tmp_path), str(small_text)],
+            cwd=tmp_path,
+            env={
+                **os.environ,
+                **ENV,
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+                "WORLD_SIZE": "2",
+                "NODE_RANK": "0",
+                "LOCAL_RANK": str(rank),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for rank in range(2)
     ]
     logs = [rank.communicate(timeout=300)[0] for rank in ranks]
@@ -207,10 +270,21 @@ def test_when_lightning_s_launcher_notices_first_rank_0_still_says_it_in_one_lin
     launcher's watcher (polling every 5 s) can notice. Before, it SIGKILLed rank 0 (exit 137) with
     Lightning's "Forcefully terminating all other processes" and no line of ours."""
     hold = {"class_path": "preemption_probe.HoldAt", "init_args": {"out_dir": str(tmp_path / "hold"), "moment": "step"}}
-    args = [*fit_args(small_text, tmp_path, max_steps=4), "--trainer.devices", "2", f"--trainer.callbacks+={json.dumps(hold)}"]
-    started = subprocess.Popen([sys.executable, "-m", "gpt_lightning", *args], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True, env={**os.environ, **ENV, "PYTHONPATH": os.pathsep.join(
-                                   [str(REPO), str(REPO / "tests")])}, start_new_session=True)
+    args = [
+        *fit_args(small_text, tmp_path, max_steps=4),
+        "--trainer.devices",
+        "2",
+        f"--trainer.callbacks+={json.dumps(hold)}",
+    ]
+    started = subprocess.Popen(
+        [sys.executable, "-m", "gpt_lightning", *args],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **ENV, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])},
+        start_new_session=True,
+    )
     marks = [tmp_path / "hold" / f"step-rank{rank}" for rank in range(2)]
     deadline = time.monotonic() + 300
     try:
@@ -223,22 +297,49 @@ def test_when_lightning_s_launcher_notices_first_rank_0_still_says_it_in_one_lin
         os.killpg(started.pid, signal.SIGKILL) if started.poll() is None else None
     assert started.returncode == 1, err[-3000:]
     last = err.strip().splitlines()[-1]
-    assert last.startswith("gpt-lightning: error: another rank of this run went away, and this one (rank 0 of 2) stopped "
-                           f"(Lightning's launcher saw rank 1 (pid {rank1}) end: killed by SIGKILL; "), last
+    assert last.startswith(
+        "gpt-lightning: error: another rank of this run went away, and this one (rank 0 of 2) stopped "
+        f"(Lightning's launcher saw rank 1 (pid {rank1}) end: killed by SIGKILL; "
+    ), last
     error_file = tmp_path / "tb" / "tiny-cpu" / "version_0" / "error-rank0.txt"
     assert f"the whole error is in {error_file})" in last and "--ckpt_path last" in last
     report = error_file.read_text()
     assert f"rank 1 (pid {rank1}) end: killed by SIGKILL" in report and "in _hold" in report  # where rank 0 waited
 
 
-def test_a_second_run_in_one_process_still_says_a_launched_rank_ended_and_lightning_s_own_watcher_is_back(small_text, tmp_path):
+def test_a_second_run_in_one_process_still_says_a_launched_rank_ended_and_lightning_s_own_watcher_is_back(
+    small_text, tmp_path
+):
     """``main()`` twice in one process (a notebook). Before, the first run left Lightning's launcher watcher
     replaced and the end claimed: a later DDP launch (a plain ``Trainer``'s or the CLI's) got neither
     Lightning's kill of the other ranks nor our line."""
-    args = ["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--model.compile", "false", "--model.n_layer", "1",
-            "--model.n_embd", "32", "--model.n_head", "2", "--data.data_path", str(small_text), "--data.cache_dir",
-            str(tmp_path / "cache"), "--data.batch_size", "2", "--data.block_size", "32", "--trainer.max_steps", "1",
-            "--trainer.limit_val_batches", "0", "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")]
+    args = [
+        "fit",
+        "--config",
+        str(REPO / "configs/tiny-cpu.yaml"),
+        "--model.compile",
+        "false",
+        "--model.n_layer",
+        "1",
+        "--model.n_embd",
+        "32",
+        "--model.n_head",
+        "2",
+        "--data.data_path",
+        str(small_text),
+        "--data.cache_dir",
+        str(tmp_path / "cache"),
+        "--data.batch_size",
+        "2",
+        "--data.block_size",
+        "32",
+        "--trainer.max_steps",
+        "1",
+        "--trainer.limit_val_batches",
+        "0",
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path / "tb"),
+    ]
     killed = {"class_path": "ddp_probe.LaunchedRankKilled"}
     body = f"""
 import subprocess
@@ -258,10 +359,18 @@ def ended(proc):
 print("watcher:", subprocess_script._ChildProcessObserver is lightnings, ended(live), ended(launcher), flush=True)
 main({[*args, "--trainer.callbacks+=" + json.dumps(killed)]!r})
 """
-    result = subprocess.run([sys.executable, "-c", body], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, **ENV})
+    result = subprocess.run(
+        [sys.executable, "-c", body],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **ENV},
+    )
     assert "watcher: True -9 -9\n" in result.stdout, result.stdout[-500:] + result.stderr[-3000:]  # Lightning's kill
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("gpt-lightning: error: another rank of this run went away, and this one (rank 0) stopped "
-                           "(Lightning's launcher saw rank 1 (pid "), last
+    assert last.startswith(
+        "gpt-lightning: error: another rank of this run went away, and this one (rank 0) stopped "
+        "(Lightning's launcher saw rank 1 (pid "
+    ), last

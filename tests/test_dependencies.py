@@ -39,7 +39,9 @@ COMPROMISED = {"lightning": ["2.6.2", "2.6.3"]}
 @pytest.mark.parametrize(("name", "release"), [(n, r) for n, rs in COMPROMISED.items() for r in rs])
 def test_a_compromised_release_is_excluded(name, release):
     assert Version(release) not in DECLARED[name].specifier, f"{DECLARED[name]} admits the compromised {name} {release}"
-    assert Version(version(name)) != Version(release), f"this environment has the compromised {name} {release} installed"
+    assert Version(version(name)) != Version(release), (
+        f"this environment has the compromised {name} {release} installed"
+    )
 
 
 def test_no_minimum_is_below_what_lightning_itself_requires():

@@ -27,8 +27,10 @@ def write_task(folder: Path, text: str, examples: int = 7) -> Path:
     among three choices."""
     folder.mkdir(parents=True, exist_ok=True)
     lines = [line.strip() for line in text.splitlines() if len(line.strip()) > 20]
-    docs = [{"context": lines[i], "choices": [lines[i + 1], lines[i + 40], lines[i + 80]], "label": 0}
-            for i in range(0, 6 * examples, 6)]
+    docs = [
+        {"context": lines[i], "choices": [lines[i + 1], lines[i + 40], lines[i + 80]], "label": 0}
+        for i in range(0, 6 * examples, 6)
+    ]
     (folder / "mc.jsonl").write_text("".join(json.dumps(doc) + "\n" for doc in docs))
     (folder / f"{TASK}.yaml").write_text(
         f"task: {TASK}\ndataset_path: json\ndataset_kwargs:\n  data_files: {folder / 'mc.jsonl'}\ntest_split: train\n"
@@ -53,13 +55,25 @@ def test_logs_the_tasks_and_trains_the_weights_of_a_run_without_it(tmp_path, sha
     def train(callbacks: list, name: str) -> GPTLightningModule:
         torch.manual_seed(0)
         module = GPTLightningModule(**TINY_MODEL, block_size=32, dropout=0.1, val_sample_tokens=0)
-        module.model.transformer.h[0].attn.c_proj.register_forward_hook(  # the pass runs in eval mode, training does not
-            lambda layer, inputs, output: None if layer.training else pass_dtypes.add(output.dtype))
-        data = TokenStreamDataModule(str(tmp_path / "text.txt"), batch_size=2, block_size=32, shuffle=True,
-                                     cache_dir=str(tmp_path / "cache"))
-        Trainer(accelerator="cpu", precision="bf16-mixed", max_steps=4, limit_val_batches=0, callbacks=callbacks,
-                logger=TensorBoardLogger(tmp_path, name=name), enable_checkpointing=False, enable_progress_bar=False,
-                enable_model_summary=False).fit(module, data)
+        module.model.transformer.h[
+            0
+        ].attn.c_proj.register_forward_hook(  # the pass runs in eval mode, training does not
+            lambda layer, inputs, output: None if layer.training else pass_dtypes.add(output.dtype)
+        )
+        data = TokenStreamDataModule(
+            str(tmp_path / "text.txt"), batch_size=2, block_size=32, shuffle=True, cache_dir=str(tmp_path / "cache")
+        )
+        Trainer(
+            accelerator="cpu",
+            precision="bf16-mixed",
+            max_steps=4,
+            limit_val_batches=0,
+            callbacks=callbacks,
+            logger=TensorBoardLogger(tmp_path, name=name),
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        ).fit(module, data)
         return module
 
     harness = HarnessEval(tasks=TASK, every_n_steps=4, limit=7, include_path=str(tasks))
@@ -82,12 +96,21 @@ def test_logs_the_tasks_and_trains_the_weights_of_a_run_without_it(tmp_path, sha
 def test_resumed_with_it_on_ends_with_the_weights_of_the_uninterrupted_run(tmp_path, corpus, shakespeare):  # noqa: F811
     """Through the CLI (configs/tiny-cpu.yaml at its auto precision, shuffled): the run resumed at step 2 with
     ``HarnessEval`` on (it scores as it resumes and at the end) ends where the run without it does."""
-    harness = {"class_path": "gpt_lightning.HarnessEval", "init_args": {
-        "tasks": TASK, "every_n_steps": 2, "limit": 5, "include_path": str(write_task(tmp_path / "tasks", shakespeare))}}
+    harness = {
+        "class_path": "gpt_lightning.HarnessEval",
+        "init_args": {
+            "tasks": TASK,
+            "every_n_steps": 2,
+            "limit": 5,
+            "include_path": str(write_task(tmp_path / "tasks", shakespeare)),
+        },
+    }
     every = ["--checkpoint.every_n_train_steps", "2", "--trainer.max_steps", "4", "--data.shuffle", "true"]
     whole = fit(tmp_path, "whole", corpus, *every)
     (at_stop,) = whole.glob("*step=2.ckpt")
-    resumed = fit(tmp_path, "resumed", corpus, *every, "--ckpt_path", str(at_stop), f"--trainer.callbacks+={json.dumps(harness)}")
+    resumed = fit(
+        tmp_path, "resumed", corpus, *every, "--ckpt_path", str(at_stop), f"--trainer.callbacks+={json.dumps(harness)}"
+    )
     expected, got = weights(whole / "last.ckpt"), weights(resumed / "last.ckpt")
     assert all(torch.equal(expected[key], got[key]) for key in expected)
     assert sorted(scalars(resumed.parent, TAGS[0])) == [2, 4]
@@ -107,7 +130,15 @@ def test_the_reference_suite_resolves_to_tasks_the_harness_knows():
     folders = [harness / name for name in ("hellaswag", "arc", "piqa", "winogrande", "lambada", "openbookqa")]
     manager = TaskManager(include_path=[SUITE_DIR, *folders], include_defaults=False)
     assert "gpt2-suite" in manager.all_groups
-    assert set(group.task) == {"hellaswag", "arc_easy", "arc_challenge", "piqa", "winogrande", "lambada_openai", "openbookqa"}
+    assert set(group.task) == {
+        "hellaswag",
+        "arc_easy",
+        "arc_challenge",
+        "piqa",
+        "winogrande",
+        "lambada_openai",
+        "openbookqa",
+    }
     assert set(group.task) <= set(manager.all_subtasks)  # each a task of the harness's own, not a group or a typo
     assert [metric.metric for metric in group.aggregate_metric_list] == ["acc"]
 
@@ -160,4 +191,6 @@ def test_a_limit_below_the_number_of_ranks_is_refused_before_training():
     from gpt_lightning.errors import UserError
 
     with pytest.raises(UserError, match="limit 1 is below the 2 ranks"):
-        HarnessEval(tasks="my_task", limit=1).setup(SimpleNamespace(world_size=2), SimpleNamespace(device_mesh=None), "fit")
+        HarnessEval(tasks="my_task", limit=1).setup(
+            SimpleNamespace(world_size=2), SimpleNamespace(device_mesh=None), "fit"
+        )

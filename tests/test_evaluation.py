@@ -77,9 +77,17 @@ def write_tasks(folder, text: str) -> None:
 def train(root, text_file, **switches):
     """A checkpoint of a tiny model trained a few steps on ``text_file``, as ``gpt-lightning fit`` writes it."""
     module = GPTLightningModule(**TINY_MODEL, block_size=BLOCK_SIZE, **switches)
-    data = TokenStreamDataModule(str(text_file), batch_size=4, block_size=BLOCK_SIZE, val_fraction=0.0, cache_dir=str(root))
-    trainer = Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False)
+    data = TokenStreamDataModule(
+        str(text_file), batch_size=4, block_size=BLOCK_SIZE, val_fraction=0.0, cache_dir=str(root)
+    )
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, data)
     path = root / ("modern.ckpt" if switches else "gpt2.ckpt")
     trainer.save_checkpoint(path)
@@ -94,8 +102,19 @@ def setup(tmp_path_factory, shakespeare):
     write_tasks(root / "tasks", shakespeare)
     (root / "text.txt").write_text(shakespeare[:40_000])
     gpt2 = train(root, root / "text.txt")
-    modern = train(root, root / "text.txt", bias=False, rotary=True, norm="rmsnorm", norm_affine=False, qk_norm=True,
-                   activation="relu2", tie_embeddings=False, logit_softcap=15.0, value_embeddings=True)
+    modern = train(
+        root,
+        root / "text.txt",
+        bias=False,
+        rotary=True,
+        norm="rmsnorm",
+        norm_affine=False,
+        qk_norm=True,
+        activation="relu2",
+        tie_embeddings=False,
+        logit_softcap=15.0,
+        value_embeddings=True,
+    )
     export_main(["--ckpt_path", str(gpt2), "--format", "hf", "--out", str(root / "hf")])
     return root, gpt2, modern
 
@@ -156,10 +175,34 @@ def test_eval_tasks_from_the_command_line_scores_a_modern_checkpoint(setup):
     out = root / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(
-        [sys.executable, "-c", LAUNCH, "eval", "--tasks", "shakespeare_mc,shakespeare_rolling,shakespeare_gen",
-         "--include_path", str(root / "tasks"), "--ckpt_path", str(modern), "--limit", "4", "--batch_size", "3",
-         "--device", "cpu", "--output_path", str(out), "--log_samples", "--bootstrap_iters", "0"],
-        capture_output=True, text=True, timeout=300, cwd=root, env=env,
+        [
+            sys.executable,
+            "-c",
+            LAUNCH,
+            "eval",
+            "--tasks",
+            "shakespeare_mc,shakespeare_rolling,shakespeare_gen",
+            "--include_path",
+            str(root / "tasks"),
+            "--ckpt_path",
+            str(modern),
+            "--limit",
+            "4",
+            "--batch_size",
+            "3",
+            "--device",
+            "cpu",
+            "--output_path",
+            str(out),
+            "--log_samples",
+            "--bootstrap_iters",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+        env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "not a git repository" not in result.stderr  # the harness's git probe, outside a repository
@@ -195,9 +238,14 @@ def test_a_dataset_that_cannot_be_downloaded_is_one_clear_error(setup, monkeypat
     root, gpt2, _ = setup
     (root / "hub").mkdir()
     (root / "hub" / "hub_task.yaml").write_text(
-        "task: hub_task\ndataset_path: someone/not_cached_here\ntest_split: test\n" + TASKS["shakespeare_mc"])
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # what HF_DATASETS_OFFLINE=1 sets; no network here either
-    with pytest.raises(UserError, match="not in the Hugging Face cache and cannot be downloaded .*someone/not_cached_here"):
+        "task: hub_task\ndataset_path: someone/not_cached_here\ntest_split: test\n" + TASKS["shakespeare_mc"]
+    )
+    monkeypatch.setattr(
+        datasets.config, "HF_HUB_OFFLINE", True
+    )  # what HF_DATASETS_OFFLINE=1 sets; no network here either
+    with pytest.raises(
+        UserError, match="not in the Hugging Face cache and cannot be downloaded .*someone/not_cached_here"
+    ):
         run_tasks(GPTHarnessLM.from_checkpoint(gpt2), ["hub_task"], include_path=root / "hub")
 
 
@@ -211,8 +259,10 @@ def test_generate_until_samples_as_gen_kwargs_say(setup):
     lm = GPTHarnessLM.from_checkpoint(gpt2, batch_size=2)
 
     def generate(**gen_kwargs):
-        requests = [Instance("generate_until", {}, (prompt, {"until": ["\n\n"], "max_gen_toks": 20, **gen_kwargs}), i)
-                    for i, prompt in enumerate(["First Citizen:", "What, art thou"])]
+        requests = [
+            Instance("generate_until", {}, (prompt, {"until": ["\n\n"], "max_gen_toks": 20, **gen_kwargs}), i)
+            for i, prompt in enumerate(["First Citizen:", "What, art thou"])
+        ]
         torch.manual_seed(0)
         return lm.generate_until(requests)
 
@@ -277,7 +327,8 @@ def edge_tasks(setup):
     for name, body in EDGE_TASKS.items():
         (folder / f"{name}.yaml").write_text(
             f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files: {root / 'tasks' / 'shakespeare.jsonl'}\n"
-            f"test_split: train\n{body}")
+            f"test_split: train\n{body}"
+        )
     return folder
 
 
@@ -286,11 +337,25 @@ def test_task_files_that_ended_in_a_traceback(setup, edge_tasks, capsys):
     empty one starts after <|endoftext|>, as the harness's empty contexts do); a generation option we
     do not take and a continuation longer than the model's context are one line naming the task."""
     _, gpt2, _ = setup
-    common = ["--include_path", str(edge_tasks), "--ckpt_path", str(gpt2), "--limit", "2", "--device", "cpu", "--bootstrap_iters", "0"]
+    common = [
+        "--include_path",
+        str(edge_tasks),
+        "--ckpt_path",
+        str(gpt2),
+        "--limit",
+        "2",
+        "--device",
+        "cpu",
+        "--bootstrap_iters",
+        "0",
+    ]
     code, out, err = eval_cli(capsys, "--tasks", "nucleus_gen,empty_prompt_gen,blank_context", *common)
     assert code == 0, err[-3000:]
     assert all(f"|{name}" in out for name in ("nucleus_gen", "empty_prompt_gen", "blank_context"))
-    for task, words in (("penalty_gen", "repetition_penalty"), ("long_continuation", "longer than the model's context of 64")):
+    for task, words in (
+        ("penalty_gen", "repetition_penalty"),
+        ("long_continuation", "longer than the model's context of 64"),
+    ):
         code, _, err = eval_cli(capsys, "--tasks", task, *common)
         assert code == 2
         assert f"Task {task}" in err.strip().splitlines()[-1] and words in err.strip().splitlines()[-1], err[-2000:]
@@ -303,16 +368,46 @@ def test_the_harness_flags(setup, tmp_path, capsys, monkeypatch):
 
     root, gpt2, _ = setup
     new_tokens, generate = [], harness_model.generate
-    monkeypatch.setattr(harness_model, "generate", lambda model, idx, new, **kwargs: new_tokens.append(new) or generate(model, idx, new, **kwargs))
+    monkeypatch.setattr(
+        harness_model,
+        "generate",
+        lambda model, idx, new, **kwargs: new_tokens.append(new) or generate(model, idx, new, **kwargs),
+    )
     out = tmp_path / "scores.txt"
-    code, stdout, err = eval_cli(capsys, "--tasks", "shakespeare_gen", "--include_path", str(root / "tasks"), "--ckpt_path", str(gpt2),
-                                 "--limit", "3", "--device", "cpu", "--bootstrap_iters", "0", "--gen_kwargs", "max_gen_toks=2",
-                                 "--seed", "0,None,8", "--batch_size", "auto", "--output_path", str(out), "--log_samples")
+    code, stdout, err = eval_cli(
+        capsys,
+        "--tasks",
+        "shakespeare_gen",
+        "--include_path",
+        str(root / "tasks"),
+        "--ckpt_path",
+        str(gpt2),
+        "--limit",
+        "3",
+        "--device",
+        "cpu",
+        "--bootstrap_iters",
+        "0",
+        "--gen_kwargs",
+        "max_gen_toks=2",
+        "--seed",
+        "0,None,8",
+        "--batch_size",
+        "auto",
+        "--output_path",
+        str(out),
+        "--log_samples",
+    )
     assert code == 0, err[-3000:]
     assert "--batch_size auto: 64" in stdout  # a tiny model: the largest tried
     results = json.loads(out.read_text())  # the file itself, not a folder of that name
     config = results["config"]
-    assert (config["random_seed"], config["numpy_seed"], config["torch_seed"], config["fewshot_seed"]) == (0, None, 8, 1234)
+    assert (config["random_seed"], config["numpy_seed"], config["torch_seed"], config["fewshot_seed"]) == (
+        0,
+        None,
+        8,
+        1234,
+    )
     assert results["configs"]["shakespeare_gen"]["generation_kwargs"]["max_gen_toks"] == 2
     assert (tmp_path / "samples_shakespeare_gen.jsonl").is_file()
     assert new_tokens and set(new_tokens) == {2}  # the task's own max_gen_toks is 12
@@ -342,12 +437,29 @@ def test_a_stopped_evaluation_resumes_from_its_cache(setup, tmp_path, capsys, mo
             scored.extend(indices)
             if stop_after and len(scored) >= stop_after[0] * batch_size:
                 raise KeyboardInterrupt  # as Ctrl-C mid-run
+
         return score(model, requests, batch_size, device, on_batch=done)
 
     score = harness_model.score_continuations
     monkeypatch.setattr(harness_model, "score_continuations", counting)
-    argv = ["--tasks", "shakespeare_mc", "--include_path", str(root / "tasks"), "--ckpt_path", str(gpt2), "--limit", "5",
-            "--device", "cpu", "--bootstrap_iters", "0", "--batch_size", "4", "--use_cache", str(tmp_path / "cache")]
+    argv = [
+        "--tasks",
+        "shakespeare_mc",
+        "--include_path",
+        str(root / "tasks"),
+        "--ckpt_path",
+        str(gpt2),
+        "--limit",
+        "5",
+        "--device",
+        "cpu",
+        "--bootstrap_iters",
+        "0",
+        "--batch_size",
+        "4",
+        "--use_cache",
+        str(tmp_path / "cache"),
+    ]
     with pytest.raises(KeyboardInterrupt):
         eval_cli(capsys, *argv)
     assert len(scored) == 4  # one batch of the 20 requests (5 examples, 4 choices)
@@ -363,9 +475,16 @@ def test_a_stopped_evaluation_resumes_from_its_cache(setup, tmp_path, capsys, mo
 
 def test_eval_help_is_quick():
     """``eval --help`` imports neither torch nor the harness (seconds on 2 cores)."""
-    probe = ("import sys\nfrom gpt_lightning.cli import main\ntry:\n    main(['eval', '--help'])\nexcept SystemExit:\n    pass\n"
-             "print(sorted(m for m in ('torch', 'lm_eval', 'transformers', 'lightning') if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    probe = (
+        "import sys\nfrom gpt_lightning.cli import main\ntry:\n    main(['eval', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'lm_eval', 'transformers', 'lightning') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert result.returncode == 0 and "--gen_kwargs" in result.stdout, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"

@@ -42,8 +42,11 @@ def test_throughput_only_example(run_example):
 def test_multinode_launch_scripts_parse(script, capfd):
     """The fit command line of each launch script parses (the launchers themselves need a cluster)."""
     text = (REPO / "examples" / script).read_text().replace("\\\n", " ")
-    words = shlex.split(text[text.index("fit --config"):].splitlines()[0])
-    words = [w.replace('"$SLURM_JOB_NUM_NODES"', "2").replace("$SLURM_JOB_NUM_NODES", "2").replace("$NNODES", "2") for w in words]
+    words = shlex.split(text[text.index("fit --config") :].splitlines()[0])
+    words = [
+        w.replace('"$SLURM_JOB_NUM_NODES"', "2").replace("$SLURM_JOB_NUM_NODES", "2").replace("$NNODES", "2")
+        for w in words
+    ]
     with pytest.raises(SystemExit) as exit_info:
         main([*words, "--print_config"])
     assert exit_info.value.code == 0, capfd.readouterr().err
@@ -58,7 +61,7 @@ def test_torchrun_restart_script_resumes_from_last(capfd):
     (tests/test_ddp.py runs the same under torchrun on the CPU); its fit line parses."""
     text = (REPO / "examples" / "torchrun_restart.sh").read_text().replace("\\\n", " ")
     assert "--max-restarts" in text
-    words = shlex.split(text[text.index("fit --config"):].splitlines()[0].replace('"$NPROC"', "8"))
+    words = shlex.split(text[text.index("fit --config") :].splitlines()[0].replace('"$NPROC"', "8"))
     assert words[-2:] == ["--ckpt_path", "last"]
     with pytest.raises(SystemExit) as exit_info:
         main([*words[:-2], "--print_config"])  # `last` needs a run to resume: the rest must parse

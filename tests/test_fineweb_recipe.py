@@ -10,8 +10,20 @@ from gpt_lightning.cli import main
 
 RECIPE = str(REPO / "configs" / "gpt2-124m-fineweb.yaml")
 # Its precision (bf16-mixed) and clipping as written: clipping under bf16-mixed once died at step 1.
-TINY = ["--trainer.accelerator", "cpu", "--model.compile", "false",
-        "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.val_sample_tokens", "0"]
+TINY = [
+    "--trainer.accelerator",
+    "cpu",
+    "--model.compile",
+    "false",
+    "--model.n_layer",
+    "1",
+    "--model.n_head",
+    "2",
+    "--model.n_embd",
+    "32",
+    "--model.val_sample_tokens",
+    "0",
+]
 
 
 def test_without_a_shard_folder_it_says_how_to_make_one(tmp_path, capsys, monkeypatch):
@@ -26,12 +38,39 @@ def test_without_a_shard_folder_it_says_how_to_make_one(tmp_path, capsys, monkey
 def test_the_recipe_trains_on_shards(shakespeare, tmp_path, caplog):
     (tmp_path / "texts").mkdir()
     (tmp_path / "texts" / "a.txt").write_text(shakespeare[:60_000])
-    main(["tokenize", "--input", str(tmp_path / "texts"), "--output", str(tmp_path / "shards"), "--shard_tokens", "4000"])
-    main(["fit", "--config", RECIPE, *TINY, "--data.data_path", str(tmp_path / "shards"),
-          "--data.batch_size", "2", "--data.block_size", "16", "--data.tokens_per_step", "128",
-          "--trainer.max_steps", "4", "--model.warmup_steps", "2", "--model.cosine_decay_steps", "2",
-          "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1", "--trainer.log_every_n_steps", "1",
-          "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
+    main(
+        ["tokenize", "--input", str(tmp_path / "texts"), "--output", str(tmp_path / "shards"), "--shard_tokens", "4000"]
+    )
+    main(
+        [
+            "fit",
+            "--config",
+            RECIPE,
+            *TINY,
+            "--data.data_path",
+            str(tmp_path / "shards"),
+            "--data.batch_size",
+            "2",
+            "--data.block_size",
+            "16",
+            "--data.tokens_per_step",
+            "128",
+            "--trainer.max_steps",
+            "4",
+            "--model.warmup_steps",
+            "2",
+            "--model.cosine_decay_steps",
+            "2",
+            "--trainer.val_check_interval",
+            "2",
+            "--trainer.limit_val_batches",
+            "1",
+            "--trainer.log_every_n_steps",
+            "1",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "tb"),
+        ]
+    )
     assert "128 tokens per optimizer step = 1 process(es) x 2 x 16 x 4 accumulated micro-batches" in caplog.text
     (run_dir,) = (tmp_path / "tb" / "gpt2-124m-fineweb").iterdir()
     config = yaml.safe_load((run_dir / "config.yaml").read_text())

@@ -35,20 +35,53 @@ from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.scaling.sharding import shard_gpt, sharding_mesh
 from gpt_lightning.training.optimizers import is_embedding, is_head
 
-TINY = ["--model.n_layer", "2", "--model.n_head", "2", "--model.n_embd", "32", "--model.compile", "false",
-        "--trainer.precision", "32-true", "--trainer.limit_val_batches", "0", "--data.block_size", "16",
-        "--data.val_fraction", "0", "--model.val_sample_tokens", "0", "--trainer.log_every_n_steps", "1",
-        "--trainer.accelerator", "cpu"]
+TINY = [
+    "--model.n_layer",
+    "2",
+    "--model.n_head",
+    "2",
+    "--model.n_embd",
+    "32",
+    "--model.compile",
+    "false",
+    "--trainer.precision",
+    "32-true",
+    "--trainer.limit_val_batches",
+    "0",
+    "--data.block_size",
+    "16",
+    "--data.val_fraction",
+    "0",
+    "--model.val_sample_tokens",
+    "0",
+    "--trainer.log_every_n_steps",
+    "1",
+    "--trainer.accelerator",
+    "cpu",
+]
 FSDP = ["--config", str(REPO / "configs/fsdp2.yaml")]  # what the README gives users
 # Validation with a sample every 2 steps: generating runs forward passes that, sharded, all ranks join.
-VALIDATE = ["--data.val_fraction", "0.1", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2",
-            "--model.val_sample_tokens", "4"]
+VALIDATE = [
+    "--data.val_fraction",
+    "0.1",
+    "--trainer.limit_val_batches",
+    "1",
+    "--trainer.val_check_interval",
+    "2",
+    "--model.val_sample_tokens",
+    "4",
+]
 
 
 # The modern model of configs/modern-tiny-cpu.yaml, with AdamW: its rates for the untied embedding and head.
 RATES = {"embedding": 0.1, "head": 0.004, "rest": 1e-3}  # the last: model.learning_rate's default
-MODERN = [*MODERN_FLAGS, "--model.embedding_learning_rate", str(RATES["embedding"]),
-          "--model.head_learning_rate", str(RATES["head"])]
+MODERN = [
+    *MODERN_FLAGS,
+    "--model.embedding_learning_rate",
+    str(RATES["embedding"]),
+    "--model.head_learning_rate",
+    str(RATES["head"]),
+]
 # Two micro-batches per optimizer step: what every GPU recipe does, and where FSDP2 reduces.
 ACCUMULATE = ["--trainer.accumulate_grad_batches", "2"]
 ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}  # the probes' callbacks
@@ -56,7 +89,10 @@ ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}  # the p
 
 def counting(workdir, name, **init_args):
     """The callback argument that has each rank count its collectives per step (``grad_probes``)."""
-    probe = {"class_path": "grad_probes.CollectiveCounter", "init_args": {"out_dir": str(workdir / "collectives" / name), **init_args}}
+    probe = {
+        "class_path": "grad_probes.CollectiveCounter",
+        "init_args": {"out_dir": str(workdir / "collectives" / name), **init_args},
+    }
     return f"--trainer.callbacks+={json.dumps(probe)}"
 
 
@@ -66,9 +102,19 @@ def collectives(workdir, name, ranks):
 
 def fit(workdir, text, name, *extra, check=True):
     result = run_cli(
-        "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *TINY, "--data.data_path", str(text),
-        "--trainer.logger.init_args.save_dir", str(workdir / "tb"), "--trainer.logger.init_args.name", name,
-        *extra, cwd=workdir, env_extra=ENV,
+        "fit",
+        "--config",
+        str(REPO / "configs/tiny-cpu.yaml"),
+        *TINY,
+        "--data.data_path",
+        str(text),
+        "--trainer.logger.init_args.save_dir",
+        str(workdir / "tb"),
+        "--trainer.logger.init_args.name",
+        name,
+        *extra,
+        cwd=workdir,
+        env_extra=ENV,
     )
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
@@ -78,8 +124,21 @@ def fit(workdir, text, name, *extra, check=True):
 def fit_here(workdir, text, name, *extra):
     """``fit`` as ``fit`` above, in this process: for one rank, a subprocess proves nothing more
     (the launches of ``gpt-lightning`` itself are the 2- and 4-process tests')."""
-    main(["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *TINY, "--data.data_path", str(text),
-          "--trainer.logger.init_args.save_dir", str(workdir / "tb"), "--trainer.logger.init_args.name", name, *extra])
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs/tiny-cpu.yaml"),
+            *TINY,
+            "--data.data_path",
+            str(text),
+            "--trainer.logger.init_args.save_dir",
+            str(workdir / "tb"),
+            "--trainer.logger.init_args.name",
+            name,
+            *extra,
+        ]
+    )
 
 
 def logged(workdir, name, tag, version=None):
@@ -98,17 +157,37 @@ def ddp_run(tmp_path_factory, shakespeare):
     """The reference: 2 DDP processes, eager, 2 rows each, 2 micro-batches a step, 4 steps, the modern model."""
     workdir = tmp_path_factory.mktemp("fsdp")
     (workdir / "small.txt").write_text(shakespeare[:50_000])
-    fit(workdir, workdir / "small.txt", "ddp", "--trainer.strategy", "ddp", "--trainer.devices", "2",
-        "--data.batch_size", "2", "--trainer.max_steps", "4", *MODERN, *ACCUMULATE, *VALIDATE, counting(workdir, "ddp"))
+    fit(
+        workdir,
+        workdir / "small.txt",
+        "ddp",
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.devices",
+        "2",
+        "--data.batch_size",
+        "2",
+        "--trainer.max_steps",
+        "4",
+        *MODERN,
+        *ACCUMULATE,
+        *VALIDATE,
+        counting(workdir, "ddp"),
+    )
     return workdir
 
 
 def assert_trains_like_ddp(workdir, name):
     assert logged(workdir, name, "train/loss") == pytest.approx(logged(workdir, "ddp", "train/loss"), rel=1e-5)
     # A sum over ranks instead of a mean would double the norm (the gloo averaging bug).
-    assert logged(workdir, name, "train/grad_norm") == pytest.approx(logged(workdir, "ddp", "train/grad_norm"), rel=1e-4)
+    assert logged(workdir, name, "train/grad_norm") == pytest.approx(
+        logged(workdir, "ddp", "train/grad_norm"), rel=1e-4
+    )
     # DDP reduces once per step (no_sync); FSDP2 reduce-scatters every micro-batch: the same sums.
-    weights, reference = gpt_from_checkpoint(last_checkpoint(workdir, name)).state_dict(), gpt_from_checkpoint(last_checkpoint(workdir, "ddp")).state_dict()
+    weights, reference = (
+        gpt_from_checkpoint(last_checkpoint(workdir, name)).state_dict(),
+        gpt_from_checkpoint(last_checkpoint(workdir, "ddp")).state_dict(),
+    )
     assert weights.keys() == reference.keys()
     for key in reference:
         # Within 2% of one AdamW step at the weight's own rate: AdamW's m / sqrt(v) turns the summation
@@ -129,8 +208,18 @@ def test_ddp_needs_no_flag_all_reduce(ddp_run):
     assert_no_flag_all_reduce(ddp_run, "ddp", 2)
 
 
-MODERN_SWITCHES = dict(bias=False, rotary=True, norm="rmsnorm", norm_affine=False, qk_norm=True, activation="relu2",
-                       tie_embeddings=False, zero_init_proj=True, logit_softcap=15.0, value_embeddings=True)
+MODERN_SWITCHES = dict(
+    bias=False,
+    rotary=True,
+    norm="rmsnorm",
+    norm_affine=False,
+    qk_norm=True,
+    activation="relu2",
+    tie_embeddings=False,
+    zero_init_proj=True,
+    logit_softcap=15.0,
+    value_embeddings=True,
+)
 
 
 @pytest.mark.parametrize("switches", [{}, MODERN_SWITCHES], ids=["gpt2", "modern"])
@@ -155,9 +244,28 @@ def test_the_plan_shards_every_block_then_the_root_and_keeps_the_keys(switches, 
 
 def test_two_processes_compiled_and_checkpointed_train_like_ddp(ddp_run):
     workdir = ddp_run
-    fit(workdir, workdir / "small.txt", "fsdp", *FSDP, "--trainer.devices", "2", "--data.batch_size", "2",
-        "--trainer.max_steps", "4", "--model.compile", "true", "--model.compile_scope", "blocks",
-        "--model.activation_checkpointing", "true", *MODERN, *ACCUMULATE, *VALIDATE, counting(workdir, "fsdp"))
+    fit(
+        workdir,
+        workdir / "small.txt",
+        "fsdp",
+        *FSDP,
+        "--trainer.devices",
+        "2",
+        "--data.batch_size",
+        "2",
+        "--trainer.max_steps",
+        "4",
+        "--model.compile",
+        "true",
+        "--model.compile_scope",
+        "blocks",
+        "--model.activation_checkpointing",
+        "true",
+        *MODERN,
+        *ACCUMULATE,
+        *VALIDATE,
+        counting(workdir, "fsdp"),
+    )
     assert_trains_like_ddp(workdir, "fsdp")
     assert logged(workdir, "fsdp", "val/loss") == pytest.approx(logged(workdir, "ddp", "val/loss"), rel=1e-5)
     assert_no_flag_all_reduce(workdir, "fsdp", 2)
@@ -169,7 +277,12 @@ def test_two_processes_compiled_and_checkpointed_train_like_ddp(ddp_run):
     assert sharded.is_dir() and (sharded / "meta.pt").is_file()  # one shard file per rank
     assert len(list(sharded.glob("*.distcp"))) == 2
     config = gpt_from_checkpoint(sharded).config  # the modern model, its switches recorded in the shards' meta.pt
-    assert (config.rotary, config.tie_embeddings, config.value_embeddings, config.logit_softcap) == (True, False, True, 15.0)
+    assert (config.rotary, config.tie_embeddings, config.value_embeddings, config.logit_softcap) == (
+        True,
+        False,
+        True,
+        15.0,
+    )
     # What users do with a checkpoint works on the folder as on a file.
     # (In this process: `sample` and `export` read the folder the same way wherever they run.)
     main(["sample", "--ckpt_path", str(sharded), "--max_new_tokens", "5", "--device", "cpu"])
@@ -180,9 +293,26 @@ def test_two_processes_compiled_and_checkpointed_train_like_ddp(ddp_run):
 def test_four_processes_on_a_two_by_two_mesh_train_like_ddp(ddp_run):
     """data_parallel 2 x tensor_parallel 2, the strategy's defaults on 2 nodes x 2 GPUs: HSDP."""
     workdir = ddp_run
-    fit(workdir, workdir / "small.txt", "hsdp", *FSDP, "--trainer.strategy.init_args.data_parallel_size", "2",
-        "--trainer.strategy.init_args.tensor_parallel_size", "2", "--trainer.devices", "4", "--data.batch_size", "1",
-        "--trainer.max_steps", "4", *MODERN, *ACCUMULATE, *VALIDATE, counting(workdir, "hsdp"))
+    fit(
+        workdir,
+        workdir / "small.txt",
+        "hsdp",
+        *FSDP,
+        "--trainer.strategy.init_args.data_parallel_size",
+        "2",
+        "--trainer.strategy.init_args.tensor_parallel_size",
+        "2",
+        "--trainer.devices",
+        "4",
+        "--data.batch_size",
+        "1",
+        "--trainer.max_steps",
+        "4",
+        *MODERN,
+        *ACCUMULATE,
+        *VALIDATE,
+        counting(workdir, "hsdp"),
+    )
     assert_trains_like_ddp(workdir, "hsdp")  # same 4 rows a micro-batch as 2 ranks x 2 rows
     assert_no_flag_all_reduce(workdir, "hsdp", 4)
     # Across the replicas ("nodes") once per optimizer step, for each of the 3 units; within a
@@ -196,27 +326,78 @@ def test_four_processes_on_a_two_by_two_mesh_train_like_ddp(ddp_run):
 @pytest.mark.filterwarnings("ignore:Detected an existing checkpoint", "ignore:Be aware that when using `ckpt_path`")
 def test_one_rank_mesh_trains_like_unsharded_and_resumes_exactly(tmp_path, small_text, in_process_group, capsys):
     fit_here(tmp_path, small_text, "plain", "--data.batch_size", "4", "--trainer.max_steps", "6")
-    fit_here(tmp_path, small_text, "mesh", *FSDP, "--trainer.devices", "1", "--data.batch_size", "4",
-        "--trainer.max_steps", "4", "--checkpoint.every_n_train_steps", "2")
+    fit_here(
+        tmp_path,
+        small_text,
+        "mesh",
+        *FSDP,
+        "--trainer.devices",
+        "1",
+        "--data.batch_size",
+        "4",
+        "--trainer.max_steps",
+        "4",
+        "--checkpoint.every_n_train_steps",
+        "2",
+    )
     # The folder's meta.pt gives the run's model settings, as a .ckpt file would (tiny-cpu.yaml,
     # given again, sets its own batch size: the command line wins over the checkpoint).
-    fit_here(tmp_path, small_text, "mesh", *FSDP, "--trainer.devices", "1", "--data.batch_size", "4",
-        "--trainer.max_steps", "6", "--ckpt_path", str(last_checkpoint(tmp_path, "mesh")))
+    fit_here(
+        tmp_path,
+        small_text,
+        "mesh",
+        *FSDP,
+        "--trainer.devices",
+        "1",
+        "--data.batch_size",
+        "4",
+        "--trainer.max_steps",
+        "6",
+        "--ckpt_path",
+        str(last_checkpoint(tmp_path, "mesh")),
+    )
     losses = logged(tmp_path, "mesh", "train/loss", 0) + logged(tmp_path, "mesh", "train/loss", 1)
     assert losses == pytest.approx(logged(tmp_path, "plain", "train/loss"), rel=1e-5)
 
     # A learning rate given on resume is the one used, though the strategy restores AdamW itself.
-    fit_here(tmp_path, small_text, "mesh", *FSDP, "--trainer.devices", "1", "--data.batch_size", "4", "--trainer.max_steps", "7",
-        "--model.learning_rate", "0.005", "--ckpt_path", str(last_checkpoint(tmp_path, "mesh")))
+    fit_here(
+        tmp_path,
+        small_text,
+        "mesh",
+        *FSDP,
+        "--trainer.devices",
+        "1",
+        "--data.batch_size",
+        "4",
+        "--trainer.max_steps",
+        "7",
+        "--model.learning_rate",
+        "0.005",
+        "--ckpt_path",
+        str(last_checkpoint(tmp_path, "mesh")),
+    )
     rates = logged(tmp_path, "mesh", "lr-AdamW/pg1", 2)
     assert rates and rates == pytest.approx([0.005] * len(rates))
 
     # Without the strategy that reads shards: one line that says what to add, not a traceback.
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *TINY, "--data.data_path", str(small_text),
-              "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
-              "--trainer.max_steps", "8", "--ckpt_path", str(last_checkpoint(tmp_path, "mesh"))])
+        main(
+            [
+                "fit",
+                "--config",
+                str(REPO / "configs/tiny-cpu.yaml"),
+                *TINY,
+                "--data.data_path",
+                str(small_text),
+                "--trainer.logger.init_args.save_dir",
+                str(tmp_path / "tb"),
+                "--trainer.max_steps",
+                "8",
+                "--ckpt_path",
+                str(last_checkpoint(tmp_path, "mesh")),
+            ]
+        )
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in err
     assert "is a folder of shards, written under FSDP2, and only ModelParallelStrategy resumes it" in err
@@ -237,7 +418,9 @@ def test_activation_checkpointing_keeps_less_and_computes_the_same_gradients(swi
         model.zero_grad()
         model.activation_checkpointing = checkpointing
         kept = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.numel() * t.element_size()) or t, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: kept.append(t.numel() * t.element_size()) or t, lambda t: t
+        ):
             _, loss = model(x, x)
         loss.backward()
         return sum(kept), {name: p.grad.clone() for name, p in model.named_parameters()}
@@ -256,9 +439,18 @@ def test_a_nan_is_skipped_on_the_device_and_reported_as_without_sharding(small_t
     def fit(module, max_steps):
         seed_everything(0)
         data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0)
-        trainer = Trainer(accelerator="cpu", devices=1, strategy=ModelParallelStrategy(), precision="32-true",
-                          max_steps=max_steps, log_every_n_steps=5, logger=False, enable_checkpointing=False,
-                          enable_progress_bar=False, enable_model_summary=False)
+        trainer = Trainer(
+            accelerator="cpu",
+            devices=1,
+            strategy=ModelParallelStrategy(),
+            precision="32-true",
+            max_steps=max_steps,
+            log_every_n_steps=5,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
         trainer.fit(module, data)
 
     seed_everything(0)
@@ -279,8 +471,21 @@ def test_a_nan_on_one_rank_alone_skips_the_update_on_every_rank(strategy, tmp_pa
     gradients alone carry it, summed across ranks (DDP's all-reduce after the accumulation; FSDP2's
     reduce-scatter puts it in one rank's shard, whose norm is all-reduced), so every rank's guard
     skips that update without the flag all-reduce it had."""
-    result = fit(tmp_path, small_text, "nan", *strategy, "--trainer.devices", "2", "--data.batch_size", "2",
-                 "--trainer.max_steps", "3", *ACCUMULATE, counting(tmp_path, "nan", nan_step=1), check=False)
+    result = fit(
+        tmp_path,
+        small_text,
+        "nan",
+        *strategy,
+        "--trainer.devices",
+        "2",
+        "--data.batch_size",
+        "2",
+        "--trainer.max_steps",
+        "3",
+        *ACCUMULATE,
+        counting(tmp_path, "nan", nan_step=1),
+        check=False,
+    )
     assert result.returncode != 0 and "became non-finite (nan or inf) at step 1" in result.stderr
     for steps in collectives(tmp_path, "nan", 2):
         assert len(steps) == 2 and [step["flag_all_reduce"] for step in steps] == [0, 0]

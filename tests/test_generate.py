@@ -35,8 +35,14 @@ def test_greedy_tokens_equal_the_uncached_path_and_transformers(model, tmp_path)
     theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     theirs.generation_config.eos_token_id = None  # all 20 tokens, as ours
     with torch.no_grad():
-        expected = theirs.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=20, do_sample=False,
-                                   use_cache=True, pad_token_id=50256)
+        expected = theirs.generate(
+            idx,
+            attention_mask=torch.ones_like(idx),
+            max_new_tokens=20,
+            do_sample=False,
+            use_cache=True,
+            pad_token_id=50256,
+        )
     assert torch.equal(cached, expected)
 
 
@@ -44,7 +50,9 @@ def test_seeded_sampling_is_reproducible_and_draws_as_the_uncached_path(model):
     idx = prompt()
 
     def draw(seed, **kwargs):
-        return generate(model, idx, 15, temperature=0.8, top_k=100, generator=torch.Generator().manual_seed(seed), **kwargs)
+        return generate(
+            model, idx, 15, temperature=0.8, top_k=100, generator=torch.Generator().manual_seed(seed), **kwargs
+        )
 
     first = draw(7)
     assert torch.equal(first, draw(7))
@@ -56,7 +64,9 @@ def test_seeded_sampling_is_reproducible_and_draws_as_the_uncached_path(model):
 def test_top_k_one_and_temperature_zero_are_greedy(model):
     idx = prompt()
     greedy = generate(model, idx, 10, temperature=0)
-    assert torch.equal(greedy, generate(model, idx, 10, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(3)))
+    assert torch.equal(
+        greedy, generate(model, idx, 10, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(3))
+    )
     # Each greedy token is the argmax of a full forward pass over everything before it.
     with torch.no_grad():
         logits, _ = model(greedy[:, :-1])
@@ -188,7 +198,9 @@ def test_the_compiled_decode_step_gives_the_eager_tokens(monkeypatch):
     made.clear()
     assert torch.equal(generate(model, idx, 12, temperature=0, compile=True), eager)
     other = (idx * 7 + 1) % 256
-    assert torch.equal(generate(model, other, 12, temperature=0, compile=True), generate(model, other, 12, temperature=0))
+    assert torch.equal(
+        generate(model, other, 12, temperature=0, compile=True), generate(model, other, 12, temperature=0)
+    )
     assert len(made) == model.config.n_layer + 1  # compiled: one set for both calls; +1: the eager call's
     prompts = [prompt(length=length, vocab=256, seed=length) for length in range(1, 21)]  # 9 to 20 past block_size
     eager = [generate(model, idx, 4, temperature=0) for idx in prompts]
@@ -241,7 +253,9 @@ def test_seeded_samples_are_those_of_torch_multinomial_as_before(model):
         kth = torch.topk(logits, 20).values[:, [-1]]
         probs = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
         before = torch.cat((before, torch.multinomial(probs, 1, generator=generator)), dim=1)
-    assert torch.equal(generate(model, idx, 10, temperature=0.8, top_k=20, generator=torch.Generator().manual_seed(5)), before)
+    assert torch.equal(
+        generate(model, idx, 10, temperature=0.8, top_k=20, generator=torch.Generator().manual_seed(5)), before
+    )
 
 
 def linear_ops(model, idx, **kwargs):

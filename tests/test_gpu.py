@@ -22,11 +22,24 @@ def sync_debug_mode_reset():
 
 
 def fit_on_cuda(small_text, tmp_path, *extra):
-    main([
-        "fit", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--trainer.accelerator", "cuda",
-        "--data.data_path", str(small_text), "--trainer.limit_val_batches", "0",
-        "--checkpoint.every_n_train_steps", "1000", "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"), *extra,
-    ])
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs" / "tiny-cpu.yaml"),
+            "--trainer.accelerator",
+            "cuda",
+            "--data.data_path",
+            str(small_text),
+            "--trainer.limit_val_batches",
+            "0",
+            "--checkpoint.every_n_train_steps",
+            "1000",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "tb"),
+            *extra,
+        ]
+    )
     (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
     return json.loads((run_dir / "throughput.json").read_text())
 
@@ -34,8 +47,17 @@ def fit_on_cuda(small_text, tmp_path, *extra):
 @pytest.mark.parametrize("compile", ["false", "true"])
 def test_no_synchronizing_call_between_logging_intervals(compile, small_text, tmp_path):
     probe = {"class_path": "host_reads.SyncDebugProbe", "init_args": {"out": str(tmp_path / "watched.json")}}
-    fit_on_cuda(small_text, tmp_path, "--model.compile", compile, "--trainer.max_steps", "21",
-                "--trainer.log_every_n_steps", "5", f"--trainer.callbacks+={json.dumps(probe)}")
+    fit_on_cuda(
+        small_text,
+        tmp_path,
+        "--model.compile",
+        compile,
+        "--trainer.max_steps",
+        "21",
+        "--trainer.log_every_n_steps",
+        "5",
+        f"--trainer.callbacks+={json.dumps(probe)}",
+    )
     watched = json.loads((tmp_path / "watched.json").read_text())["watched"]
     assert len(watched) == 12  # steps 1-3, 6-8, 11-13, 16-18 ran with synchronizing calls forbidden
 
@@ -49,8 +71,18 @@ def test_throughput_on_a_gpu_uses_cuda_events_and_reports_memory_and_mfu(small_t
 
 
 def test_fsdp2_on_one_gpu_compiled_and_checkpointed(small_text, tmp_path):
-    summary = fit_on_cuda(small_text, tmp_path, "--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.devices", "1",
-                          "--model.activation_checkpointing", "true", "--trainer.max_steps", "20")
+    summary = fit_on_cuda(
+        small_text,
+        tmp_path,
+        "--config",
+        str(REPO / "configs" / "fsdp2.yaml"),
+        "--trainer.devices",
+        "1",
+        "--model.activation_checkpointing",
+        "true",
+        "--trainer.max_steps",
+        "20",
+    )
     assert summary["compiled"] is True and summary["tokens_per_sec_median"] > 0
     assert (next((tmp_path / "tb").rglob("last.ckpt")) / "meta.pt").is_file()  # a sharded checkpoint
 
@@ -59,8 +91,20 @@ def test_fsdp2_validates_on_nccl(small_text, tmp_path):
     """On NCCL Lightning validates under torch.inference_mode unless the trainer says otherwise (gloo,
     the CPU tests' backend, always gets no_grad): configs/fsdp2.yaml as written validates, samples
     text, and goes on training."""
-    summary = fit_on_cuda(small_text, tmp_path, "--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.devices", "1",
-                          "--trainer.max_steps", "8", "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "2")
+    summary = fit_on_cuda(
+        small_text,
+        tmp_path,
+        "--config",
+        str(REPO / "configs" / "fsdp2.yaml"),
+        "--trainer.devices",
+        "1",
+        "--trainer.max_steps",
+        "8",
+        "--trainer.val_check_interval",
+        "4",
+        "--trainer.limit_val_batches",
+        "2",
+    )
     assert summary["compiled"] is True
     (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
     events = EventAccumulator(str(run_dir))
@@ -69,8 +113,11 @@ def test_fsdp2_validates_on_nccl(small_text, tmp_path):
     assert [e.step for e in val] == [4, 8] and all(0 < e.value < 12 for e in val)
 
 
-@pytest.mark.parametrize("overlay", [[], ["--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.devices", "1"]],
-                         ids=["one-gpu", "fsdp2"])
+@pytest.mark.parametrize(
+    "overlay",
+    [[], ["--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.devices", "1"]],
+    ids=["one-gpu", "fsdp2"],
+)
 def test_peak_memory_of_gpt2_124m_is_near_the_guide_estimate(overlay, small_text, tmp_path):
     """The memory guide's figures (docs/multi-gpu.md), measured: GPT-2 124M, eager, bf16-mixed, B=4, T=1024, within 10%."""
     check_peak_memory(overlay, GPTConfig(), small_text, tmp_path)
@@ -78,21 +125,54 @@ def test_peak_memory_of_gpt2_124m_is_near_the_guide_estimate(overlay, small_text
 
 def test_peak_memory_of_the_modern_124m_shape_is_near_the_estimate(small_text, tmp_path):
     """The same at 124M's shape with every modern switch (the softcap's float32 logits, value embeddings, ...)."""
-    config = GPTConfig(bias=False, rotary=True, norm="rmsnorm", norm_affine=False, qk_norm=True, activation="relu2",
-                       tie_embeddings=False, zero_init_proj=True, logit_softcap=15.0, value_embeddings=True)
+    config = GPTConfig(
+        bias=False,
+        rotary=True,
+        norm="rmsnorm",
+        norm_affine=False,
+        qk_norm=True,
+        activation="relu2",
+        tie_embeddings=False,
+        zero_init_proj=True,
+        logit_softcap=15.0,
+        value_embeddings=True,
+    )
     check_peak_memory(MODERN_FLAGS, config, small_text, tmp_path)
 
 
 def check_peak_memory(overlay, config, small_text, tmp_path):
-    summary = fit_on_cuda(small_text, tmp_path, *overlay, "--model.n_layer", "12", "--model.n_head", "12",
-                          "--model.n_embd", "768", "--data.block_size", "1024", "--data.batch_size", "4",
-                          "--data.val_fraction", "0", "--model.compile", "false", "--trainer.max_steps", "3", "--throughput.warmup_steps", "1",
-                          "--model.val_sample_tokens", "0")
+    summary = fit_on_cuda(
+        small_text,
+        tmp_path,
+        *overlay,
+        "--model.n_layer",
+        "12",
+        "--model.n_head",
+        "12",
+        "--model.n_embd",
+        "768",
+        "--data.block_size",
+        "1024",
+        "--data.batch_size",
+        "4",
+        "--data.val_fraction",
+        "0",
+        "--model.compile",
+        "false",
+        "--trainer.max_steps",
+        "3",
+        "--throughput.warmup_steps",
+        "1",
+        "--model.val_sample_tokens",
+        "0",
+    )
     estimate = training_memory(config, 4, 1024)
     # One process, so no DDP buckets: float32 states, autocast's bf16 weight copies, activations.
     expected = estimate.weights_grads_adamw + 2 * parameter_count(config) + estimate.activations
     ratio = summary["peak_device_memory_bytes"] / expected
-    print(f"peak {summary['peak_device_memory_bytes'] / 2**30:.2f} GiB, estimate {expected / 2**30:.2f} GiB, ratio {ratio:.2f}")
+    print(
+        f"peak {summary['peak_device_memory_bytes'] / 2**30:.2f} GiB, estimate {expected / 2**30:.2f} GiB, ratio {ratio:.2f}"
+    )
     assert 0.9 < ratio < 1.1  # the guide's promise (docs/multi-gpu.md); the loss chunked, as training runs it
 
 
@@ -107,7 +187,9 @@ def test_generation_reads_nothing_back_and_the_compiled_step_gives_the_eager_tok
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # any device-to-host read raises
     try:
-        sampled = generate(model, idx, 80, temperature=0.8, top_k=50, generator=generator, vocab_limit=50257)  # slides once
+        sampled = generate(
+            model, idx, 80, temperature=0.8, top_k=50, generator=generator, vocab_limit=50257
+        )  # slides once
         greedy = generate(model, idx, 80, temperature=0)
     finally:
         torch.cuda.set_sync_debug_mode(0)
@@ -128,8 +210,9 @@ def test_hellaswag_counts_stay_on_the_device_under_bf16():
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        counts = count_correct(model, ready + [None], torch.device("cuda"),
-                               lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+        counts = count_correct(
+            model, ready + [None], torch.device("cuda"), lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+        )
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert counts.tolist()[2] == 6

@@ -16,11 +16,21 @@ from gpt_lightning.model import GPT, GPTConfig
 
 
 def run_script(tmp_path, **env):
-    env = {**os.environ, "OUT": str(tmp_path / "out"), **env,
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "OUT": str(tmp_path / "out"),
+        **env,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
     env.pop("GPU_RUN_SMOKE", None)  # --dry-run alone must select the CPU shapes
-    return subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_run.sh"), "--dry-run"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_run.sh"), "--dry-run"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def test_the_gpu_run_script_end_to_end_in_smoke_mode(tmp_path):
@@ -28,14 +38,28 @@ def test_the_gpu_run_script_end_to_end_in_smoke_mode(tmp_path):
     autotune_warm and overhead_eager but for a flag), one of
     them (architectures, test_benchmarks' own) forced past its limit: it times out, the others keep
     their files, and status.txt says so."""
-    result = run_script(tmp_path, GPU_RUN_LIMIT_architectures="1", GPU_RUN_STEPS=(
-        "bench tests generation checks overhead_eager architectures fineweb autotune_warm hellaswag optimizers"))
+    result = run_script(
+        tmp_path,
+        GPU_RUN_LIMIT_architectures="1",
+        GPU_RUN_STEPS=(
+            "bench tests generation checks overhead_eager architectures fineweb autotune_warm hellaswag optimizers"
+        ),
+    )
     dest = tmp_path / "out" / "cpu"
     status = (dest / "status.txt").read_text().splitlines()
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]  # one step did not end "done"
-    assert [line.split(":")[0] for line in status] == ["bench", "tests", "generation", "checks", "overhead_eager", "fineweb",
-                                                       "autotune_warm", "hellaswag", "optimizers",
-                                                       "architectures"], status
+    assert [line.split(":")[0] for line in status] == [
+        "bench",
+        "tests",
+        "generation",
+        "checks",
+        "overhead_eager",
+        "fineweb",
+        "autotune_warm",
+        "hellaswag",
+        "optimizers",
+        "architectures",
+    ], status
     assert status[-1] == "architectures: timed out after 1s"
     assert all(": done in " in line for line in status[:-1]), status
     assert not (dest / "architectures.json").exists() and (dest / "logs" / "architectures.txt").exists()
@@ -55,18 +79,34 @@ def test_the_gpu_run_script_end_to_end_in_smoke_mode(tmp_path):
     # benchmarks/generation.py (tiny, batch sizes 1 and 2, bf16): ours eager and compiled, transformers'
     # generate with its dynamic and its static cache and the uncached path, from a tiny Shakespeare prompt.
     written = json.loads((dest / "generation.json").read_text())
-    generation, roofline = written["results"], written["roofline"]  # each figure set against the memory-bandwidth ceiling
+    generation, roofline = (
+        written["results"],
+        written["roofline"],
+    )  # each figure set against the memory-bandwidth ceiling
     assert written["prompt"] == "tiny Shakespeare" and written["dtype"] == "bfloat16"
-    assert roofline["weight_bytes_per_step"] == 2 * GPT(GPTConfig(block_size=32, n_layer=1, n_head=2, n_embd=32)).num_parameters()
-    assert roofline["ceiling_steps_per_sec"] == roofline["read_bandwidth_bytes_per_sec"] / roofline["weight_bytes_per_step"]
-    assert generation["1"]["ours"]["steps_per_sec_of_ceiling"] > 0 and generation["2"]["transformers"]["steps_per_sec_of_ceiling"] > 0
+    assert (
+        roofline["weight_bytes_per_step"]
+        == 2 * GPT(GPTConfig(block_size=32, n_layer=1, n_head=2, n_embd=32)).num_parameters()
+    )
+    assert (
+        roofline["ceiling_steps_per_sec"]
+        == roofline["read_bandwidth_bytes_per_sec"] / roofline["weight_bytes_per_step"]
+    )
+    assert (
+        generation["1"]["ours"]["steps_per_sec_of_ceiling"] > 0
+        and generation["2"]["transformers"]["steps_per_sec_of_ceiling"] > 0
+    )
     assert set(generation) == {"1", "2"}
     assert generation["1"]["ours_vs_transformers"] > 0 and generation["1"]["ours_vs_uncached"] > 0
     assert generation["2"]["transformers_static"]["tokens_per_sec"] > 0
     assert "ours_uncached" not in generation["2"]  # the slow path only where asked (batch 1 by default)
     # same weights, same tokens (bf16: a tie could flip one; none did on this model)
-    assert generation["1"]["greedy_tokens_equal"] == {"ours": True, "ours_compiled": True, "transformers_static": True,
-                                                      "ours_uncached": True}
+    assert generation["1"]["greedy_tokens_equal"] == {
+        "ours": True,
+        "ours_compiled": True,
+        "transformers_static": True,
+        "ours_uncached": True,
+    }
     assert generation["2"]["ours_compiled_vs_transformers_best"] > 0  # warmed by a short run, then timed
     assert "ours/transformers" in result.stdout
     # benchmarks/hellaswag.py (5 examples, batches of 2: a partial last batch): the same answers batched.
@@ -89,15 +129,22 @@ def test_the_gpu_run_script_end_to_end_in_smoke_mode(tmp_path):
     sampling = checks["sampling"]
     assert sampling["device"] == "cpu" and sampling["greedy_tokens_equal"] in (True, False)
     assert sampling["bfloat16"]["tokens_per_sec"] > 0 and sampling["teacher_forced"]["positions"] == 32
-    assert 0 < sampling["teacher_forced"]["max_abs_logprob_diff"] < 1 and sampling["teacher_forced"]["top1_agreement"] > 0.5
+    assert (
+        0 < sampling["teacher_forced"]["max_abs_logprob_diff"] < 1
+        and sampling["teacher_forced"]["top1_agreement"] > 0.5
+    )
 
 
 def test_the_gpu_run_skips_what_its_deadline_leaves_no_time_for(tmp_path):
     result = run_script(tmp_path, GPU_RUN_DEADLINE="0", GPU_RUN_STEPS="bench checks autotune optimizers")
     status = (tmp_path / "out" / "cpu" / "status.txt").read_text().splitlines()
     assert result.returncode == 1 and [line.split(" (")[0] for line in status] == [
-        "bench: skipped for time", "checks: skipped for time", "autotune_cold: skipped for time",
-        "autotune_warm: skipped for time", "optimizers: skipped for time"]
+        "bench: skipped for time",
+        "checks: skipped for time",
+        "autotune_cold: skipped for time",
+        "autotune_warm: skipped for time",
+        "optimizers: skipped for time",
+    ]
     assert not (tmp_path / "out" / "cpu" / "bench.json").exists()
 
 
@@ -125,13 +172,18 @@ def check_overhead_report(out: Path, output: str) -> None:
     assert by["callbacks_and_logger"] > 0  # ThroughputMonitor, the bar and the logger run only in ours
     assert all(parts[loop]["rest"]["mean_ms"] >= 0 for loop in parts)  # exclusive parts never exceed the step
     # every step counted (the logging steps too) beside the medians; the runs left out went past a logging step
-    assert eager["ratio_total_time"] > 0 and eager["left_out_runs"] == {"steps": 6, "loops": ["plain", "plain_ours", "lightning"]}
+    assert eager["ratio_total_time"] > 0 and eager["left_out_runs"] == {
+        "steps": 6,
+        "loops": ["plain", "plain_ours", "lightning"],
+    }
     # the left-out Lightning run did run: one fit of 6 steps, then the 2 measured
     assert output.count("`max_steps=6` reached") == 1 and output.count("`max_steps=8` reached") == 2
     # the CPU estimate: a plain step (mean, logging steps too) plus what ours adds on the host and in other threads
     added = {loop: host[loop] + parts[loop]["other_threads_cpu"]["mean_ms"] for loop in ("plain", "lightning")}
     plain_step = parts["plain"]["step"]["mean_ms"]
-    assert eager["ratio_from_host_time"] == pytest.approx(plain_step / (plain_step + added["lightning"] - added["plain"]))
+    assert eager["ratio_from_host_time"] == pytest.approx(
+        plain_step / (plain_step + added["lightning"] - added["plain"])
+    )
     assert len(eager["ratio_per_round"]) == 2 == len(eager["compute_ratio_per_round"])
     assert all(r > 0 for r in eager["compute_ratio_per_round"])
     table = out.with_suffix(".md").read_text()

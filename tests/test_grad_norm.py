@@ -10,9 +10,19 @@ from gpt_lightning import GPTLightningModule, TokenStreamDataModule
 def test_the_logged_norm_is_taken_before_clipping(small_text, tmp_path):
     module = GPTLightningModule(**TINY_MODEL)
     before = [p.detach().clone() for p in module.parameters()]
-    data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path))
-    trainer = Trainer(accelerator="cpu", precision="32-true", max_steps=1, gradient_clip_val=1e-6, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    data = TokenStreamDataModule(
+        str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path)
+    )
+    trainer = Trainer(
+        accelerator="cpu",
+        precision="32-true",
+        max_steps=1,
+        gradient_clip_val=1e-6,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, data)
     assert float(trainer.callback_metrics["train/grad_norm"]) > 1e-2  # far above the clipping threshold
     # AdamW normalizes the step, so clipping shows in its first moment, not in the update size:

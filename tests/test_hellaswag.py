@@ -16,13 +16,31 @@ from gpt_lightning.interop import hellaswag
 from gpt_lightning.model import GPT, GPTConfig
 
 ENCODE = gpt2_encoding().encode_ordinary
-EXAMPLE = hellaswag.Example("A man is sitting on a roof. He", ("starts pulling up roofing.", "is ripping level tiles off.",
-                            "is holding a rubik's cube.", "starts pulling up the roof."), 3)
+EXAMPLE = hellaswag.Example(
+    "A man is sitting on a roof. He",
+    (
+        "starts pulling up roofing.",
+        "is ripping level tiles off.",
+        "is holding a rubik's cube.",
+        "starts pulling up the roof.",
+    ),
+    3,
+)
 
 
 # configs/modern-tiny-cpu.yaml's switches (docs/modern.md)
-MODERN = dict(bias=False, rotary=True, norm="rmsnorm", norm_affine=False, qk_norm=True, activation="relu2",
-              tie_embeddings=False, zero_init_proj=True, logit_softcap=15.0, value_embeddings=True)
+MODERN = dict(
+    bias=False,
+    rotary=True,
+    norm="rmsnorm",
+    norm_affine=False,
+    qk_norm=True,
+    activation="relu2",
+    tie_embeddings=False,
+    zero_init_proj=True,
+    logit_softcap=15.0,
+    value_embeddings=True,
+)
 
 
 @pytest.mark.parametrize("switches", [{}, MODERN], ids=["gpt2", "modern"])
@@ -40,8 +58,10 @@ def test_scoring_matches_a_hand_computation(switches):
         with torch.no_grad():
             logits, _ = model(torch.tensor([ids]))
         # Token j of the ending is predicted at position len(context) + j - 1.
-        per_token = [F.cross_entropy(logits[0, len(context) + j - 1], torch.tensor(ids[len(context) + j])).item()
-                     for j in range(len(ids) - len(context))]
+        per_token = [
+            F.cross_entropy(logits[0, len(context) + j - 1], torch.tensor(ids[len(context) + j])).item()
+            for j in range(len(ids) - len(context))
+        ]
         assert summed[i].item() == pytest.approx(sum(per_token), abs=1e-4)
         assert mean[i].item() == pytest.approx(sum(per_token) / len(per_token), abs=1e-5)
     assert len(set(summed.tolist())) == 4  # the endings are told apart
@@ -60,8 +80,9 @@ def model_that_always_says(token: int) -> GPT:
 
 
 def write_examples(path, examples):
-    path.write_text("".join(json.dumps({"ctx": e.context, "endings": list(e.endings), "label": e.label}) + "\n"
-                            for e in examples))
+    path.write_text(
+        "".join(json.dumps({"ctx": e.context, "endings": list(e.endings), "label": e.label}) + "\n" for e in examples)
+    )
     return path
 
 
@@ -90,10 +111,29 @@ def test_offline_without_the_file_says_where_to_put_it(tmp_path, monkeypatch):
 def test_the_eval_command_on_a_checkpoint(tmp_path, capsys):
     model = model_that_always_says(ENCODE(" the")[0])
     ckpt = tmp_path / "always-the.ckpt"
-    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                "hyper_parameters": {"block_size": 128, "vocab_size": 50257, "n_layer": 1, "n_head": 1, "n_embd": 8}}, ckpt)
-    path = write_examples(tmp_path / "val.jsonl", [EXAMPLE, hellaswag.Example("Then", ("a b", "the the", "c d", "e f"), 1)])
-    main(["eval", "--task", "hellaswag", "--ckpt_path", str(ckpt), "--data_file", str(path), "--out", str(tmp_path / "r.json")])
+    torch.save(
+        {
+            "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+            "hyper_parameters": {"block_size": 128, "vocab_size": 50257, "n_layer": 1, "n_head": 1, "n_embd": 8},
+        },
+        ckpt,
+    )
+    path = write_examples(
+        tmp_path / "val.jsonl", [EXAMPLE, hellaswag.Example("Then", ("a b", "the the", "c d", "e f"), 1)]
+    )
+    main(
+        [
+            "eval",
+            "--task",
+            "hellaswag",
+            "--ckpt_path",
+            str(ckpt),
+            "--data_file",
+            str(path),
+            "--out",
+            str(tmp_path / "r.json"),
+        ]
+    )
     assert "hellaswag: acc_norm" in capsys.readouterr().out
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["examples"] == 2 and saved["acc_norm"] >= 0.5  # the second example it cannot miss
@@ -106,8 +146,10 @@ def test_a_malformed_line_is_named(tmp_path):
         list(hellaswag.read_examples(path))
 
 
-WORDS = ("the king rode out across a field of wheat while his men sang and the queen waited by the gate "
-         "for news of war or peace that never came before winter").split()
+WORDS = (
+    "the king rode out across a field of wheat while his men sang and the queen waited by the gate "
+    "for news of war or peace that never came before winter"
+).split()
 
 
 def synthetic_examples(n, seed=0):
@@ -118,8 +160,14 @@ def synthetic_examples(n, seed=0):
         count = int(torch.randint(lo, hi, (1,), generator=g))
         return " ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (count,), generator=g))
 
-    return [hellaswag.Example(words(3, 20).capitalize(), tuple(words(1, 12) + "." for _ in range(4)),
-                              int(torch.randint(0, 4, (1,), generator=g))) for _ in range(n)]
+    return [
+        hellaswag.Example(
+            words(3, 20).capitalize(),
+            tuple(words(1, 12) + "." for _ in range(4)),
+            int(torch.randint(0, 4, (1,), generator=g)),
+        )
+        for _ in range(n)
+    ]
 
 
 def todays_scores(model, examples, block_size):
@@ -148,7 +196,9 @@ def test_batched_scoring_gives_todays_losses_and_counts(tmp_path):
         mean, summed = (torch.cat(parts) for parts in zip(*(hellaswag.ending_losses(model, b) for b in batches)))
         torch.testing.assert_close(mean, torch.cat([m for m, _ in reference]), rtol=0, atol=1e-5)
         torch.testing.assert_close(summed, torch.cat([s for _, s in reference]), rtol=0, atol=1e-4)
-        result = hellaswag.evaluate(model, hellaswag.read_examples(path), ENCODE, torch.device("cpu"), batch_size=batch_size)
+        result = hellaswag.evaluate(
+            model, hellaswag.read_examples(path), ENCODE, torch.device("cpu"), batch_size=batch_size
+        )
         assert result == {"acc_norm": expected_norm / 7, "acc": expected / 7, "examples": 7}
     assert 0 < expected_norm < 7  # a random model: the counts are not trivially all or none
 
@@ -162,11 +212,22 @@ def tiny_fit(tmp_path, small_text, callback, precision="bf16-mixed", max_steps=3
 
     torch.manual_seed(0)
     module = GPTLightningModule(**TINY_MODEL, val_sample_tokens=0)
-    data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.1, cache_dir=str(tmp_path))
-    trainer = Trainer(accelerator="cpu", max_steps=max_steps, precision=precision, logger=CSVLogger(tmp_path, name="csv"),
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      limit_val_batches=0, callbacks=callback if isinstance(callback, list) else [callback],
-                      default_root_dir=tmp_path, log_every_n_steps=1)
+    data = TokenStreamDataModule(
+        str(small_text), batch_size=2, block_size=32, val_fraction=0.1, cache_dir=str(tmp_path)
+    )
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=max_steps,
+        precision=precision,
+        logger=CSVLogger(tmp_path, name="csv"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=callback if isinstance(callback, list) else [callback],
+        default_root_dir=tmp_path,
+        log_every_n_steps=1,
+    )
     trainer.fit(module, data)
     return module, trainer
 
@@ -203,17 +264,49 @@ def test_two_processes_split_the_examples_and_count_what_one_process_counts(tmp_
     from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 
     path = write_examples(tmp_path / "val.jsonl", synthetic_examples(5))
-    evaluator = {"class_path": "gpt_lightning.HellaSwagEval",
-                 "init_args": {"data_file": str(path), "every_n_steps": 1000, "limit": 5, "batch_size": 2}}
+    evaluator = {
+        "class_path": "gpt_lightning.HellaSwagEval",
+        "init_args": {"data_file": str(path), "every_n_steps": 1000, "limit": 5, "batch_size": 2},
+    }
     probe = {"class_path": "hellaswag_probe.RecordHellaSwag", "init_args": {"out_dir": str(tmp_path / "ranks")}}
     result = run_cli(
-        "fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--trainer.strategy", "ddp", "--trainer.devices", "2",
-        "--trainer.precision", "32-true", "--model.compile", "false", "--model.n_layer", "1", "--model.n_embd", "32",
-        "--model.n_head", "2", "--model.val_sample_tokens", "0", "--data.data_path", str(small_text),
-        "--data.batch_size", "2", "--data.block_size", "32", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
-        "--checkpoint.every_n_train_steps", "2", f"--trainer.callbacks+={json.dumps(evaluator)}",
-        f"--trainer.callbacks+={json.dumps(probe)}", "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
-        cwd=tmp_path, env_extra={"PYTHONPATH": f"{REPO}:{REPO / 'tests'}"},
+        "fit",
+        "--config",
+        str(REPO / "configs/tiny-cpu.yaml"),
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.devices",
+        "2",
+        "--trainer.precision",
+        "32-true",
+        "--model.compile",
+        "false",
+        "--model.n_layer",
+        "1",
+        "--model.n_embd",
+        "32",
+        "--model.n_head",
+        "2",
+        "--model.val_sample_tokens",
+        "0",
+        "--data.data_path",
+        str(small_text),
+        "--data.batch_size",
+        "2",
+        "--data.block_size",
+        "32",
+        "--trainer.max_steps",
+        "2",
+        "--trainer.limit_val_batches",
+        "0",
+        "--checkpoint.every_n_train_steps",
+        "2",
+        f"--trainer.callbacks+={json.dumps(evaluator)}",
+        f"--trainer.callbacks+={json.dumps(probe)}",
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path / "tb"),
+        cwd=tmp_path,
+        env_extra={"PYTHONPATH": f"{REPO}:{REPO / 'tests'}"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / "ranks" / f"rank{r}.json").read_text()) for r in range(2)]
@@ -240,7 +333,18 @@ def test_the_fineweb_recipe_attaches_the_callback(small_text, tmp_path, monkeypa
     from gpt_lightning.lightning_cli import GPTLightningCLI
 
     monkeypatch.chdir(tmp_path)
-    cli = GPTLightningCLI(args=["--config", str(REPO / "configs/gpt2-124m-fineweb.yaml"), "--trainer.accelerator", "cpu",
-                                "--data.data_path", str(small_text), "--trainer.logger", "false"], run=False)
+    cli = GPTLightningCLI(
+        args=[
+            "--config",
+            str(REPO / "configs/gpt2-124m-fineweb.yaml"),
+            "--trainer.accelerator",
+            "cpu",
+            "--data.data_path",
+            str(small_text),
+            "--trainer.logger",
+            "false",
+        ],
+        run=False,
+    )
     (evaluator,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, HellaSwagEval)]
     assert (evaluator.every_n_steps, evaluator.data_file) == (250, None)  # the cache's copy, as build-nanogpt's cadence

@@ -64,15 +64,22 @@ def test_a_rank_whose_launcher_is_already_gone_exits_at_once():
     result = subprocess.run([sys.executable, "-c", RANK], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stdout == ""
-    assert "gpt-lightning: the process that started this rank" in result.stderr and "has ended; so does this one." in result.stderr
+    assert (
+        "gpt-lightning: the process that started this rank" in result.stderr
+        and "has ended; so does this one." in result.stderr
+    )
 
 
 @linux
 def test_torchrun_s_ranks_and_a_launcher_s_own_process_are_left_alone():
-    check = RANK.replace("print(os.getpid(), flush=True)\ntime.sleep(60)", (
-        "import ctypes; got = ctypes.c_int(-1)\n"
-        "ctypes.CDLL(None).prctl(2, ctypes.byref(got), 0, 0, 0)\n"  # PR_GET_PDEATHSIG
-        "print(got.value, os.environ['GPT_LIGHTNING_LAUNCHER_PID'] == str(os.getpid()))"))
+    check = RANK.replace(
+        "print(os.getpid(), flush=True)\ntime.sleep(60)",
+        (
+            "import ctypes; got = ctypes.c_int(-1)\n"
+            "ctypes.CDLL(None).prctl(2, ctypes.byref(got), 0, 0, 0)\n"  # PR_GET_PDEATHSIG
+            "print(got.value, os.environ['GPT_LIGHTNING_LAUNCHER_PID'] == str(os.getpid()))"
+        ),
+    )
     parent = str(os.getpid())  # this process is their parent: only the check of who launched them tells
     for extra in ({"LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "1"}, {"LOCAL_RANK": "0"}, {}):
         env = {**ENV, **extra, "GPT_LIGHTNING_LAUNCHER_PID": parent}
@@ -85,25 +92,35 @@ def test_torchrun_s_ranks_and_a_launcher_s_own_process_are_left_alone():
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_signal_before_preemption_s_handler_ends_the_cli_in_one_line(signum):
-    body = ("import sys, time\nfrom gpt_lightning.scaling.launched_ranks import StopSignalsBeforeOurs\n"
-            "with StopSignalsBeforeOurs():\n    print('ready', flush=True)\n    time.sleep(60)\n")
-    started = subprocess.Popen([sys.executable, "-c", body], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    body = (
+        "import sys, time\nfrom gpt_lightning.scaling.launched_ranks import StopSignalsBeforeOurs\n"
+        "with StopSignalsBeforeOurs():\n    print('ready', flush=True)\n    time.sleep(60)\n"
+    )
+    started = subprocess.Popen(
+        [sys.executable, "-c", body], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     assert started.stdout.readline() == "ready\n"
     os.kill(started.pid, signum)
     err = started.communicate(timeout=30)[1]
     assert started.returncode == 128 + signum, err
-    assert err == (f"gpt-lightning: stopped by {signal.Signals(signum).name} outside training (starting or finishing): "
-                   "nothing new to save. Run the same command again (with --ckpt_path last) to start or resume.\n")
+    assert err == (
+        f"gpt-lightning: stopped by {signal.Signals(signum).name} outside training (starting or finishing): "
+        "nothing new to save. Run the same command again (with --ckpt_path last) to start or resume.\n"
+    )
 
 
 def test_a_stop_signal_ends_the_cli_while_its_main_thread_waits_in_a_store():
     """Rank 0 at startup, in C++ waiting for the others to join its store: Python's handler cannot run
     there (before, the process waited for the store's timeout); the thread ends it, GRACE_S later."""
-    body = ("from datetime import timedelta\nimport torch.distributed as dist\n"
-            "from gpt_lightning.scaling.launched_ranks import StopSignalsBeforeOurs\n"
-            "with StopSignalsBeforeOurs():\n    print('ready', flush=True)\n"
-            "    dist.TCPStore('127.0.0.1', 0, world_size=2, is_master=True, timeout=timedelta(seconds=120), wait_for_workers=True)\n")
-    started = subprocess.Popen([sys.executable, "-c", body], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    body = (
+        "from datetime import timedelta\nimport torch.distributed as dist\n"
+        "from gpt_lightning.scaling.launched_ranks import StopSignalsBeforeOurs\n"
+        "with StopSignalsBeforeOurs():\n    print('ready', flush=True)\n"
+        "    dist.TCPStore('127.0.0.1', 0, world_size=2, is_master=True, timeout=timedelta(seconds=120), wait_for_workers=True)\n"
+    )
+    started = subprocess.Popen(
+        [sys.executable, "-c", body], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     assert started.stdout.readline() == "ready\n"
     time.sleep(0.5)  # inside the store's wait
     os.kill(started.pid, signal.SIGTERM)
@@ -115,11 +132,13 @@ def test_a_stop_signal_ends_the_cli_while_its_main_thread_waits_in_a_store():
 
 def test_a_process_forked_meanwhile_keeps_the_handler_it_had():
     """A tokenizing pool's worker forked while the CLI starts: Ctrl-C there is its KeyboardInterrupt, not our line."""
-    body = ("import os, signal, sys, time\nfrom gpt_lightning.scaling.launched_ranks import StopSignalsBeforeOurs\n"
-            "with StopSignalsBeforeOurs():\n    pid = os.fork()\n    if pid == 0:\n"
-            "        try:\n            os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n"
-            "        except KeyboardInterrupt:\n            os._exit(7)\n        os._exit(0)\n"
-            "    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)\n")
+    body = (
+        "import os, signal, sys, time\nfrom gpt_lightning.scaling.launched_ranks import StopSignalsBeforeOurs\n"
+        "with StopSignalsBeforeOurs():\n    pid = os.fork()\n    if pid == 0:\n"
+        "        try:\n            os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n"
+        "        except KeyboardInterrupt:\n            os._exit(7)\n        os._exit(0)\n"
+        "    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)\n"
+    )
     result = subprocess.run([sys.executable, "-c", body], env=ENV, capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stdout, result.stderr) == (0, "7\n", "")
 
@@ -154,9 +173,11 @@ print(signal.getsignal(signal.SIGINT) is before, signal.set_wakeup_fd(-1), os.en
 def test_a_stopped_cli_that_takes_long_to_unwind_in_python_is_not_cut_short():
     """The handler ran, so the main thread runs Python: the CLI unwinds at its pace (Lightning's teardown);
     only a main thread that cannot run the handler, stuck in C++, is ended ``GRACE_S`` after the signal."""
-    body = ("import os, signal, time\nfrom gpt_lightning.scaling.launched_ranks import StopSignalsBeforeOurs, StoppedOutsideTraining\n"
-            "StopSignalsBeforeOurs.GRACE_S = 0.3\nwith StopSignalsBeforeOurs():\n    try:\n"
-            "        os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\n    except StoppedOutsideTraining:\n"
-            "        time.sleep(1)  # unwinding\nprint('unwound', flush=True)\n")
+    body = (
+        "import os, signal, time\nfrom gpt_lightning.scaling.launched_ranks import StopSignalsBeforeOurs, StoppedOutsideTraining\n"
+        "StopSignalsBeforeOurs.GRACE_S = 0.3\nwith StopSignalsBeforeOurs():\n    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\n    except StoppedOutsideTraining:\n"
+        "        time.sleep(1)  # unwinding\nprint('unwound', flush=True)\n"
+    )
     result = subprocess.run([sys.executable, "-c", body], env=ENV, capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stdout) == (0, "unwound\n"), result.stderr

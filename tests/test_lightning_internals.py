@@ -82,15 +82,17 @@ def private_names(source: str) -> list[tuple[int, str]]:
                 names.append(dotted)
         elif isinstance(node, ast.Import):
             # ``import torch._inductor`` only where an allowed name is inside it
-            names += [alias.name for alias in node.names
-                      if not any(name.startswith(alias.name + ".") for name in ALLOWED)]
+            names += [
+                alias.name for alias in node.names if not any(name.startswith(alias.name + ".") for name in ALLOWED)
+            ]
         elif isinstance(node, ast.ImportFrom):
             names += [f"{node.module or ''}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.Call):
             func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
             if func in BY_STRING:
-                names += [arg.value for arg in node.args
-                          if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+                names += [
+                    arg.value for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+                ]
         found += [(node.lineno, name) for name in names if private(name) and not allowed(name)]
     return found
 
@@ -110,7 +112,11 @@ self.loop._theirs
 os._exit(1)
 """
     assert sorted(name for _, name in private_names(source)) == [
-        "_compiled_call_impl", "loop._theirs", "torch._dynamo.reset", "torch._inductor.runtime.cache_dir_utils.default_cache_dir"]
+        "_compiled_call_impl",
+        "loop._theirs",
+        "torch._dynamo.reset",
+        "torch._inductor.runtime.cache_dir_utils.default_cache_dir",
+    ]
 
 
 def test_no_other_module_reaches_for_a_private_name():
@@ -118,7 +124,9 @@ def test_no_other_module_reaches_for_a_private_name():
     for path in (REPO / "gpt_lightning").rglob("*.py"):
         if path.name == "lightning_internals.py":
             continue
-        found += [f"{path.relative_to(REPO)}:{line} {name}" for line, name in private_names(path.read_text(encoding="utf-8"))]
+        found += [
+            f"{path.relative_to(REPO)}:{line} {name}" for line, name in private_names(path.read_text(encoding="utf-8"))
+        ]
     assert not found, found
 
 
@@ -139,4 +147,6 @@ def test_the_launcher_watcher_check_fails_when_lightning_ends_the_run_another_wa
         return True
 
     monkeypatch.setattr(_ChildProcessObserver, "_run", run)
-    assert "_ChildProcessObserver._terminate_all is gone" in check("launchers.subprocess_script._ChildProcessObserver._terminate_all")
+    assert "_ChildProcessObserver._terminate_all is gone" in check(
+        "launchers.subprocess_script._ChildProcessObserver._terminate_all"
+    )

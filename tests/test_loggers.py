@@ -14,10 +14,33 @@ from test_hellaswag import synthetic_examples, write_examples
 from gpt_lightning.cli import main
 
 # configs/tiny-cpu.yaml as written (bf16-mixed), shrunk: 2 steps, validating (and sampling) at step 2.
-TINY = ["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--model.n_layer", "1", "--model.n_head", "2",
-        "--model.n_embd", "32", "--model.compile", "false", "--model.val_sample_tokens", "4",
-        "--data.batch_size", "2", "--data.block_size", "32", "--trainer.max_steps", "2",
-        "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1", "--throughput.warmup_steps", "1"]
+TINY = [
+    "fit",
+    "--config",
+    str(REPO / "configs/tiny-cpu.yaml"),
+    "--model.n_layer",
+    "1",
+    "--model.n_head",
+    "2",
+    "--model.n_embd",
+    "32",
+    "--model.compile",
+    "false",
+    "--model.val_sample_tokens",
+    "4",
+    "--data.batch_size",
+    "2",
+    "--data.block_size",
+    "32",
+    "--trainer.max_steps",
+    "2",
+    "--trainer.val_check_interval",
+    "2",
+    "--trainer.limit_val_batches",
+    "1",
+    "--throughput.warmup_steps",
+    "1",
+]
 
 
 def test_without_a_logger_the_run_writes_its_files_to_the_working_directory(small_text, tmp_path, monkeypatch, caplog):
@@ -29,8 +52,19 @@ def test_without_a_logger_the_run_writes_its_files_to_the_working_directory(smal
     assert (tmp_path / "samples.txt").read_text().startswith("--- step 2 ---\n")
     assert f"Validation samples: no logger; they go to {tmp_path / 'samples.txt'}." in caplog.text
     # --ckpt_path last is Lightning's: the checkpoint in the working directory's checkpoints/.
-    main([*TINY, "--data.data_path", str(small_text), "--trainer.logger", "false", "--trainer.max_steps", "3",
-          "--ckpt_path", "last"])
+    main(
+        [
+            *TINY,
+            "--data.data_path",
+            str(small_text),
+            "--trainer.logger",
+            "false",
+            "--trainer.max_steps",
+            "3",
+            "--ckpt_path",
+            "last",
+        ]
+    )
     assert f"Restored all states from the checkpoint at {tmp_path / 'checkpoints' / 'last.ckpt'}" in caplog.text
 
 
@@ -38,8 +72,19 @@ def test_csv_logger_gets_the_samples_in_a_file_of_its_run_said_once(small_text, 
     """Before, the samples went nowhere without a word with any logger but TensorBoard."""
     monkeypatch.chdir(tmp_path)
     caplog.set_level("INFO")
-    main([*TINY, "--data.data_path", str(small_text), "--trainer.max_steps", "4",
-          "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", "csv"])
+    main(
+        [
+            *TINY,
+            "--data.data_path",
+            str(small_text),
+            "--trainer.max_steps",
+            "4",
+            "--trainer.logger",
+            "lightning.pytorch.loggers.CSVLogger",
+            "--trainer.logger.save_dir",
+            "csv",
+        ]
+    )
     (run_dir,) = (tmp_path / "csv" / "tiny-cpu").iterdir()
     samples = (run_dir / "samples.txt").read_text()
     assert [line for line in samples.splitlines() if line.startswith("---")] == ["--- step 2 ---", "--- step 4 ---"]
@@ -48,19 +93,42 @@ def test_csv_logger_gets_the_samples_in_a_file_of_its_run_said_once(small_text, 
     assert [int(r["step"]) for r in rows if r["val/loss"]] == [2, 4]  # the samples' steps
     assert all(r["epoch"] != "" for r in rows if r["val/loss"])  # as on every row Lightning logs
     # --ckpt_path last finds the newest CSV run, numbered as TensorBoard's.
-    main([*TINY, "--data.data_path", str(small_text), "--trainer.max_steps", "5", "--ckpt_path", "last",
-          "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", "csv"])
+    main(
+        [
+            *TINY,
+            "--data.data_path",
+            str(small_text),
+            "--trainer.max_steps",
+            "5",
+            "--ckpt_path",
+            "last",
+            "--trainer.logger",
+            "lightning.pytorch.loggers.CSVLogger",
+            "--trainer.logger.save_dir",
+            "csv",
+        ]
+    )
     assert f"--ckpt_path last: resuming from {Path('csv/tiny-cpu/version_0/checkpoints/last.ckpt')}" in caplog.text
 
 
-def test_ckpt_path_last_with_a_logger_that_starts_a_new_folder_each_launch_says_what_to_give(small_text, tmp_path,
-                                                                                          monkeypatch, capsys):
+def test_ckpt_path_last_with_a_logger_that_starts_a_new_folder_each_launch_says_what_to_give(
+    small_text, tmp_path, monkeypatch, capsys
+):
     """W&B (and MLflow) make a new run folder at each launch: --ckpt_path last looked in ``./<name>/version_*``,
     found nothing, and started fresh at every requeue."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
-        main([*TINY, "--data.data_path", str(small_text), "--trainer.logger", "lightning.pytorch.loggers.WandbLogger",
-              "--ckpt_path", "last"])
+        main(
+            [
+                *TINY,
+                "--data.data_path",
+                str(small_text),
+                "--trainer.logger",
+                "lightning.pytorch.loggers.WandbLogger",
+                "--ckpt_path",
+                "last",
+            ]
+        )
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in err
     assert "WandbLogger starts a new run folder at each launch. Give every launch the same --checkpoint.dirpath" in err
@@ -71,10 +139,22 @@ def test_validation_evaluation_and_samples_land_at_the_same_step(small_text, tmp
     validation at its count of steps before the one just done."""
     monkeypatch.chdir(tmp_path)
     path = write_examples(tmp_path / "val.jsonl", synthetic_examples(2))
-    evaluator = {"class_path": "gpt_lightning.HellaSwagEval",
-                 "init_args": {"data_file": str(path), "every_n_steps": 2, "limit": 2, "batch_size": 2}}
-    main([*TINY, "--data.data_path", str(small_text), "--trainer.max_steps", "4",
-          f"--trainer.callbacks+={json.dumps(evaluator)}", "--trainer.logger.init_args.save_dir", "tb"])
+    evaluator = {
+        "class_path": "gpt_lightning.HellaSwagEval",
+        "init_args": {"data_file": str(path), "every_n_steps": 2, "limit": 2, "batch_size": 2},
+    }
+    main(
+        [
+            *TINY,
+            "--data.data_path",
+            str(small_text),
+            "--trainer.max_steps",
+            "4",
+            f"--trainer.callbacks+={json.dumps(evaluator)}",
+            "--trainer.logger.init_args.save_dir",
+            "tb",
+        ]
+    )
     (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
     events = EventAccumulator(str(run_dir))
     events.Reload()
@@ -84,8 +164,9 @@ def test_validation_evaluation_and_samples_land_at_the_same_step(small_text, tmp
     assert [e.step for e in events.Tensors(tag)] == [2, 4]
 
 
-def test_under_ddp_validation_logs_its_reduced_value_without_the_sync_dist_warning(small_text, tmp_path, monkeypatch,
-                                                                                 recwarn, in_process_group):
+def test_under_ddp_validation_logs_its_reduced_value_without_the_sync_dist_warning(
+    small_text, tmp_path, monkeypatch, recwarn, in_process_group
+):
     """One gloo process under ``--trainer.strategy ddp``: Lightning's check is whether a process
     group exists. The metrics are torchmetrics objects, summed over ranks at compute(); as tensors
     Lightning asked for ``sync_dist``, which would all-reduce them again. The logged value is a
@@ -96,8 +177,19 @@ def test_under_ddp_validation_logs_its_reduced_value_without_the_sync_dist_warni
     from gpt_lightning import GPTLightningModule, TokenStreamDataModule
 
     monkeypatch.chdir(tmp_path)
-    main([*TINY, "--data.data_path", str(small_text), "--trainer.strategy", "ddp", "--model.val_sample_tokens", "0",
-          "--trainer.logger.init_args.save_dir", "tb"])
+    main(
+        [
+            *TINY,
+            "--data.data_path",
+            str(small_text),
+            "--trainer.strategy",
+            "ddp",
+            "--model.val_sample_tokens",
+            "0",
+            "--trainer.logger.init_args.save_dir",
+            "tb",
+        ]
+    )
     assert not [str(w.message) for w in recwarn if "sync_dist" in str(w.message)]
     (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
     events = EventAccumulator(str(run_dir))
@@ -106,8 +198,14 @@ def test_under_ddp_validation_logs_its_reduced_value_without_the_sync_dist_warni
     module = GPTLightningModule.load_from_checkpoint(run_dir / "checkpoints" / "last.ckpt", map_location="cpu")
     data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32)
     with torch.no_grad():
-        (plain,) = Trainer(accelerator="cpu", precision="bf16-mixed", logger=False, limit_val_batches=1, enable_progress_bar=False,
-                           enable_model_summary=False).validate(module, data, verbose=False)
+        (plain,) = Trainer(
+            accelerator="cpu",
+            precision="bf16-mixed",
+            logger=False,
+            limit_val_batches=1,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        ).validate(module, data, verbose=False)
     assert logged == pytest.approx({tag: plain[tag] for tag in logged}, rel=1e-6)
 
 
@@ -131,5 +229,10 @@ def test_a_logger_with_wandbs_log_text_gets_the_samples_as_lightnings_wandb_logg
     write("ROMEO: hi", 7)
     ((args, kwargs),) = calls
     bound = inspect.signature(WandbLogger.log_text).bind(None, *args, **kwargs).arguments
-    assert (bound["key"], bound["columns"], bound["data"], bound["step"]) == ("samples", ["step", "text"], [[7, "ROMEO: hi"]], 7)
+    assert (bound["key"], bound["columns"], bound["data"], bound["step"]) == (
+        "samples",
+        ["step", "text"],
+        [[7, "ROMEO: hi"]],
+        7,
+    )
     assert not (tmp_path / "samples.txt").exists()

@@ -39,12 +39,17 @@ def kept_for_backward(model: GPT, x: torch.Tensor, mixed: bool = False, chunked:
         return t
 
     targets = torch.roll(x, -1, dims=1)  # a tensor of their own, as a training batch's
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", torch.bfloat16, enabled=mixed):
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        torch.autocast("cpu", torch.bfloat16, enabled=mixed),
+    ):
         model(x, targets, return_logits=not chunked)
     return sum(kept.values())
 
 
-@pytest.mark.parametrize("n_layer, n_head, n_embd, vocab_size, bias", [(1, 4, 64, 256, True), (3, 2, 32, 512, True), (2, 3, 48, 300, False)])
+@pytest.mark.parametrize(
+    "n_layer, n_head, n_embd, vocab_size, bias", [(1, 4, 64, 256, True), (3, 2, 32, 512, True), (2, 3, 48, 300, False)]
+)
 def test_activation_count_is_what_autograd_keeps_in_float32(n_layer, n_head, n_embd, vocab_size, bias):
     config = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size, block_size=32, bias=bias)
     torch.manual_seed(0)
@@ -55,7 +60,9 @@ def test_activation_count_is_what_autograd_keeps_in_float32(n_layer, n_head, n_e
     assert kept_for_backward(model, x) == pytest.approx(estimate, abs=16)
     # Checkpointed, the forward keeps the blocks' inputs; one block's activations come back in the backward.
     model.activation_checkpointing = True
-    checkpointed = activation_bytes_per_token(config, mixed=False, activation_checkpointing=True, rows=2, chunked_loss=False)
+    checkpointed = activation_bytes_per_token(
+        config, mixed=False, activation_checkpointing=True, rows=2, chunked_loss=False
+    )
     assert kept_for_backward(model, x) == pytest.approx(
         tokens * (checkpointed - block_activation_bytes_per_token(config, mixed=False, rows=2)), abs=16
     )
@@ -70,8 +77,11 @@ def preset_switches(name: str) -> dict:
 MODERN = preset_switches("modern-124m-fineweb.yaml")
 
 
-@pytest.mark.parametrize("switches", [{}, *({key: value} for key, value in MODERN.items()), MODERN],
-                         ids=lambda switches: ",".join(switches) if len(switches) < 2 else "all")
+@pytest.mark.parametrize(
+    "switches",
+    [{}, *({key: value} for key, value in MODERN.items()), MODERN],
+    ids=lambda switches: ",".join(switches) if len(switches) < 2 else "all",
+)
 def test_activation_count_of_each_switch_is_what_autograd_keeps_under_bf16_autocast(switches):
     """Each switch of the modern preset alone (RMSNorm alone has gains) and all of them, as
     bf16-mixed keeps them and in float32, checkpointed too (with value embeddings the largest block
@@ -87,8 +97,9 @@ def test_activation_count_of_each_switch_is_what_autograd_keeps_under_bf16_autoc
         estimate = x.numel() * activation_bytes_per_token(config, mixed=mixed, rows=2) + 4 * 512 * 32
         assert kept_for_backward(model, x, mixed, chunked=True) == pytest.approx(estimate, abs=16), mixed
     model.activation_checkpointing = True
-    checkpointed = (activation_bytes_per_token(config, activation_checkpointing=True, rows=2, chunked_loss=False)
-                    - block_activation_bytes_per_token(config, rows=2))  # the recomputed block: in the backward
+    checkpointed = activation_bytes_per_token(
+        config, activation_checkpointing=True, rows=2, chunked_loss=False
+    ) - block_activation_bytes_per_token(config, rows=2)  # the recomputed block: in the backward
     assert kept_for_backward(model, x, mixed=True) == pytest.approx(x.numel() * checkpointed, abs=16)
 
 
@@ -106,12 +117,17 @@ class LivePeak(TorchDispatchMode):
         self.live = {key: held for key, held in self.live.items() if not held[0].expired()}
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.live.keys() | self.params:
-                self.live[t.untyped_storage().data_ptr()] = (StorageWeakRef(t.untyped_storage()), t.untyped_storage().nbytes())
+                self.live[t.untyped_storage().data_ptr()] = (
+                    StorageWeakRef(t.untyped_storage()),
+                    t.untyped_storage().nbytes(),
+                )
         self.peak = max(self.peak, sum(nbytes for _, nbytes in self.live.values()))
         return out
 
 
-@pytest.mark.parametrize("switches", [{}, {"logit_softcap": 15.0, "tie_embeddings": False}], ids=["gpt2", "softcap,untied"])
+@pytest.mark.parametrize(
+    "switches", [{}, {"logit_softcap": 15.0, "tie_embeddings": False}], ids=["gpt2", "softcap,untied"]
+)
 @pytest.mark.parametrize("chunked", [False, True], ids=["cross_entropy", "chunked"])
 def test_the_loss_peak_is_what_a_step_holds_beyond_what_autograd_keeps(switches, chunked, monkeypatch):
     """The peak of a forward and backward, the vocabulary-wide tensors of the loss included (the
@@ -195,7 +211,9 @@ def test_a_run_s_estimate_follows_its_strategy_and_warns_when_it_cannot_fit():
 
     xl = GPT2_FAMILY["1558M"]
     # ModelParallelStrategy's (data_parallel, tensor_parallel) mesh: 1 node x 8 GPUs, its default.
-    module = SimpleNamespace(config=xl, model=SimpleNamespace(activation_checkpointing=True), device_mesh=FakeMesh(1, 8))
+    module = SimpleNamespace(
+        config=xl, model=SimpleNamespace(activation_checkpointing=True), device_mesh=FakeMesh(1, 8)
+    )
     data = SimpleNamespace(batch_size=16, block_size=1024)
     fsdp = SimpleNamespace(strategy=ModelParallelStrategy(), world_size=8, precision="bf16-mixed", datamodule=data)
     estimate = run_memory(fsdp, module)

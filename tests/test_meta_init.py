@@ -32,12 +32,16 @@ def saved(tmp_path_factory):
     return module.model.state_dict(), ckpt, root
 
 
-@pytest.mark.parametrize("load", [
-    lambda root: gpt_from_checkpoint(root / "model.ckpt"),
-    lambda root: load_gpt(root / "model.safetensors"),
-    lambda root: gpt_from_hf(str(root / "hf")),
-    lambda root: GPTLightningModule(init_from=str(root / "hf"), compile=False).model,
-], ids=["checkpoint", "safetensors", "hugging-face", "init_from"])
+@pytest.mark.parametrize(
+    "load",
+    [
+        lambda root: gpt_from_checkpoint(root / "model.ckpt"),
+        lambda root: load_gpt(root / "model.safetensors"),
+        lambda root: gpt_from_hf(str(root / "hf")),
+        lambda root: GPTLightningModule(init_from=str(root / "hf"), compile=False).model,
+    ],
+    ids=["checkpoint", "safetensors", "hugging-face", "init_from"],
+)
 def test_loading_draws_no_random_numbers_and_keeps_the_head_tied(saved, load):
     expected, _, root = saved
     before = torch.random.get_rng_state()
@@ -76,13 +80,39 @@ class FirstWeights(Callback):
 
 
 def test_model_parallel_builds_empty_then_starts_from_the_eager_weights(small_text, tmp_path, in_process_group):
-    cli = GPTLightningCLI(run=False, args=[
-        "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--config", str(REPO / "configs" / "fsdp2.yaml"),
-        "--trainer.devices", "1", "--model.compile", "false", "--model.n_layer", "1", "--model.n_head", "2",
-        "--model.n_embd", "32", "--data.block_size", "32", "--data.batch_size", "2", "--data.data_path", str(small_text),
-        "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0", "--model.val_sample_tokens", "0",
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"),
-    ])
+    cli = GPTLightningCLI(
+        run=False,
+        args=[
+            "--config",
+            str(REPO / "configs" / "tiny-cpu.yaml"),
+            "--config",
+            str(REPO / "configs" / "fsdp2.yaml"),
+            "--trainer.devices",
+            "1",
+            "--model.compile",
+            "false",
+            "--model.n_layer",
+            "1",
+            "--model.n_head",
+            "2",
+            "--model.n_embd",
+            "32",
+            "--data.block_size",
+            "32",
+            "--data.batch_size",
+            "2",
+            "--data.data_path",
+            str(small_text),
+            "--trainer.max_steps",
+            "1",
+            "--trainer.limit_val_batches",
+            "0",
+            "--model.val_sample_tokens",
+            "0",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "tb"),
+        ],
+    )
     probe = FirstWeights()
     cli.trainer.callbacks.append(probe)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
@@ -110,9 +140,14 @@ class NanoGPT(torch.nn.Module):
             b.attn.c_proj.SCALE = b.mlp.c_proj.SCALE = 1
             return b
 
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, C), wpe=nn.Embedding(config.block_size, C),
-            h=nn.ModuleList(block() for _ in range(config.n_layer)), ln_f=nn.LayerNorm(C)))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, C),
+                wpe=nn.Embedding(config.block_size, C),
+                h=nn.ModuleList(block() for _ in range(config.n_layer)),
+                ln_f=nn.LayerNorm(C),
+            )
+        )
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight
         self.apply(lambda m: self._init(m, config.n_layer))

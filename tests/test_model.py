@@ -60,7 +60,9 @@ def test_generate_appends_tokens_within_block_size():
     assert torch.equal(greedy, generate(model, torch.zeros(1, 3, dtype=torch.long), 5, temperature=0))
 
 
-@pytest.mark.parametrize("switches", [{}, {"logit_softcap": 15.0, "tie_embeddings": False}], ids=["gpt2", "softcap,untied"])
+@pytest.mark.parametrize(
+    "switches", [{}, {"logit_softcap": 15.0, "tie_embeddings": False}], ids=["gpt2", "softcap,untied"]
+)
 def test_the_chunked_training_loss_is_cross_entropy_s_loss_and_gradients(switches, monkeypatch):
     """The training path (return_logits=False) never makes the whole logits; its loss and gradients are
     F.cross_entropy's over them, masked targets (-100, its ignore_index) left out, to float32 rounding,
@@ -85,11 +87,18 @@ def test_the_chunked_training_loss_is_cross_entropy_s_loss_and_gradients(switche
         assert logits.shape == (4, 32, 300) and none is None
         assert chunked.item() == pytest.approx(loss.item(), rel=tolerance / 10)
         for name, grad in grads.items():  # the head's weight included (tied: the embedding's too)
-            assert torch.allclose(chunked_grads[name], grad, rtol=tolerance, atol=tolerance * grad.abs().max()), (mixed, name)
+            assert torch.allclose(chunked_grads[name], grad, rtol=tolerance, atol=tolerance * grad.abs().max()), (
+                mixed,
+                name,
+            )
         for no_grad in (torch.no_grad, torch.inference_mode):  # no gradients made: the head's one matmul
             flops = []
             for return_logits in (True, False):
-                with no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=mixed), FlopCounterMode(display=False) as counter:
+                with (
+                    no_grad(),
+                    torch.autocast("cpu", torch.bfloat16, enabled=mixed),
+                    FlopCounterMode(display=False) as counter,
+                ):
                     loss = model(idx, targets, return_logits=return_logits)[1]
                 flops.append(counter.get_total_flops())
             assert flops[1] == flops[0], (mixed, no_grad)
@@ -112,9 +121,13 @@ def test_the_chunked_loss_backs_up_twice_and_ignores_as_cross_entropy_does():
             assert torch.allclose(grad, want, atol=1e-6)
     loss.backward(retain_graph=True)
     loss.backward()
-    assert torch.allclose(h.grad, 2 * expected[0], atol=1e-6) and torch.allclose(weight.grad, 2 * expected[1], atol=1e-6)
+    assert torch.allclose(h.grad, 2 * expected[0], atol=1e-6) and torch.allclose(
+        weight.grad, 2 * expected[1], atol=1e-6
+    )
     scale = torch.ones((), requires_grad=True)  # a graph through the gradient, whose h-part would be missing
-    grad_h = torch.autograd.grad(chunked_cross_entropy(h, weight, targets, chunk_rows=4), h, scale, create_graph=True)[0]
+    grad_h = torch.autograd.grad(chunked_cross_entropy(h, weight, targets, chunk_rows=4), h, scale, create_graph=True)[
+        0
+    ]
     with pytest.raises(RuntimeError, match="once_differentiable"):
         grad_h.sum().backward()
     ignored = torch.full((10,), -100)

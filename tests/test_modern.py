@@ -23,9 +23,19 @@ from gpt_lightning.scaling.flops import training_flops
 from gpt_lightning.training.optimizers import build_optimizer, group_settings
 
 SHAPE = dict(block_size=16, vocab_size=128, n_layer=2, n_head=2, n_embd=32)
-MODERN = GPTConfig(**SHAPE, bias=False, rotary=True, norm="rmsnorm", norm_affine=False, qk_norm=True,
-                   activation="relu2", tie_embeddings=False, zero_init_proj=True, logit_softcap=15.0,
-                   value_embeddings=True)
+MODERN = GPTConfig(
+    **SHAPE,
+    bias=False,
+    rotary=True,
+    norm="rmsnorm",
+    norm_affine=False,
+    qk_norm=True,
+    activation="relu2",
+    tie_embeddings=False,
+    zero_init_proj=True,
+    logit_softcap=15.0,
+    value_embeddings=True,
+)
 
 
 def digest(model: torch.nn.Module) -> str:
@@ -135,11 +145,23 @@ def test_flops_count_gpt2_s_matmuls_of_the_shape_and_the_value_gates():
 
 def test_muon_takes_the_blocks_matrices_and_the_embedding_and_head_get_their_own_rates():
     model = GPT(MODERN)
-    hparams = dict(optimizer="muon", learning_rate=1e-3, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8,
-                   muon_learning_rate=0.02, muon_momentum=0.95, muon_weight_decay=0.0, muon_adjust_lr="original",
-                   embedding_learning_rate=0.1, head_learning_rate=0.004, tie_embeddings=False)
-    optimizer = build_optimizer(model, "muon", fused=None, **{k: v for k, v in hparams.items()
-                                                             if k not in ("optimizer", "tie_embeddings")})
+    hparams = dict(
+        optimizer="muon",
+        learning_rate=1e-3,
+        weight_decay=0.1,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        muon_learning_rate=0.02,
+        muon_momentum=0.95,
+        muon_weight_decay=0.0,
+        muon_adjust_lr="original",
+        embedding_learning_rate=0.1,
+        head_learning_rate=0.004,
+        tie_embeddings=False,
+    )
+    optimizer = build_optimizer(
+        model, "muon", fused=None, **{k: v for k, v in hparams.items() if k not in ("optimizer", "tie_embeddings")}
+    )
     groups = {g["name"]: g for g in optimizer.param_groups}
     assert list(groups) == ["muon", "embedding", "head", "adamw_no_decay"]
     # The value embedding (block 1) is an embedding: AdamW at the embedding's rate, not Muon.
@@ -151,18 +173,47 @@ def test_muon_takes_the_blocks_matrices_and_the_embedding_and_head_get_their_own
     assert len(groups["muon"]["params"]) == 4 * 2 + 1
     assert any(p is model.transformer.h[1].attn.value_gate.weight for p in groups["muon"]["params"])
     assert [s["lr"] for s in group_settings(hparams)] == [g["lr"] for g in optimizer.param_groups]
-    adamw = build_optimizer(model, "adamw", fused=None, **{k: v for k, v in hparams.items()
-                                                          if k not in ("optimizer", "tie_embeddings")})
+    adamw = build_optimizer(
+        model, "adamw", fused=None, **{k: v for k, v in hparams.items() if k not in ("optimizer", "tie_embeddings")}
+    )
     assert [s["lr"] for s in group_settings({**hparams, "optimizer": "adamw"})] == [g["lr"] for g in adamw.param_groups]
     assert sum(len(g["params"]) for g in adamw.param_groups) == len(list(model.parameters()))
 
 
 def test_the_preset_trains_exports_to_safetensors_and_refuses_hf(tmp_path, small_text):
-    main(["fit", "--config", str(REPO / "configs" / "modern-tiny-cpu.yaml"), "--model.compile", "false",
-          "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--data.batch_size", "2",
-          "--data.block_size", "16", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0", "--trainer.log_every_n_steps", "1",
-          "--model.val_sample_tokens", "0", "--data.data_path", str(small_text),
-          "--data.cache_dir", str(tmp_path / "cache"), "--trainer.logger.init_args.save_dir", str(tmp_path)])
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs" / "modern-tiny-cpu.yaml"),
+            "--model.compile",
+            "false",
+            "--model.n_layer",
+            "1",
+            "--model.n_head",
+            "2",
+            "--model.n_embd",
+            "32",
+            "--data.batch_size",
+            "2",
+            "--data.block_size",
+            "16",
+            "--trainer.max_steps",
+            "3",
+            "--trainer.limit_val_batches",
+            "0",
+            "--trainer.log_every_n_steps",
+            "1",
+            "--model.val_sample_tokens",
+            "0",
+            "--data.data_path",
+            str(small_text),
+            "--data.cache_dir",
+            str(tmp_path / "cache"),
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path),
+        ]
+    )
     (ckpt,) = tmp_path.glob("modern-tiny-cpu/version_0/checkpoints/last.ckpt")
     events = EventAccumulator(str(ckpt.parent.parent))
     events.Reload()
@@ -171,7 +222,9 @@ def test_the_preset_trains_exports_to_safetensors_and_refuses_hf(tmp_path, small
     assert "`/muon`, `/embedding`, `/head`, `/adamw_no_decay`" in README  # its TensorBoard table
     model = gpt_from_checkpoint(ckpt).eval()
     assert model.config.rotary and not model.config.tie_embeddings  # recorded in the checkpoint
-    assert model.config.value_embeddings and model.transformer.h[0].attn.value_embedding is not None  # 1 layer: the last
+    assert (
+        model.config.value_embeddings and model.transformer.h[0].attn.value_embedding is not None
+    )  # 1 layer: the last
     main(["export", "--ckpt_path", str(ckpt), "--out", str(tmp_path / "w.safetensors")])
     loaded = load_gpt(tmp_path / "w.safetensors").eval()
     assert loaded.config == model.config

@@ -18,10 +18,28 @@ from gpt_lightning.errors import UserError
 from gpt_lightning.training.module import GPTLightningModule
 from gpt_lightning.training.optimizers import MuonWithAdamW, lr_multiplier
 
-TINY_CPU = ["--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--model.compile", "false",
-            "--model.n_layer", "2", "--model.n_head", "2", "--model.n_embd", "32", "--model.val_sample_tokens", "0",
-            "--data.batch_size", "2", "--data.block_size", "32", "--trainer.limit_val_batches", "0",
-            "--throughput.warmup_steps", "0"]
+TINY_CPU = [
+    "--config",
+    str(REPO / "configs" / "tiny-cpu.yaml"),
+    "--model.compile",
+    "false",
+    "--model.n_layer",
+    "2",
+    "--model.n_head",
+    "2",
+    "--model.n_embd",
+    "32",
+    "--model.val_sample_tokens",
+    "0",
+    "--data.batch_size",
+    "2",
+    "--data.block_size",
+    "32",
+    "--trainer.limit_val_batches",
+    "0",
+    "--throughput.warmup_steps",
+    "0",
+]
 
 
 def built(module: GPTLightningModule) -> torch.optim.Optimizer:
@@ -36,7 +54,9 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
     names = {id(p): name for name, p in module.model.named_parameters()}
     groups = {group["name"]: sorted(names[id(p)] for p in group["params"]) for group in optimizer.param_groups}
     assert groups["muon"] == sorted(
-        f"transformer.h.{i}.{m}.weight" for i in range(2) for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+        f"transformer.h.{i}.{m}.weight"
+        for i in range(2)
+        for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
     )
     assert groups["adamw"] == ["transformer.wpe.weight", "transformer.wte.weight"]  # wte is the tied head too
     assert all(p.dim() == 1 for group in optimizer.param_groups[2:] for p in group["params"])
@@ -49,6 +69,7 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
 def test_its_state_dict_resumes_the_very_same_steps():
     """Saved after two steps and loaded into a fresh optimizer, the third step is bit for bit the one
     the first optimizer takes: the Muon buffers and the AdamW moments are in the state dict."""
+
     def step(module, optimizer, seed):
         torch.manual_seed(seed)
         x = torch.randint(0, 50257, (2, 16))
@@ -104,6 +125,7 @@ def test_the_guarded_muon_step_is_torch_s_step_bit_for_bit_without_copying_the_w
     own Muon and AdamW with no guard, bit for bit (weight decay on, so its gated factor is checked),
     and a step allocates at most a few matrices at once, not a copy of every Muon weight (the old
     step cloned them all: a peak above their total size)."""
+
     def run(guarded: bool) -> tuple[GPTLightningModule, MuonWithAdamW, int]:
         torch.manual_seed(0)
         module = GPTLightningModule(**{**TINY_MODEL, "n_layer": 4}, optimizer="muon", muon_weight_decay=0.1)
@@ -142,12 +164,24 @@ def test_muon_trains_where_adamw_is_not_fused(small_text, tmp_path, monkeypatch)
     from gpt_lightning.training import module as module_file
 
     build = module_file.build_optimizer
-    monkeypatch.setattr(module_file, "build_optimizer", lambda *args, **kwargs: build(*args, **{**kwargs, "fused": None}))
+    monkeypatch.setattr(
+        module_file, "build_optimizer", lambda *args, **kwargs: build(*args, **{**kwargs, "fused": None})
+    )
 
     def fit(module):
-        data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path))
-        trainer = Trainer(accelerator="cpu", precision="bf16-mixed", max_steps=5, log_every_n_steps=5, logger=False,
-                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        data = TokenStreamDataModule(
+            str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path)
+        )
+        trainer = Trainer(
+            accelerator="cpu",
+            precision="bf16-mixed",
+            max_steps=5,
+            log_every_n_steps=5,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
         trainer.fit(module, data)
 
     good = GPTLightningModule(**TINY_MODEL, optimizer="muon")
@@ -160,10 +194,12 @@ def test_muon_trains_where_adamw_is_not_fused(small_text, tmp_path, monkeypatch)
 
 
 def test_the_wsd_schedule_warms_up_holds_then_decays_linearly():
-    schedule = dict(warmup_steps=2, lr_schedule="wsd", cosine_decay_steps=None, decay_fraction=0.4, min_lr_ratio=0.0,
-                    total_steps=10)
+    schedule = dict(
+        warmup_steps=2, lr_schedule="wsd", cosine_decay_steps=None, decay_fraction=0.4, min_lr_ratio=0.0, total_steps=10
+    )
     assert [lr_multiplier(step, **schedule) for step in range(10)] == pytest.approx(
-        [0.5, 1, 1, 1, 1, 1, 1, 0.75, 0.5, 0.25])
+        [0.5, 1, 1, 1, 1, 1, 1, 0.75, 0.5, 0.25]
+    )
 
 
 def test_a_torch_without_muon_gets_one_line(monkeypatch):
@@ -174,9 +210,24 @@ def test_a_torch_without_muon_gets_one_line(monkeypatch):
 
 def test_muon_under_fsdp2_is_refused_in_one_line(small_text, tmp_path, capsys, in_process_group):
     with pytest.raises(SystemExit):
-        main(["fit", *TINY_CPU, "--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.devices", "1",
-              "--model.optimizer", "muon", "--data.data_path", str(small_text), "--trainer.max_steps", "1",
-              "--trainer.logger.init_args.save_dir", str(tmp_path)])
+        main(
+            [
+                "fit",
+                *TINY_CPU,
+                "--config",
+                str(REPO / "configs" / "fsdp2.yaml"),
+                "--trainer.devices",
+                "1",
+                "--model.optimizer",
+                "muon",
+                "--data.data_path",
+                str(small_text),
+                "--trainer.max_steps",
+                "1",
+                "--trainer.logger.init_args.save_dir",
+                str(tmp_path),
+            ]
+        )
     err = capsys.readouterr().err
     assert "model.optimizer muon does not run under FSDP2 (ModelParallelStrategy)" in err
     assert "--trainer.strategy ddp" in err and "Traceback" not in err
@@ -187,11 +238,34 @@ def test_a_muon_run_logs_each_group_s_rate_and_exports_to_hugging_face(small_tex
     WSD schedule: one learning-rate tag per parameter group, and the checkpoint exports with
     ``export --format hf`` to a GPT-2 that transformers loads with the same logits."""
     transformers = pytest.importorskip("transformers")
-    main(["fit", *TINY_CPU, "--data.data_path", str(small_text), "--trainer.max_steps", "4",
-          "--trainer.log_every_n_steps", "1", "--trainer.accumulate_grad_batches", "2",
-          "--trainer.gradient_clip_val", "1.0", "--model.optimizer", "muon", "--model.lr_schedule", "wsd",
-          "--model.warmup_steps", "1", "--model.decay_fraction", "0.5", "--model.min_lr_ratio", "0",
-          "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
+    main(
+        [
+            "fit",
+            *TINY_CPU,
+            "--data.data_path",
+            str(small_text),
+            "--trainer.max_steps",
+            "4",
+            "--trainer.log_every_n_steps",
+            "1",
+            "--trainer.accumulate_grad_batches",
+            "2",
+            "--trainer.gradient_clip_val",
+            "1.0",
+            "--model.optimizer",
+            "muon",
+            "--model.lr_schedule",
+            "wsd",
+            "--model.warmup_steps",
+            "1",
+            "--model.decay_fraction",
+            "0.5",
+            "--model.min_lr_ratio",
+            "0",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "tb"),
+        ]
+    )
     run_dir = tmp_path / "tb" / "tiny-cpu" / "version_0"
     events = EventAccumulator(str(run_dir))
     events.Reload()
@@ -203,7 +277,9 @@ def test_a_muon_run_logs_each_group_s_rate_and_exports_to_hugging_face(small_tex
     assert len(losses) == 4 and all(0 < loss < 12 for loss in losses)
 
     ckpt = run_dir / "checkpoints" / "last.ckpt"
-    assert "momentum_buffer" in torch.load(ckpt, map_location="cpu", weights_only=False)["optimizer_states"][0]["state"][0]
+    assert (
+        "momentum_buffer" in torch.load(ckpt, map_location="cpu", weights_only=False)["optimizer_states"][0]["state"][0]
+    )
     out = tmp_path / "hf"
     main(["export", "--format", "hf", "--ckpt_path", str(ckpt), "--out", str(out)])
     exported = transformers.GPT2LMHeadModel.from_pretrained(out).eval()

@@ -46,9 +46,16 @@ class Record(Callback):
 
 def trainer(root: Path, max_steps: int, *callbacks, logger=False, **kwargs) -> Trainer:
     return Trainer(
-        accelerator="cpu", max_steps=max_steps, logger=logger, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=root,
-        callbacks=list(callbacks), **kwargs,
+        accelerator="cpu",
+        max_steps=max_steps,
+        logger=logger,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        default_root_dir=root,
+        callbacks=list(callbacks),
+        **kwargs,
     )
 
 

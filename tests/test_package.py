@@ -52,7 +52,9 @@ def room(module: str) -> str:
 
 
 GRAPH = {
-    module_name(path): imports_of(path) for path in PACKAGE.rglob("*.py") if path.name != "__init__.py" or path.parent != PACKAGE
+    module_name(path): imports_of(path)
+    for path in PACKAGE.rglob("*.py")
+    if path.name != "__init__.py" or path.parent != PACKAGE
 }
 
 
@@ -79,7 +81,7 @@ def test_no_import_cycles():
 
     def visit(module):
         if module in path:
-            raise AssertionError("import cycle: " + " -> ".join(path[path.index(module):] + [module]))
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(module) :] + [module]))
         if module in done or module not in GRAPH:
             return
         path.append(module)
@@ -97,7 +99,9 @@ def test_the_public_names_are_the_modules_own_and_no_import_hook_is_installed():
     from gpt_lightning.observing.throughput import ThroughputMonitor
     from gpt_lightning.training.module import GPTLightningModule
 
-    assert GPTLightningModule is gpt_lightning.GPTLightningModule and ThroughputMonitor is gpt_lightning.ThroughputMonitor
+    assert (
+        GPTLightningModule is gpt_lightning.GPTLightningModule and ThroughputMonitor is gpt_lightning.ThroughputMonitor
+    )
     for name in gpt_lightning.__all__:
         assert getattr(gpt_lightning, name) is not None
     assert not [finder for finder in sys.meta_path if type(finder).__module__.startswith("gpt_lightning")]
@@ -108,8 +112,12 @@ def test_the_public_names_are_the_modules_own_and_no_import_hook_is_installed():
 def test_no_private_torch_op_is_called():
     """Private ops (``torch.ops.mkldnn._linear_pointwise``, ...) change with any torch release and have
     no DTensor rule: the package calls torch's public API only."""
-    called = [f"{path.relative_to(REPO)}:{n}" for path in PACKAGE.rglob("*.py")
-              for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if "torch.ops." in line]
+    called = [
+        f"{path.relative_to(REPO)}:{n}"
+        for path in PACKAGE.rglob("*.py")
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "torch.ops." in line
+    ]
     assert not called, called
 
 
@@ -119,11 +127,16 @@ def test_a_checkpoint_naming_the_class_path_loads(tmp_path):
     from gpt_lightning.training.module import GPTLightningModule
 
     module = GPTLightningModule(**TINY_MODEL, block_size=16)
-    hyper_parameters = {**module.hparams, "_class_path": "gpt_lightning.training.module.GPTLightningModule",
-                        "_instantiator": "lightning.pytorch.cli.instantiate_module"}
+    hyper_parameters = {
+        **module.hparams,
+        "_class_path": "gpt_lightning.training.module.GPTLightningModule",
+        "_instantiator": "lightning.pytorch.cli.instantiate_module",
+    }
     path = tmp_path / "old.ckpt"
-    torch.save({"state_dict": module.state_dict(), "hyper_parameters": hyper_parameters,
-                "pytorch-lightning_version": "2.6.0"}, path)
+    torch.save(
+        {"state_dict": module.state_dict(), "hyper_parameters": hyper_parameters, "pytorch-lightning_version": "2.6.0"},
+        path,
+    )
     loaded = LightningModule.load_from_checkpoint(path, map_location="cpu", weights_only=False)
     assert type(loaded) is GPTLightningModule
     assert torch.equal(loaded.model.transformer.wte.weight, module.model.transformer.wte.weight)
@@ -155,8 +168,9 @@ def test_importing_changes_no_warning_or_log_filter():
     """A project that imports the module, the data module or any other part sees its own warnings:
     filters are set by the CLI (``quiet_lightning_console``), never on import."""
     modules = sorted(name for name in GRAPH if not name.endswith("__main__"))
-    result = subprocess.run([sys.executable, "-c", IMPORT_EVERYTHING, *modules], capture_output=True, text=True,
-                            timeout=300, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORT_EVERYTHING, *modules], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"unchanged {len(modules)}" in result.stdout
 
@@ -185,14 +199,19 @@ def essays(source: str) -> list[tuple[int, str, int, int]]:
     tree, lines = ast.parse(source), source.splitlines()
     found = []
     for node in ast.walk(tree):
-        docstring = ast.get_docstring(node) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else None
+        docstring = (
+            ast.get_docstring(node) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else None
+        )
         if docstring is None:
             continue
         doc = node.body[0]
         body = {i for stmt in node.body[1:] for i in range(stmt.lineno, stmt.end_lineno + 1)}
         for inner in ast.walk(node):  # nested docstrings are not code
-            if inner is not node and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
-                    and ast.get_docstring(inner) is not None:
+            if (
+                inner is not node
+                and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                and ast.get_docstring(inner) is not None
+            ):
                 body -= set(range(inner.body[0].lineno, inner.body[0].end_lineno + 1))
         code = sum(1 for i in body if lines[i - 1].strip() and not lines[i - 1].strip().startswith("#"))
         prose = prose_lines(docstring)
@@ -213,6 +232,8 @@ def test_no_docstring_is_an_essay():
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(REPO).as_posix()
-        found += [f"{relative}:{line} {name}: {prose} lines of docstring over {code} of code"
-                  for line, name, prose, code in essays(path.read_text(encoding="utf-8"))]
+        found += [
+            f"{relative}:{line} {name}: {prose} lines of docstring over {code} of code"
+            for line, name, prose, code in essays(path.read_text(encoding="utf-8"))
+        ]
     assert not found, found

@@ -22,7 +22,9 @@ from gpt_lightning.training.module import GPTLightningModule
 EMULATE = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 
-@pytest.mark.parametrize("slowdown, expected", [(24.0, "32-true"), (3.0, "32-true"), (1.5, "bf16-mixed"), (0.5, "bf16-mixed")])
+@pytest.mark.parametrize(
+    "slowdown, expected", [(24.0, "32-true"), (3.0, "32-true"), (1.5, "bf16-mixed"), (0.5, "bf16-mixed")]
+)
 def test_auto_on_a_cpu_follows_the_measured_bf16_matmul(slowdown, expected, monkeypatch):
     monkeypatch.setattr(precision, "cpu_bf16_slowdown", lambda: slowdown)
     chosen, why = precision.fast_precision("cpu")
@@ -34,7 +36,9 @@ def test_auto_on_a_cpu_follows_the_measured_bf16_matmul(slowdown, expected, monk
 @pytest.mark.parametrize("has_bf16, expected", [(True, "bf16-mixed"), (False, "32-true")])
 def test_auto_on_a_cuda_gpu_follows_its_bf16(has_bf16, expected, monkeypatch):
     """(The GPU is stood in for: no CUDA here.) A V100 or T4 gets float32, not float16 unasked."""
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: has_bf16 and not including_emulation)
+    monkeypatch.setattr(
+        torch.cuda, "is_bf16_supported", lambda including_emulation=True: has_bf16 and not including_emulation
+    )
     monkeypatch.setattr(precision, "cpu_bf16_slowdown", lambda: pytest.fail("a GPU run measured the CPU"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert precision.fast_precision("cuda")[0] == precision.fast_precision("gpu")[0] == expected
@@ -56,16 +60,42 @@ def test_the_probe_measures_what_this_cpu_does():
 def test_the_probe_finds_emulated_bf16_where_onednn_may_not_use_the_cpus_bf16():
     """As on an AVX2 CPU (the issue's: a bf16 matmul at 1.4 GFLOPS against float32's 45): auto picks 32-true."""
     code = "from gpt_lightning.training.precision import fast_precision, cpu_bf16_slowdown; print(cpu_bf16_slowdown(), *fast_precision('cpu'))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONPATH": str(REPO), **EMULATE})
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO), **EMULATE},
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     slowdown, chosen, *_ = result.stdout.split()
     assert float(slowdown) > 2 * precision.EMULATED and chosen == "32-true", result.stdout
 
 
-SHRUNK = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--data.batch_size", "2",
-          "--data.block_size", "32", "--model.compile", "false", "--trainer.max_steps", "2", "--throughput.warmup_steps", "1", "--trainer.limit_val_batches", "0",
-          "--trainer.enable_model_summary", "false", "--model.val_sample_tokens", "0"]
+SHRUNK = [
+    "--model.n_layer",
+    "1",
+    "--model.n_head",
+    "2",
+    "--model.n_embd",
+    "32",
+    "--data.batch_size",
+    "2",
+    "--data.block_size",
+    "32",
+    "--model.compile",
+    "false",
+    "--trainer.max_steps",
+    "2",
+    "--throughput.warmup_steps",
+    "1",
+    "--trainer.limit_val_batches",
+    "0",
+    "--trainer.enable_model_summary",
+    "false",
+    "--model.val_sample_tokens",
+    "0",
+]
 
 
 @pytest.mark.parametrize("asked", ["auto", "bf16-mixed"])
@@ -75,8 +105,18 @@ def test_fit_on_a_cpu_that_emulates_bf16(asked, tmp_path, monkeypatch, caplog, c
     monkeypatch.setattr(precision, "cpu_bf16_slowdown", lambda: 24.0)
     monkeypatch.chdir(tmp_path)
     caplog.set_level("INFO")
-    main(["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *SHRUNK, "--trainer.precision", asked,
-          "--trainer.logger.init_args.save_dir", str(tmp_path / "logs")])
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs/tiny-cpu.yaml"),
+            *SHRUNK,
+            "--trainer.precision",
+            asked,
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "logs"),
+        ]
+    )
     out, err = capsys.readouterr()
     console = caplog.text + out + err
     told = [str(w.message) for w in recwarn if "emulates bf16" in str(w.message)]
@@ -84,7 +124,10 @@ def test_fit_on_a_cpu_that_emulates_bf16(asked, tmp_path, monkeypatch, caplog, c
     ran = json.loads((run / "throughput.json").read_text())["precision"]
     if asked == "auto":
         assert ran == "32-true" and not told
-        assert "precision auto: 32-true (this CPU emulates bf16: a bf16 matmul runs 24x slower than float32, measured)." in console
+        assert (
+            "precision auto: 32-true (this CPU emulates bf16: a bf16 matmul runs 24x slower than float32, measured)."
+            in console
+        )
     else:
         assert ran == "bf16-mixed" and "precision auto" not in console
         assert len(told) == 1 and "\n" not in told[0], told
@@ -97,11 +140,25 @@ def test_a_plain_trainer_in_bf16_on_such_a_cpu_is_told_once_per_run(monkeypatch,
     monkeypatch.setattr(precision, "cpu_bf16_slowdown", lambda: 24.0)
     module = GPTLightningModule(**TINY_MODEL, block_size=16, val_sample_tokens=0)
     batches = [(x, x.roll(-1, dims=1)) for x in torch.randint(0, 50257, (2, 2, 16))]
-    trainer = Trainer(accelerator="cpu", precision="bf16-mixed", max_steps=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False)
+    trainer = Trainer(
+        accelerator="cpu",
+        precision="bf16-mixed",
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None))
     trainer.validate(module, DataLoader(batches, batch_size=None), verbose=False)
     assert len([w for w in recwarn if "emulates bf16" in str(w.message)]) == 1
-    Trainer(accelerator="cpu", precision="32-true", max_steps=1, logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False).validate(module, DataLoader(batches, batch_size=None), verbose=False)
+    Trainer(
+        accelerator="cpu",
+        precision="32-true",
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    ).validate(module, DataLoader(batches, batch_size=None), verbose=False)
     assert len([w for w in recwarn if "emulates bf16" in str(w.message)]) == 1  # float32: nothing to say

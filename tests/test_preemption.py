@@ -24,21 +24,53 @@ from gpt_lightning.cli import main
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
 # configs/tiny-cpu.yaml (bf16-mixed) shrunk in size and steps; 3 micro-batches of 2 x 16 a step.
-TINY = ["fit", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--model.compile", "false",
-        "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.val_sample_tokens", "0",
-        "--data.batch_size", "2", "--data.block_size", "16", "--data.tokens_per_step", "96",
-        "--trainer.max_steps", "6", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
-        "--throughput.warmup_steps", "0"]
+TINY = [
+    "fit",
+    "--config",
+    str(REPO / "configs" / "tiny-cpu.yaml"),
+    "--model.compile",
+    "false",
+    "--model.n_layer",
+    "1",
+    "--model.n_head",
+    "2",
+    "--model.n_embd",
+    "32",
+    "--model.val_sample_tokens",
+    "0",
+    "--data.batch_size",
+    "2",
+    "--data.block_size",
+    "16",
+    "--data.tokens_per_step",
+    "96",
+    "--trainer.max_steps",
+    "6",
+    "--trainer.limit_val_batches",
+    "0",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--throughput.warmup_steps",
+    "0",
+]
 MICRO = 3
 
 
 def probe(out_dir: Path) -> str:
     return "--trainer.callbacks+=" + json.dumps(
-        {"class_path": "preemption_probe.MicroBatchLog", "init_args": {"out_dir": str(out_dir)}})
+        {"class_path": "preemption_probe.MicroBatchLog", "init_args": {"out_dir": str(out_dir)}}
+    )
 
 
-def signal_during(process: subprocess.Popen, log: Path, step: int, micro: int, signum: int,
-                  pid_of=lambda pid: None, per_step: int = MICRO) -> None:
+def signal_during(
+    process: subprocess.Popen,
+    log: Path,
+    step: int,
+    micro: int,
+    signum: int,
+    pid_of=lambda pid: None,
+    per_step: int = MICRO,
+) -> None:
     """Send ``signum`` while micro-batch ``micro`` (of ``per_step``) of optimizer step ``step`` runs
     (the probe pauses there), to ``pid_of(the pid the log names)``, or to ``process``."""
     deadline = time.monotonic() + 300
@@ -55,8 +87,15 @@ def signal_during(process: subprocess.Popen, log: Path, step: int, micro: int, s
 
 def launch(args: list[str], cwd: Path | None = None) -> subprocess.Popen:
     """The CLI in a session of its own, so that ``finish`` can end it and its DDP children."""
-    return subprocess.Popen([sys.executable, "-m", "gpt_lightning", *args], env=ENV, cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpt_lightning", *args],
+        env=ENV,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def finish(process: subprocess.Popen, within: float = 120) -> str:
@@ -112,9 +151,19 @@ def test_ctrl_c_mid_accumulation_saves_the_step_and_the_same_command_resumes_exa
     """Lightning alone exits 1 on Ctrl-C with no checkpoint. (SIGTERM takes the same path: the DDP and
     FSDP2 tests below send it.)"""
     signum, code = signal.SIGINT, 130
-    job = [*TINY, "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.logger.init_args.name", "job",
-           "--ckpt_path", "last"]
-    signal_at = {"class_path": "test_preemption.SignalDuringMicroBatch", "init_args": {"step": 2, "micro": 1, "signum": signum}}
+    job = [
+        *TINY,
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+        "--trainer.logger.init_args.name",
+        "job",
+        "--ckpt_path",
+        "last",
+    ]
+    signal_at = {
+        "class_path": "test_preemption.SignalDuringMicroBatch",
+        "init_args": {"step": 2, "micro": 1, "signum": signum},
+    }
     previous = signal.getsignal(signum)
     try:  # in this process (one process: a launch adds nothing); a real signal
         with pytest.raises(SystemExit) as stopped:
@@ -159,17 +208,30 @@ def test_a_reused_preemption_does_not_save_a_step_twice_and_forgets_its_stop(tmp
 
     def fit(*callbacks):
         checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_last=True, save_top_k=0)
-        trainer = Trainer(accelerator="cpu", max_steps=4, logger=False, limit_val_batches=0, enable_progress_bar=False,
-                          enable_model_summary=False, callbacks=[*callbacks, preemption, checkpoint])
-        trainer.fit(GPTLightningModule(**TINY_MODEL, block_size=32), TokenStreamDataModule(str(small_text), batch_size=2,
-                                                                                             block_size=32))
+        trainer = Trainer(
+            accelerator="cpu",
+            max_steps=4,
+            logger=False,
+            limit_val_batches=0,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[*callbacks, preemption, checkpoint],
+        )
+        trainer.fit(
+            GPTLightningModule(**TINY_MODEL, block_size=32),
+            TokenStreamDataModule(str(small_text), batch_size=2, block_size=32),
+        )
         return trainer
 
     try:
         probe = SignalDuringSave(step=2)
         with pytest.raises(Preempted) as stopped:
             fit(probe)
-        assert (stopped.value.code, stopped.value.step, stopped.value.ckpt_path) == (143, 2, str(tmp_path / "last.ckpt"))
+        assert (stopped.value.code, stopped.value.step, stopped.value.ckpt_path) == (
+            143,
+            2,
+            str(tmp_path / "last.ckpt"),
+        )
         assert probe.saves == [2]
         assert load(tmp_path / "last.ckpt")["global_step"] == 2
         os.kill(os.getpid(), signal.SIGINT)  # the fit is over: the handler from before it hears this
@@ -188,9 +250,18 @@ def test_a_sigterm_during_the_sanity_check_exits_143_with_nothing_to_save(tmp_pa
     """Lightning's handler, in place until the first step, ended the run at the sanity check's next
     batch with exit code 0 and no message: a job script took the job for finished. The CLI in this
     process (one process: a launch adds nothing), the signal a real one."""
-    job = [*TINY, "--trainer.limit_val_batches", "3", "--trainer.num_sanity_val_steps", "3",
-           "--trainer.logger.init_args.save_dir", str(tmp_path), "--ckpt_path", "last",
-           "--trainer.callbacks+=test_preemption.SignalDuringSanity"]
+    job = [
+        *TINY,
+        "--trainer.limit_val_batches",
+        "3",
+        "--trainer.num_sanity_val_steps",
+        "3",
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+        "--ckpt_path",
+        "last",
+        "--trainer.callbacks+=test_preemption.SignalDuringSanity",
+    ]
     previous = signal.getsignal(signal.SIGTERM)
     try:
         with pytest.raises(SystemExit) as stopped:
@@ -205,16 +276,38 @@ def test_a_sigterm_during_the_sanity_check_exits_143_with_nothing_to_save(tmp_pa
 
 
 # Two DDP processes (gloo), one micro-batch of 2 x 16 tokens per rank and step.
-DDP2 = [*TINY, "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.precision", "32-true",
-        "--data.tokens_per_step", "64", "--trainer.max_steps", "3"]
+DDP2 = [
+    *TINY,
+    "--trainer.strategy",
+    "ddp",
+    "--trainer.devices",
+    "2",
+    "--trainer.precision",
+    "32-true",
+    "--data.tokens_per_step",
+    "64",
+    "--trainer.max_steps",
+    "3",
+]
 
 
 @pytest.fixture(scope="module")
 def step_1(tmp_path_factory) -> Path:
     """A checkpoint at step 1 to resume from, made once, on one process."""
     root = tmp_path_factory.mktemp("step1")
-    main([*TINY, "--data.tokens_per_step", "64", "--trainer.max_steps", "1", "--trainer.logger.init_args.save_dir",
-          str(root), "--trainer.logger.init_args.name", "s1"])
+    main(
+        [
+            *TINY,
+            "--data.tokens_per_step",
+            "64",
+            "--trainer.max_steps",
+            "1",
+            "--trainer.logger.init_args.save_dir",
+            str(root),
+            "--trainer.logger.init_args.name",
+            "s1",
+        ]
+    )
     return last_ckpt(root, "s1", 0)
 
 
@@ -225,10 +318,15 @@ def test_a_sigterm_while_ddp_ranks_start_stops_every_rank_at_train_start(tmp_pat
     signal during the restore killed that rank (no handler yet: the job exited 137, or rank 0's death
     left rank 1 hanging), and one during the sanity check stopped only the rank that got it."""
     hold = {"class_path": "preemption_probe.HoldAt", "init_args": {"out_dir": str(tmp_path / "hold"), "moment": moment}}
-    at = (["--ckpt_path", str(step_1)] if moment == "restore" else
-          ["--trainer.limit_val_batches", "1", "--trainer.num_sanity_val_steps", "1"])
-    started = launch([*DDP2, *at, "--trainer.logger.init_args.save_dir", str(tmp_path),
-                      f"--trainer.callbacks+={json.dumps(hold)}"], cwd=tmp_path)
+    at = (
+        ["--ckpt_path", str(step_1)]
+        if moment == "restore"
+        else ["--trainer.limit_val_batches", "1", "--trainer.num_sanity_val_steps", "1"]
+    )
+    started = launch(
+        [*DDP2, *at, "--trainer.logger.init_args.save_dir", str(tmp_path), f"--trainer.callbacks+={json.dumps(hold)}"],
+        cwd=tmp_path,
+    )
     marks = [tmp_path / "hold" / f"{moment}-rank{rank}" for rank in range(2)]
     deadline = time.monotonic() + 300
     while not all(mark.exists() for mark in marks) and started.poll() is None and time.monotonic() < deadline:
@@ -268,23 +366,37 @@ def gone(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="the parent-death signal is Linux's")
-@pytest.mark.parametrize(("moment", "signum"), [("startup", signal.SIGTERM), ("startup", signal.SIGKILL),
-                                                ("restore", signal.SIGKILL)], ids=["startup-TERM", "startup-KILL", "restore-KILL"])
+@pytest.mark.parametrize(
+    ("moment", "signum"),
+    [("startup", signal.SIGTERM), ("startup", signal.SIGKILL), ("restore", signal.SIGKILL)],
+    ids=["startup-TERM", "startup-KILL", "restore-KILL"],
+)
 def test_rank_1_ends_within_seconds_of_rank_0_whatever_ended_it(tmp_path, step_1, moment, signum):
     """Signal to rank 0 alone (Lightning's launcher), 1.5 s after it started rank 1 (both initializing
     the process group) or while both restore the checkpoint. Before, rank 0 died (SIGTERM by its default
     action) and rank 1 waited for a store that no longer existed, 400+ s. (A SIGTERM during the restore
     stops every rank at train start: the test above.)"""
     hold = {"class_path": "preemption_probe.HoldAt", "init_args": {"out_dir": str(tmp_path / "hold"), "moment": moment}}
-    started = launch([*DDP2, "--ckpt_path", "last" if moment == "startup" else str(step_1),
-                      "--trainer.logger.init_args.save_dir", str(tmp_path), f"--trainer.callbacks+={json.dumps(hold)}"],
-                     cwd=tmp_path)
+    started = launch(
+        [
+            *DDP2,
+            "--ckpt_path",
+            "last" if moment == "startup" else str(step_1),
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path),
+            f"--trainer.callbacks+={json.dumps(hold)}",
+        ],
+        cwd=tmp_path,
+    )
     marks = [tmp_path / "hold" / f"{moment}-rank{rank}" for rank in range(2)]
     deadline, rank1 = time.monotonic() + 300, None
     try:
         while started.poll() is None and time.monotonic() < deadline:
-            rank1 = child_of(started.pid) if moment == "startup" else (
-                int(marks[1].read_text()) if all(mark.exists() for mark in marks) else None)
+            rank1 = (
+                child_of(started.pid)
+                if moment == "startup"
+                else (int(marks[1].read_text()) if all(mark.exists() for mark in marks) else None)
+            )
             if rank1:
                 break
             time.sleep(0.02)
@@ -298,7 +410,10 @@ def test_rank_1_ends_within_seconds_of_rank_0_whatever_ended_it(tmp_path, step_1
         err = finish(started, within=30)
         assert started.returncode == (143 if signum == signal.SIGTERM else -signal.SIGKILL), err[-3000:]
         if signum == signal.SIGTERM:
-            assert "gpt-lightning: stopped by SIGTERM (rank 0) outside training (starting or finishing): nothing new to save." in err, err[-3000:]
+            assert (
+                "gpt-lightning: stopped by SIGTERM (rank 0) outside training (starting or finishing): nothing new to save."
+                in err
+            ), err[-3000:]
     finally:
         if rank1 and not gone(rank1):
             os.kill(rank1, signal.SIGKILL)
@@ -313,16 +428,43 @@ def test_a_sigterm_to_one_ddp_rank_stops_both_at_one_step_with_no_per_micro_batc
     Where gloo cannot form Preemption's own group, the run says so in one line and agrees over its
     default group (before, it ended at train start with gloo's traceback)."""
     counter = {"class_path": "host_reads.CollectiveCounter", "init_args": {"out_dir": str(tmp_path / "counts")}}
-    job = [*TINY, "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.precision", "32-true",
-           "--data.tokens_per_step", "128", "--trainer.max_steps", "20", "--trainer.log_every_n_steps", "1000",
-           "--checkpoint.every_n_train_steps", "1000", "--trainer.logger.init_args.save_dir", str(tmp_path),
-           "--trainer.logger.init_args.name", "job", "--ckpt_path", "last", probe(tmp_path / "steps"),
-           f"--trainer.callbacks+={json.dumps(counter)}"]
+    job = [
+        *TINY,
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.devices",
+        "2",
+        "--trainer.precision",
+        "32-true",
+        "--data.tokens_per_step",
+        "128",
+        "--trainer.max_steps",
+        "20",
+        "--trainer.log_every_n_steps",
+        "1000",
+        "--checkpoint.every_n_train_steps",
+        "1000",
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+        "--trainer.logger.init_args.name",
+        "job",
+        "--ckpt_path",
+        "last",
+        probe(tmp_path / "steps"),
+        f"--trainer.callbacks+={json.dumps(counter)}",
+    ]
     if not side_group:
         job.append(f"--trainer.callbacks+={json.dumps({'class_path': 'preemption_probe.NoGlooInterface'})}")
     started = launch(job, cwd=tmp_path)
-    signal_during(started, tmp_path / "steps" / "rank1.log", step=3, micro=1, signum=signal.SIGTERM,
-                  pid_of=lambda pid: pid, per_step=2)
+    signal_during(
+        started,
+        tmp_path / "steps" / "rank1.log",
+        step=3,
+        micro=1,
+        signum=signal.SIGTERM,
+        pid_of=lambda pid: pid,
+        per_step=2,
+    )
     err = finish(started)
     assert started.returncode == 143, err[-3000:]
     fallback = [line for line in err.splitlines() if "could not form the CPU (gloo) group" in line]
@@ -348,12 +490,20 @@ def test_a_sigterm_to_one_ddp_rank_stops_both_at_one_step_with_no_per_micro_batc
         assert set(reads) <= {0, 4}, reads
 
 
-SLURM = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "gpt", "SLURM_JOB_ID": "77", "SLURM_PROCID": "0",
-         "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost"}
+SLURM = {
+    "SLURM_NTASKS": "1",
+    "SLURM_JOB_NAME": "gpt",
+    "SLURM_JOB_ID": "77",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_NODELIST": "localhost",
+}
 
 
 def test_under_slurm_lightning_s_auto_requeue_is_off_and_a_stale_hpc_checkpoint_is_refused(
-        tmp_path, monkeypatch, capsys, in_process_group):
+    tmp_path, monkeypatch, capsys, in_process_group
+):
     """Lightning's auto-requeue saves hpc_ckpt_N.ckpt in the working directory on SIGUSR1, and resumes
     any later run started there from it, unasked. Under the CLI it is off (SIGTERM saves last.ckpt), and
     a stale one is refused in one line rather than taking the run over."""
@@ -375,22 +525,42 @@ def test_under_slurm_lightning_s_auto_requeue_is_off_and_a_stale_hpc_checkpoint_
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("gpt-lightning: error:")]
     assert f"{tmp_path / 'hpc_ckpt_1.ckpt'} (Lightning's SLURM auto-requeue checkpoint)" in line
     # torchrun inside the allocation (srun torchrun ...): its ranks and world size, not SLURM's one task.
-    for key, value in {"TORCHELASTIC_RUN_ID": "1", "RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0",
-                       "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}.items():
+    for key, value in {
+        "TORCHELASTIC_RUN_ID": "1",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "GROUP_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29511",
+    }.items():
         monkeypatch.setenv(key, value)
     environment = GPTLightningCLI(args=args, run=False).trainer._accelerator_connector.cluster_environment
     assert type(environment).__name__ == "TorchElasticEnvironment"
 
 
-def test_under_fsdp2_a_sigterm_saves_the_sharded_checkpoint_and_the_same_command_resumes_exactly(tmp_path,
-                                                                                               in_process_group):
+def test_under_fsdp2_a_sigterm_saves_the_sharded_checkpoint_and_the_same_command_resumes_exactly(
+    tmp_path, in_process_group
+):
     """configs/fsdp2.yaml (ModelParallelStrategy, one CPU process): the checkpoint is a folder of
     shards written by every rank; stopped mid-accumulation and relaunched, the run ends at the weights
     of the run never stopped."""
     from gpt_lightning.interop.checkpoint import read_checkpoint
 
-    fsdp2 = [*TINY, "--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.accelerator", "cpu",
-             "--trainer.devices", "1", "--model.compile", "false", "--trainer.logger.init_args.save_dir", str(tmp_path)]
+    fsdp2 = [
+        *TINY,
+        "--config",
+        str(REPO / "configs" / "fsdp2.yaml"),
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.devices",
+        "1",
+        "--model.compile",
+        "false",
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+    ]
     main([*fsdp2, "--trainer.logger.init_args.name", "whole"])
     job = [*fsdp2, "--trainer.logger.init_args.name", "job", "--ckpt_path", "last"]
     signal_at = {"class_path": "test_preemption.SignalDuringMicroBatch", "init_args": {"step": 2, "micro": 1}}
@@ -403,7 +573,9 @@ def test_under_fsdp2_a_sigterm_saves_the_sharded_checkpoint_and_the_same_command
     assert stopped.value.code == 143
     assert read_checkpoint(last_ckpt(tmp_path, "job", 0), weights=False)["global_step"] == 3
     main(job)  # the requeue: the same command
-    expected, got = (read_checkpoint(last_ckpt(tmp_path, name, version)) for name, version in (("whole", 0), ("job", 1)))
+    expected, got = (
+        read_checkpoint(last_ckpt(tmp_path, name, version)) for name, version in (("whole", 0), ("job", 1))
+    )
     assert got["global_step"] == expected["global_step"] == 6
     differ = [k for k in expected["state_dict"] if not torch.equal(expected["state_dict"][k], got["state_dict"][k])]
     assert not differ, differ

@@ -80,7 +80,10 @@ def test_a_hub_name_offline_says_what_to_do(monkeypatch):
         raise OSError("network is unreachable")
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
-    with pytest.raises(UserError, match=r"Could not fetch 'gpt2' .* give init_from \(fit's --model.init_from, eval's --init_from\) a local copy"):
+    with pytest.raises(
+        UserError,
+        match=r"Could not fetch 'gpt2' .* give init_from \(fit's --model.init_from, eval's --init_from\) a local copy",
+    ):
         GPTLightningModule(init_from="gpt2", compile=False)
 
 
@@ -89,10 +92,31 @@ def test_fine_tune_through_the_cli_then_export_to_hugging_face(hf_gpt2, tmp_path
     source = tmp_path / "source"
     shutil.copytree(directory, source)
     # tiny-cpu.yaml sets its own architecture; the one given here agrees with the checkpoint's.
-    main(["fit", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--model.init_from", str(source),
-          "--model.n_layer", "2", "--model.n_head", "2", "--model.n_embd", "32",
-          "--model.compile", "false", "--data.block_size", "32", "--trainer.max_steps", "2",
-          "--trainer.limit_val_batches", "0", "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs" / "tiny-cpu.yaml"),
+            "--model.init_from",
+            str(source),
+            "--model.n_layer",
+            "2",
+            "--model.n_head",
+            "2",
+            "--model.n_embd",
+            "32",
+            "--model.compile",
+            "false",
+            "--data.block_size",
+            "32",
+            "--trainer.max_steps",
+            "2",
+            "--trainer.limit_val_batches",
+            "0",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "tb"),
+        ]
+    )
     run_dir = tmp_path / "tb" / "tiny-cpu" / "version_0"
     saved = yaml.safe_load((run_dir / "hparams.yaml").read_text())
     # Fine-tuned on 32-token rows, the model keeps the source's 64 positions (its context).
@@ -100,10 +124,33 @@ def test_fine_tune_through_the_cli_then_export_to_hugging_face(hf_gpt2, tmp_path
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     shutil.rmtree(source)  # the fine-tuned checkpoint stands on its own
     # Resuming with the same command line does not read init_from (the source is gone now).
-    main(["fit", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--model.init_from", str(source),
-          "--model.n_layer", "2", "--model.n_head", "2", "--model.n_embd", "32", "--model.compile", "false",
-          "--data.block_size", "32", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0",
-          "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"), "--ckpt_path", str(ckpt)])
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs" / "tiny-cpu.yaml"),
+            "--model.init_from",
+            str(source),
+            "--model.n_layer",
+            "2",
+            "--model.n_head",
+            "2",
+            "--model.n_embd",
+            "32",
+            "--model.compile",
+            "false",
+            "--data.block_size",
+            "32",
+            "--trainer.max_steps",
+            "3",
+            "--trainer.limit_val_batches",
+            "0",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "tb"),
+            "--ckpt_path",
+            str(ckpt),
+        ]
+    )
 
     out = tmp_path / "hf-out"
     main(["export", "--format", "hf", "--ckpt_path", str(ckpt), "--out", str(out)])
@@ -120,10 +167,33 @@ def test_fine_tune_through_the_cli_then_export_to_hugging_face(hf_gpt2, tmp_path
 
 def test_the_position_table_is_cropped_only_when_model_block_size_is_given(hf_gpt2, tmp_path):
     directory, _ = hf_gpt2
-    main(["fit", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--model.init_from", str(directory),
-          "--model.n_layer", "2", "--model.n_head", "2", "--model.n_embd", "32", "--model.compile", "false",
-          "--model.block_size", "48", "--data.block_size", "32", "--trainer.max_steps", "1",
-          "--trainer.limit_val_batches", "0", "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs" / "tiny-cpu.yaml"),
+            "--model.init_from",
+            str(directory),
+            "--model.n_layer",
+            "2",
+            "--model.n_head",
+            "2",
+            "--model.n_embd",
+            "32",
+            "--model.compile",
+            "false",
+            "--model.block_size",
+            "48",
+            "--data.block_size",
+            "32",
+            "--trainer.max_steps",
+            "1",
+            "--trainer.limit_val_batches",
+            "0",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "tb"),
+        ]
+    )
     ckpt = tmp_path / "tb" / "tiny-cpu" / "version_0" / "checkpoints" / "last.ckpt"
     main(["export", "--format", "hf", "--ckpt_path", str(ckpt), "--out", str(tmp_path / "hf-out")])
     assert json.loads((tmp_path / "hf-out" / "config.json").read_text())["n_positions"] == 48

@@ -43,7 +43,7 @@ def shell_commands(text: str = DOCS_TEXT) -> list[list[str]]:
                 cut = words.index("&&") if "&&" in words else len(words)
                 if words[:cut] not in commands:
                     commands.append(words[:cut])
-                words = words[cut + 1:]
+                words = words[cut + 1 :]
     return commands
 
 
@@ -54,11 +54,35 @@ INSTALL_PROGRAMS = ("python3", ".", "pip")
 # run exactly as written.
 TINY_MODEL = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.compile", "false"]
 OVERRIDES = {
-    "fit": ["--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2",
-            "--model.val_sample_tokens", "4", *TINY_MODEL],
-    "bench": ["--trainer.max_steps", "4", "--throughput.warmup_steps", "1", "--trainer.limit_val_batches", "0",
-              "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--data.batch_size", "2",
-              "--data.block_size", "32"],  # the suite's one compiled shape: its kernels are in the compile cache
+    "fit": [
+        "--trainer.max_steps",
+        "2",
+        "--trainer.limit_val_batches",
+        "1",
+        "--trainer.val_check_interval",
+        "2",
+        "--model.val_sample_tokens",
+        "4",
+        *TINY_MODEL,
+    ],
+    "bench": [
+        "--trainer.max_steps",
+        "4",
+        "--throughput.warmup_steps",
+        "1",
+        "--trainer.limit_val_batches",
+        "0",
+        "--model.n_layer",
+        "1",
+        "--model.n_head",
+        "2",
+        "--model.n_embd",
+        "32",
+        "--data.batch_size",
+        "2",
+        "--data.block_size",
+        "32",
+    ],  # the suite's one compiled shape: its kernels are in the compile cache
     "sample": ["--max_new_tokens", "5"],
     "export": [],
     "tokenize": ["--shard_tokens", "20000"],
@@ -88,8 +112,9 @@ def test_the_install_and_test_commands_are_what_ci_runs():
     assert pip in ci_commands  # CI installs exactly as the README says (quietly)
     (pytest_command,) = [words for words in readme_commands if words[1:3] == ["-m", "pytest"]]
     assert ci.rstrip().splitlines()[-1] == shlex.join(pytest_command)
-    assert [words for words in COMMANDS if words[0] in ("pip", "python3") or words[1:3] == ["-m", "pytest"]] == \
-        [words for words in readme_commands if words[0] in ("pip", "python3") or words[1:3] == ["-m", "pytest"]]
+    assert [words for words in COMMANDS if words[0] in ("pip", "python3") or words[1:3] == ["-m", "pytest"]] == [
+        words for words in readme_commands if words[0] in ("pip", "python3") or words[1:3] == ["-m", "pytest"]
+    ]
     assert shutil.which("tensorboard", path=str(Path(sys.executable).parent))  # `tensorboard --logdir logs`
 
 
@@ -112,7 +137,9 @@ def test_the_readme_is_short_and_links_every_guide_and_every_link_resolves():
             if page.name == "README.md":
                 linked.add(file)
             if fragment and file.suffix == ".md":
-                headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", file.read_text(), flags=re.DOTALL), flags=re.M)
+                headings = re.findall(
+                    r"^#+ (.+)$", re.sub(r"```.*?```", "", file.read_text(), flags=re.DOTALL), flags=re.M
+                )
                 assert fragment in {anchor(h) for h in headings}, f"{page.relative_to(REPO)}: no heading for {target}"
     assert set(PAGES[1:]) <= linked, "a guide in docs/ that the README does not link"
     assert (REPO / "CHANGELOG.md") in linked
@@ -178,16 +205,23 @@ def test_the_readme_walkthrough_runs_on_a_cpu(tmp_path, shakespeare, monkeypatch
     (tmp_path / "my_texts" / "plays.txt").write_text(shakespeare)
     parquet = pytest.importorskip("pyarrow.parquet")  # FineWeb-edu's layout: a text column among others
     (tmp_path / "fineweb-edu" / "sample" / "10BT").mkdir(parents=True)
-    parquet.write_table(__import__("pyarrow").table({"text": [shakespeare[i:i + 5000] for i in range(0, 300_000, 5000)],
-                                                     "score": [3.0] * 60}),
-                        tmp_path / "fineweb-edu" / "sample" / "10BT" / "000_00000.parquet")
+    parquet.write_table(
+        __import__("pyarrow").table(
+            {"text": [shakespeare[i : i + 5000] for i in range(0, 300_000, 5000)], "score": [3.0] * 60}
+        ),
+        tmp_path / "fineweb-edu" / "sample" / "10BT" / "000_00000.parquet",
+    )
     (main_py,) = [b for b in blocks("python") if b.startswith("# main.py")]
     (tmp_path / "main.py").write_text(main_py)
     (my_config,) = [b for b in blocks("yaml") if "class_path: gpt_lightning.GPTLightningModule" in b]
     (tmp_path / "my_config.yaml").write_text(my_config)
     example = {"ctx": "The king rose and", "endings": ["spoke.", "wept.", "sat down.", "left the hall."], "label": 0}
-    (tmp_path / "hellaswag_val.jsonl").write_text((json.dumps(example) + "\n") * 3)  # its format; the real one is 10,042 lines
-    (my_task,) = [b for b in blocks("yaml") if b.startswith("# my_tasks/my_task.yaml")]  # docs/evaluation.md's, as written
+    (tmp_path / "hellaswag_val.jsonl").write_text(
+        (json.dumps(example) + "\n") * 3
+    )  # its format; the real one is 10,042 lines
+    (my_task,) = [
+        b for b in blocks("yaml") if b.startswith("# my_tasks/my_task.yaml")
+    ]  # docs/evaluation.md's, as written
     (tmp_path / "my_tasks").mkdir()
     (tmp_path / "my_tasks" / "my_task.yaml").write_text(my_task)
     choices = {"context": "The king rose and", "choices": ["spoke.", "wept.", "sat down."], "label": 0}

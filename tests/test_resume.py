@@ -27,8 +27,14 @@ def train(data_path, cache, max_steps, ckpt_path=None, save_to=None):
     data = TokenStreamDataModule(str(data_path), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(cache))
     losses, batches, monitor = LossRecorder(), BatchRecorder(), ThroughputMonitor(warmup_steps=2, filename=None)
     trainer = Trainer(
-        accelerator="cpu", precision="32-true", max_steps=max_steps, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[losses, batches, monitor],
+        accelerator="cpu",
+        precision="32-true",
+        max_steps=max_steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[losses, batches, monitor],
     )
     trainer.fit(module, data, ckpt_path=ckpt_path)
     if save_to is not None:
@@ -82,8 +88,14 @@ def rates(data_path, cache, max_steps, ckpt_path=None, save_to=None, every_group
     data = TokenStreamDataModule(str(data_path), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(cache))
     recorder = LearningRates(every_group)
     trainer = Trainer(
-        accelerator="cpu", precision="bf16-mixed", max_steps=max_steps, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[recorder],
+        accelerator="cpu",
+        precision="bf16-mixed",
+        max_steps=max_steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[recorder],
     )
     trainer.fit(module, data, ckpt_path=ckpt_path)
     if save_to is not None:
@@ -112,8 +124,9 @@ def test_muon_s_groups_resume_at_their_own_peaks_times_the_schedule_given_now(sm
     ckpt = tmp_path / "muon.ckpt"
     muon = dict(optimizer="muon", lr_schedule="wsd", warmup_steps=1, decay_fraction=0.5, min_lr_ratio=0.0)
     rates(small_text, tmp_path, 3, save_to=ckpt, **muon)
-    resumed = rates(small_text, tmp_path, 6, ckpt_path=ckpt, every_group=True, muon_learning_rate=0.01,
-                    learning_rate=2e-3, **muon)
+    resumed = rates(
+        small_text, tmp_path, 6, ckpt_path=ckpt, every_group=True, muon_learning_rate=0.01, learning_rate=2e-3, **muon
+    )
     multipliers = [1.0, 2 / 3, 1 / 3]  # steps 3 to 5 of 6, the decaying half
     assert resumed == [pytest.approx([0.01 * m, 2e-3 * m, 2e-3 * m]) for m in multipliers]
 
@@ -121,5 +134,7 @@ def test_muon_s_groups_resume_at_their_own_peaks_times_the_schedule_given_now(sm
 def test_a_checkpoint_of_the_other_optimizer_is_refused_in_one_line(small_text, tmp_path):
     ckpt = tmp_path / "adamw.ckpt"
     rates(small_text, tmp_path, 1, save_to=ckpt)
-    with pytest.raises(UserError, match="trained with model.optimizer adamw, this run asks for muon.*--model.optimizer adamw"):
+    with pytest.raises(
+        UserError, match="trained with model.optimizer adamw, this run asks for muon.*--model.optimizer adamw"
+    ):
         rates(small_text, tmp_path, 2, ckpt_path=ckpt, optimizer="muon")

@@ -13,11 +13,36 @@ from conftest import MODERN_FLAGS, REPO
 from gpt_lightning.cli import main
 
 # configs/tiny-cpu.yaml as written (auto: bf16-mixed where the CPU has it), shrunk in size and steps; 11 batches an epoch.
-TINY = ["--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--model.compile", "false",
-        "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.val_sample_tokens", "0",
-        "--data.batch_size", "2", "--data.block_size", "16", "--data.val_fraction", "0",
-        "--trainer.limit_val_batches", "0", "--trainer.log_every_n_steps", "1", "--throughput.warmup_steps", "0",
-        "--trainer.enable_progress_bar", "false", "--checkpoint.save_top_k", "-1"]
+TINY = [
+    "--config",
+    str(REPO / "configs" / "tiny-cpu.yaml"),
+    "--model.compile",
+    "false",
+    "--model.n_layer",
+    "1",
+    "--model.n_head",
+    "2",
+    "--model.n_embd",
+    "32",
+    "--model.val_sample_tokens",
+    "0",
+    "--data.batch_size",
+    "2",
+    "--data.block_size",
+    "16",
+    "--data.val_fraction",
+    "0",
+    "--trainer.limit_val_batches",
+    "0",
+    "--trainer.log_every_n_steps",
+    "1",
+    "--throughput.warmup_steps",
+    "0",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--checkpoint.save_top_k",
+    "-1",
+]
 EPOCH_TOKENS = 11 * 2 * 16 + 1  # 11 batches of 2 x 16, and the last target
 
 
@@ -54,8 +79,21 @@ def schedules(ckpt: Path) -> list[dict]:
 
 
 def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
-    main(["fit", *TINY, "--data.data_path", str(corpus), "--data.cache_dir", str(root / "cache"),
-          "--trainer.logger.init_args.save_dir", str(root), "--trainer.logger.init_args.name", name, *args])
+    main(
+        [
+            "fit",
+            *TINY,
+            "--data.data_path",
+            str(corpus),
+            "--data.cache_dir",
+            str(root / "cache"),
+            "--trainer.logger.init_args.save_dir",
+            str(root),
+            "--trainer.logger.init_args.name",
+            name,
+            *args,
+        ]
+    )
     (run,) = (root / name).iterdir()
     return run / "checkpoints"
 
@@ -65,21 +103,58 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
     "stop, flags",
     [
         (11, []),  # stopped on an epoch's last batch; the resumed run ends on the next one's
-        (4, ["--trainer.accumulate_grad_batches", "3"]),  # 3+3+3 batches an epoch (2 left out): stopped 1 step into the second
+        (
+            4,
+            ["--trainer.accumulate_grad_batches", "3"],
+        ),  # 3+3+3 batches an epoch (2 left out): stopped 1 step into the second
         (4, ["--trainer.accumulate_grad_batches", "3", "--trainer.limit_train_batches", "7"]),  # rounded to 6: 3+3
         (5, ["--data.tokens_per_step", "96", "--data.shuffle", "true"]),  # accumulation 3, shuffled
         (4, ["--data.tokens_per_step", "96", "--data.shuffle", "true", "shards"]),  # 3 shards of 3 batches
-        (4, ["--trainer.accumulate_grad_batches", "3", "--trainer.gradient_clip_val", "1.0", "--model.optimizer", "muon",
-             "--model.lr_schedule", "wsd", "--model.warmup_steps", "2"]),  # Muon's buffers, the WSD decay across the stop
-        (2, ["--trainer.accumulate_grad_batches", "3", "--model.optimizer", "muon", "--model.lr_schedule", "wsd",
-             "--model.embedding_learning_rate", "0.1", "--model.head_learning_rate", "0.004", *MODERN_FLAGS]),  # the modern model's groups
+        (
+            4,
+            [
+                "--trainer.accumulate_grad_batches",
+                "3",
+                "--trainer.gradient_clip_val",
+                "1.0",
+                "--model.optimizer",
+                "muon",
+                "--model.lr_schedule",
+                "wsd",
+                "--model.warmup_steps",
+                "2",
+            ],
+        ),  # Muon's buffers, the WSD decay across the stop
+        (
+            2,
+            [
+                "--trainer.accumulate_grad_batches",
+                "3",
+                "--model.optimizer",
+                "muon",
+                "--model.lr_schedule",
+                "wsd",
+                "--model.embedding_learning_rate",
+                "0.1",
+                "--model.head_learning_rate",
+                "0.004",
+                *MODERN_FLAGS,
+            ],
+        ),  # the modern model's groups
     ],
     ids=["epoch-end", "accumulation", "limit_train_batches", "shuffled", "shuffled-shards", "muon-wsd", "modern"],
 )
 def test_resumed_run_ends_with_the_weights_of_the_uninterrupted_one(tmp_path, corpus, stop, flags):
     if flags and flags[-1] == "shards":  # the corpus's tokens as a shard folder: the shard order is shuffled too
         flags, corpus = flags[:-1], shard_folder(corpus, tmp_path / "shards")
-    every = ["--checkpoint.every_n_train_steps", str(stop), "--checkpoint.save_top_k", "-1", "--trainer.max_steps", str(2 * stop)]
+    every = [
+        "--checkpoint.every_n_train_steps",
+        str(stop),
+        "--checkpoint.save_top_k",
+        "-1",
+        "--trainer.max_steps",
+        str(2 * stop),
+    ]
     whole = fit(tmp_path, "whole", corpus, *flags, *every)
     (at_stop,) = whole.glob(f"*step={stop}.ckpt")
     resumed = fit(tmp_path, "resumed", corpus, *flags, *every, "--ckpt_path", str(at_stop))
@@ -87,5 +162,7 @@ def test_resumed_run_ends_with_the_weights_of_the_uninterrupted_one(tmp_path, co
     assert schedules(resumed / "last.ckpt") == schedules(whole / "last.ckpt")
     assert expected.keys() == got.keys()
     differ = [k for k in expected if not torch.equal(expected[k], got[k])]
-    assert not differ, f"{len(differ)} tensors differ, e.g. {differ[0]}: max |diff| " \
+    assert not differ, (
+        f"{len(differ)} tensors differ, e.g. {differ[0]}: max |diff| "
         f"{(expected[differ[0]].float() - got[differ[0]].float()).abs().max():.3g}"
+    )

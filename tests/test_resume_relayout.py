@@ -35,17 +35,55 @@ def fit(root: Path, corpus: Path, steps: int, processes: int, *extra: str) -> di
     """``gpt-lightning fit`` on the tiny config (bf16-mixed as written), logging under ``root``; returns
     what each rank trained (``ddp_probe.RecordSteps``)."""
     record = {"class_path": "ddp_probe.RecordSteps", "init_args": {"out_dir": str(root / f"steps-{steps}")}}
-    args = ["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--model.compile", "false", "--model.n_layer", "1",
-            "--model.n_head", "2", "--model.n_embd", "32", "--model.val_sample_tokens", "0",
-            "--data.data_path", str(corpus), "--data.cache_dir", str(root.parent / "cache"), "--data.val_fraction", "0",
-            "--data.batch_size", str(B), "--data.block_size", str(T), "--data.tokens_per_step", str(STEP_ROWS * T),
-            "--data.shuffle", "true", "--trainer.limit_val_batches", "0", "--trainer.max_steps", str(steps),
-            "--checkpoint.every_n_train_steps", "5", "--throughput.warmup_steps", "0", "--trainer.enable_progress_bar", "false",
-            "--trainer.logger.init_args.save_dir", str(root), f"--trainer.callbacks+={json.dumps(record)}", *extra]
+    args = [
+        "fit",
+        "--config",
+        str(REPO / "configs/tiny-cpu.yaml"),
+        "--model.compile",
+        "false",
+        "--model.n_layer",
+        "1",
+        "--model.n_head",
+        "2",
+        "--model.n_embd",
+        "32",
+        "--model.val_sample_tokens",
+        "0",
+        "--data.data_path",
+        str(corpus),
+        "--data.cache_dir",
+        str(root.parent / "cache"),
+        "--data.val_fraction",
+        "0",
+        "--data.batch_size",
+        str(B),
+        "--data.block_size",
+        str(T),
+        "--data.tokens_per_step",
+        str(STEP_ROWS * T),
+        "--data.shuffle",
+        "true",
+        "--trainer.limit_val_batches",
+        "0",
+        "--trainer.max_steps",
+        str(steps),
+        "--checkpoint.every_n_train_steps",
+        "5",
+        "--throughput.warmup_steps",
+        "0",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.logger.init_args.save_dir",
+        str(root),
+        f"--trainer.callbacks+={json.dumps(record)}",
+        *extra,
+    ]
     if processes == 1:
         main(args)
     else:
-        result = run_cli(*args, "--trainer.strategy", "ddp", "--trainer.devices", str(processes), cwd=root.parent, env_extra=ENV)
+        result = run_cli(
+            *args, "--trainer.strategy", "ddp", "--trainer.devices", str(processes), cwd=root.parent, env_extra=ENV
+        )
         assert result.returncode == 0, result.stderr[-3000:]
     return [json.loads((root / f"steps-{steps}" / f"rank{r}.json").read_text()) for r in range(processes)]
 
@@ -72,9 +110,14 @@ def whole(tmp_path_factory, corpus):
     return rows_by_step(ranks), ranks[0]["epoch"], weights(root)
 
 
-@pytest.mark.parametrize("first, then, stop", [(2, 1, 10), (2, 1, 5), (1, 2, 10), (1, 2, 5)],
-                         ids=["2-to-1-epoch-end", "2-to-1-mid-epoch", "1-to-2-epoch-end", "1-to-2-mid-epoch"])
-def test_a_resume_on_another_number_of_processes_trains_the_same_token_stream(tmp_path, corpus, whole, first, then, stop):
+@pytest.mark.parametrize(
+    "first, then, stop",
+    [(2, 1, 10), (2, 1, 5), (1, 2, 10), (1, 2, 5)],
+    ids=["2-to-1-epoch-end", "2-to-1-mid-epoch", "1-to-2-epoch-end", "1-to-2-mid-epoch"],
+)
+def test_a_resume_on_another_number_of_processes_trains_the_same_token_stream(
+    tmp_path, corpus, whole, first, then, stop
+):
     expected, expected_epoch, expected_weights = whole
     assert sorted(expected) == list(range(20)) and all(len(rows) == STEP_ROWS for _, rows in expected.values())
     for epoch in (0, 1):  # every row once an epoch (84 rows: the 80 of 10 whole steps)
@@ -109,5 +152,7 @@ def test_a_mid_epoch_resume_in_another_order_of_rows_is_refused_in_one_line(tmp_
         fit(root, corpus, 20, 1, "--data.seed", "1", "--ckpt_path", "last")
     err = capsys.readouterr().err
     assert stop.value.code == 2 and "Traceback" not in err
-    assert ("gpt-lightning: error: The checkpoint stopped mid-epoch in the order of rows that --data.seed 0 give "
-            "(this run: seed 1); the rest of that epoch exists in that order only: resume with --data.seed 0") in err
+    assert (
+        "gpt-lightning: error: The checkpoint stopped mid-epoch in the order of rows that --data.seed 0 give "
+        "(this run: seed 1); the rest of that epoch exists in that order only: resume with --data.seed 0"
+    ) in err

@@ -21,14 +21,29 @@ STOCK_CLI = "from lightning.pytorch.cli import LightningCLI\nLightningCLI()\n"
 @pytest.mark.filterwarnings("ignore:No seed found")  # a stock LightningCLI() given no seed, as users run it
 def test_a_stock_lightning_cli_with_class_paths(small_text, tmp_path, monkeypatch, in_process_group):
     (tmp_path / "main.py").write_text(STOCK_CLI)
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({
-        "trainer": {"accelerator": "cpu", "max_steps": 3, "limit_val_batches": 1, "val_check_interval": 3, "log_every_n_steps": 1,
-                    "default_root_dir": str(tmp_path / "runs"), "enable_progress_bar": False},
-        "model": {"class_path": "gpt_lightning.GPTLightningModule",
-                  "init_args": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 64, "compile": False}},
-        "data": {"class_path": "gpt_lightning.TokenStreamDataModule",
-                 "init_args": {"data_path": str(small_text), "batch_size": 2, "block_size": 32}},
-    }))
+    (tmp_path / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "trainer": {
+                    "accelerator": "cpu",
+                    "max_steps": 3,
+                    "limit_val_batches": 1,
+                    "val_check_interval": 3,
+                    "log_every_n_steps": 1,
+                    "default_root_dir": str(tmp_path / "runs"),
+                    "enable_progress_bar": False,
+                },
+                "model": {
+                    "class_path": "gpt_lightning.GPTLightningModule",
+                    "init_args": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 64, "compile": False},
+                },
+                "data": {
+                    "class_path": "gpt_lightning.TokenStreamDataModule",
+                    "init_args": {"data_path": str(small_text), "batch_size": 2, "block_size": 32},
+                },
+            }
+        )
+    )
     monkeypatch.chdir(tmp_path)
     with mock.patch.object(sys, "argv", ["main.py", "fit", "--config", "config.yaml"]):
         runpy.run_path("main.py", run_name="__main__")  # `python main.py fit ...`, in this process
@@ -45,8 +60,14 @@ def test_a_plain_trainer_with_a_logger(small_text, tmp_path):
     module = GPTLightningModule(**TINY_MODEL, block_size=64)
     data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.1)
     logger = TensorBoardLogger(tmp_path, name="mine")
-    trainer = Trainer(accelerator="cpu", max_steps=2, logger=logger, limit_val_batches=1,
-                      enable_progress_bar=False, enable_checkpointing=False)
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        logger=logger,
+        limit_val_batches=1,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+    )
     trainer.fit(module, data)
     assert trainer.global_step == 2
     assert logger.hparams["block_size"] == 64

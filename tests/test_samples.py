@@ -23,10 +23,19 @@ def test_the_callback_samples_after_each_validation_with_its_own_settings(small_
     module = GPTLightningModule(**TINY_MODEL, block_size=32, val_sample_tokens=0)  # the module's: off
     data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.1)
     logger = TensorBoardLogger(tmp_path, name="mine")
-    trainer = Trainer(accelerator="cpu", max_steps=2, val_check_interval=1, check_val_every_n_epoch=None,
-                      limit_val_batches=1, num_sanity_val_steps=1, logger=logger, enable_progress_bar=False,
-                      enable_checkpointing=False, enable_model_summary=False,
-                      callbacks=[ValidationSamples(tokens=3, prompt="ROMEO:")])
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        val_check_interval=1,
+        check_val_every_n_epoch=None,
+        limit_val_batches=1,
+        num_sanity_val_steps=1,
+        logger=logger,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[ValidationSamples(tokens=3, prompt="ROMEO:")],
+    )
     trainer.fit(module, data)
     samples = logged_samples(logger.log_dir)
     assert len(samples) == 2  # one per validation, none in the sanity check
@@ -62,11 +71,37 @@ def test_fsdp2_on_a_cpu_samples_at_its_first_validation(small_text, tmp_path, in
 
     from conftest import REPO
 
-    main(["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--config", str(REPO / "configs/fsdp2.yaml"),
-          "--model.n_layer", "2", "--model.n_head", "2", "--model.n_embd", "32", "--model.compile", "false",
-          "--data.block_size", "32", "--data.batch_size", "2", "--data.data_path", str(small_text),
-          "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
-          "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs/tiny-cpu.yaml"),
+            "--config",
+            str(REPO / "configs/fsdp2.yaml"),
+            "--model.n_layer",
+            "2",
+            "--model.n_head",
+            "2",
+            "--model.n_embd",
+            "32",
+            "--model.compile",
+            "false",
+            "--data.block_size",
+            "32",
+            "--data.batch_size",
+            "2",
+            "--data.data_path",
+            str(small_text),
+            "--trainer.max_steps",
+            "2",
+            "--trainer.val_check_interval",
+            "2",
+            "--trainer.limit_val_batches",
+            "1",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "tb"),
+        ]
+    )
     samples = logged_samples(next((tmp_path / "tb" / "tiny-cpu").glob("version_*")))
     assert len(samples) == 1 and samples[0].strip()
 
@@ -86,9 +121,19 @@ def test_samples_are_drawn_in_the_runs_precision(small_text, tmp_path, monkeypat
     monkeypatch.setattr(samples, "generate", spy)
     module = GPTLightningModule(**TINY_MODEL, block_size=32, val_sample_tokens=2)
     data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.1)
-    trainer = Trainer(accelerator="cpu", precision="bf16-mixed", max_steps=1, val_check_interval=1, check_val_every_n_epoch=None,
-                      limit_val_batches=1, num_sanity_val_steps=0,
-                      logger=TensorBoardLogger(tmp_path), enable_progress_bar=False, enable_checkpointing=False,
-                      enable_model_summary=False, callbacks=[ValidationSamples()])
+    trainer = Trainer(
+        accelerator="cpu",
+        precision="bf16-mixed",
+        max_steps=1,
+        val_check_interval=1,
+        check_val_every_n_epoch=None,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        logger=TensorBoardLogger(tmp_path),
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[ValidationSamples()],
+    )
     trainer.fit(module, data)
     assert seen == [(True, torch.bfloat16)]

@@ -73,7 +73,9 @@ def test_shuffled_shards_change_order_each_epoch_and_resume_in_it(tmp_path):
     shards = find_shards(tmp_path)["train"]
 
     def epoch(e, rank=0, world=2):
-        return [x[:, 0].tolist() for x, _ in ShardWindows(shards, 2, 4, rank, world, shuffle=True, seed=3).batches(e, 0)]
+        return [
+            x[:, 0].tolist() for x, _ in ShardWindows(shards, 2, 4, rank, world, shuffle=True, seed=3).batches(e, 0)
+        ]
 
     orders = [[batch[0] // 1000 for batch in epoch(e)[::3]] for e in range(4)]
     assert all(sorted(o) == [0, 1, 2, 3] for o in orders) and len({tuple(o) for o in orders}) > 1
@@ -119,7 +121,12 @@ def test_tokenize_command_then_train_windows_from_the_shards(small_text, tmp_pat
     assert shards[0].name == "shard_val_000000.npy" and all("train" in p.name for p in shards[1:])
 
     enc = gpt2_encoding()
-    expected = [enc.eot_token, *enc.encode_ordinary(content[:20000]), enc.eot_token, *enc.encode_ordinary(content[20000:40000])]
+    expected = [
+        enc.eot_token,
+        *enc.encode_ordinary(content[:20000]),
+        enc.eot_token,
+        *enc.encode_ordinary(content[20000:40000]),
+    ]
     assert np.concatenate([np.load(p) for p in shards]).tolist() == expected
     assert all(len(np.load(p)) == 3000 for p in shards[:-1])
 
@@ -153,6 +160,7 @@ def test_an_epoch_of_shards_is_the_same_rows_on_any_number_of_processes(tmp_path
     write_npy(tmp_path / "s_train_1.npy", np.arange(100, 129))
     shards = find_shards(tmp_path)["train"]
     for shuffle in (False, True):
+
         def rows(windows):
             return [row for x, _ in windows for row in x[:, 0].tolist()]
 

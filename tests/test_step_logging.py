@@ -13,13 +13,34 @@ from gpt_lightning.cli import main
 
 def fit_tiny_config(small_text, tmp_path, *extra):
     """configs/tiny-cpu.yaml (auto: bf16-mixed where the CPU has it), shrunk in size and steps, uncompiled for speed."""
-    main([
-        "fit", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--model.compile", "false",
-        "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32",
-        "--data.data_path", str(small_text), "--data.batch_size", "2", "--data.block_size", "32",
-        "--checkpoint.every_n_train_steps", "1000", "--throughput.warmup_steps", "1",
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"), *extra,
-    ])
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs" / "tiny-cpu.yaml"),
+            "--model.compile",
+            "false",
+            "--model.n_layer",
+            "1",
+            "--model.n_head",
+            "2",
+            "--model.n_embd",
+            "32",
+            "--data.data_path",
+            str(small_text),
+            "--data.batch_size",
+            "2",
+            "--data.block_size",
+            "32",
+            "--checkpoint.every_n_train_steps",
+            "1000",
+            "--throughput.warmup_steps",
+            "1",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "tb"),
+            *extra,
+        ]
+    )
     (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
     events = EventAccumulator(str(run_dir))
     events.Reload()
@@ -30,9 +51,19 @@ def test_train_loss_is_the_mean_over_the_steps_micro_batches(small_text, tmp_pat
     """build-nanogpt's loss_accum: with 4 micro-batches per optimizer step the logged loss is their
     mean, not the last one's."""
     probe = {"class_path": "grad_probes.StepLossProbe", "init_args": {"out": str(tmp_path / "loss.json")}}
-    _, events = fit_tiny_config(small_text, tmp_path, "--trainer.accumulate_grad_batches", "4",
-                                "--trainer.max_steps", "3", "--trainer.log_every_n_steps", "1",
-                                "--trainer.limit_val_batches", "0", f"--trainer.callbacks+={json.dumps(probe)}")
+    _, events = fit_tiny_config(
+        small_text,
+        tmp_path,
+        "--trainer.accumulate_grad_batches",
+        "4",
+        "--trainer.max_steps",
+        "3",
+        "--trainer.log_every_n_steps",
+        "1",
+        "--trainer.limit_val_batches",
+        "0",
+        f"--trainer.callbacks+={json.dumps(probe)}",
+    )
     steps = json.loads((tmp_path / "loss.json").read_text())["steps"]
     assert len(steps) == 3 and all(len(step["micro_batch_losses"]) == 4 for step in steps)
     for step in steps:
@@ -46,8 +77,18 @@ def test_train_loss_is_the_mean_over_the_steps_micro_batches(small_text, tmp_pat
 
 def test_log_every_n_steps_0_trains_and_logs_no_steps(small_text, tmp_path, capsys):
     """Before, the module, the throughput monitor and the progress bar each divided by it."""
-    run_dir, events = fit_tiny_config(small_text, tmp_path, "--trainer.log_every_n_steps", "0", "--trainer.max_steps", "4",
-                                      "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1")
+    run_dir, events = fit_tiny_config(
+        small_text,
+        tmp_path,
+        "--trainer.log_every_n_steps",
+        "0",
+        "--trainer.max_steps",
+        "4",
+        "--trainer.val_check_interval",
+        "2",
+        "--trainer.limit_val_batches",
+        "1",
+    )
     assert "4/4" in capsys.readouterr().out  # the bar counted every step
     assert "train/loss" not in events.Tags()["scalars"]  # no step logging, as Lightning means it
     assert len(events.Scalars("val/loss")) == 2  # validation still logs
@@ -62,8 +103,17 @@ def test_steps_the_logger_skips_log_nothing(small_text, tmp_path):
     are logged at the logger's steps (every 3rd here) and at the run's last step (7), so
     callback_metrics ends on the final step's loss. Before, both were logged at every step."""
     probe = {"class_path": "grad_probes.LogCallsProbe", "init_args": {"out": str(tmp_path / "calls.json")}}
-    _, events = fit_tiny_config(small_text, tmp_path, "--trainer.max_steps", "7", "--trainer.log_every_n_steps", "3",
-                                "--trainer.limit_val_batches", "0", f"--trainer.callbacks+={json.dumps(probe)}")
+    _, events = fit_tiny_config(
+        small_text,
+        tmp_path,
+        "--trainer.max_steps",
+        "7",
+        "--trainer.log_every_n_steps",
+        "3",
+        "--trainer.limit_val_batches",
+        "0",
+        f"--trainer.callbacks+={json.dumps(probe)}",
+    )
     report = json.loads((tmp_path / "calls.json").read_text())
     for name in ("train/loss", "train/grad_norm"):
         assert [step + 1 for step, logged in report["calls"] if logged == name] == [3, 6, 7], name
@@ -78,9 +128,18 @@ def test_a_step_where_a_callback_stops_the_run_logs_its_own_values(small_text, t
     step's values then, so the logger does not write the last logging step's loss again."""
     probe = {"class_path": "grad_probes.LogCallsProbe", "init_args": {"out": str(tmp_path / "calls.json")}}
     stop = {"class_path": "grad_probes.StopAtStep", "init_args": {"step": 4}}
-    _, events = fit_tiny_config(small_text, tmp_path, "--trainer.max_steps", "10", "--trainer.log_every_n_steps", "3",
-                                "--trainer.limit_val_batches", "0", f"--trainer.callbacks+={json.dumps(probe)}",
-                                f"--trainer.callbacks+={json.dumps(stop)}")
+    _, events = fit_tiny_config(
+        small_text,
+        tmp_path,
+        "--trainer.max_steps",
+        "10",
+        "--trainer.log_every_n_steps",
+        "3",
+        "--trainer.limit_val_batches",
+        "0",
+        f"--trainer.callbacks+={json.dumps(probe)}",
+        f"--trainer.callbacks+={json.dumps(stop)}",
+    )
     report = json.loads((tmp_path / "calls.json").read_text())
     assert [logged for _, logged in report["calls"]].count("train/loss") == 2  # steps 3 and 4
     written = events.Scalars("train/loss")
@@ -99,15 +158,30 @@ def test_a_run_kept_going_after_a_stop_logs_each_steps_own_values(small_text, tm
     losses = {"class_path": "grad_probes.StepLossProbe", "init_args": {"out": str(tmp_path / "loss.json")}}
     stop = {"class_path": "grad_probes.StopAtStep", "init_args": {"step": 4}}
     # min_epochs 0: Lightning sets min_epochs=1 beside min_steps, and an epoch here is longer than the run
-    _, events = fit_tiny_config(small_text, tmp_path, "--trainer.max_steps", "10", "--trainer.min_steps", "7",
-                                "--trainer.min_epochs", "0", "--trainer.log_every_n_steps", "3", "--trainer.limit_val_batches", "0",
-                                f"--trainer.callbacks+={json.dumps(probe)}", f"--trainer.callbacks+={json.dumps(losses)}",
-                                f"--trainer.callbacks+={json.dumps(stop)}")
+    _, events = fit_tiny_config(
+        small_text,
+        tmp_path,
+        "--trainer.max_steps",
+        "10",
+        "--trainer.min_steps",
+        "7",
+        "--trainer.min_epochs",
+        "0",
+        "--trainer.log_every_n_steps",
+        "3",
+        "--trainer.limit_val_batches",
+        "0",
+        f"--trainer.callbacks+={json.dumps(probe)}",
+        f"--trainer.callbacks+={json.dumps(losses)}",
+        f"--trainer.callbacks+={json.dumps(stop)}",
+    )
     report = json.loads((tmp_path / "calls.json").read_text())
     # each written loss is its own step's, computed again by the probe from that step's batch
     steps = json.loads((tmp_path / "loss.json").read_text())["steps"]
-    own = [sum(steps[event.step]["micro_batch_losses"]) / len(steps[event.step]["micro_batch_losses"])
-           for event in events.Scalars("train/loss")]
+    own = [
+        sum(steps[event.step]["micro_batch_losses"]) / len(steps[event.step]["micro_batch_losses"])
+        for event in events.Scalars("train/loss")
+    ]
     assert [event.value for event in events.Scalars("train/loss")] == pytest.approx(own, rel=1e-5)
     for name in ("train/loss", "train/grad_norm"):
         written = events.Scalars(name)

@@ -12,8 +12,17 @@ FSDP2 = ["--config", str(REPO / "configs" / "fsdp2.yaml"), "--trainer.accelerato
 
 
 # 16-mixed with its GradScaler: on CPU the precision flag would turn it into bf16-mixed, the plugin keeps it.
-FP16 = ["--trainer.precision", "null", "--trainer.plugins",
-        json.dumps({"class_path": "lightning.pytorch.plugins.MixedPrecision", "init_args": {"precision": "16-mixed", "device": "cpu"}})]
+FP16 = [
+    "--trainer.precision",
+    "null",
+    "--trainer.plugins",
+    json.dumps(
+        {
+            "class_path": "lightning.pytorch.plugins.MixedPrecision",
+            "init_args": {"precision": "16-mixed", "device": "cpu"},
+        }
+    ),
+]
 
 
 # Muon with AdamW (not fused as one kernel): the guard's skip must stay on the device too.
@@ -23,14 +32,41 @@ MUON = ["--model.optimizer", "muon", "--trainer.gradient_clip_val", "1.0"]
 @pytest.mark.parametrize("overlay", [[], FSDP2, FP16, MUON], ids=["single-device", "fsdp2", "16-mixed", "muon"])
 def test_no_host_read_between_logging_intervals(small_text, tmp_path, overlay, in_process_group):
     probe = {"class_path": "host_reads.HostReadCounter", "init_args": {"out": str(tmp_path / "reads.json")}}
-    main([
-        "fit", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), *overlay, "--model.compile", "false",
-        "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32",
-        "--data.data_path", str(small_text), "--data.batch_size", "2", "--data.block_size", "32",
-        "--trainer.max_steps", "16", "--trainer.log_every_n_steps", "5", "--trainer.limit_val_batches", "0",
-        "--checkpoint.every_n_train_steps", "1000", "--throughput.warmup_steps", "2",
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"), f"--trainer.callbacks+={json.dumps(probe)}",
-    ])
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs" / "tiny-cpu.yaml"),
+            *overlay,
+            "--model.compile",
+            "false",
+            "--model.n_layer",
+            "1",
+            "--model.n_head",
+            "2",
+            "--model.n_embd",
+            "32",
+            "--data.data_path",
+            str(small_text),
+            "--data.batch_size",
+            "2",
+            "--data.block_size",
+            "32",
+            "--trainer.max_steps",
+            "16",
+            "--trainer.log_every_n_steps",
+            "5",
+            "--trainer.limit_val_batches",
+            "0",
+            "--checkpoint.every_n_train_steps",
+            "1000",
+            "--throughput.warmup_steps",
+            "2",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "tb"),
+            f"--trainer.callbacks+={json.dumps(probe)}",
+        ]
+    )
     record = json.loads((tmp_path / "reads.json").read_text())
     assert record["steps"] == 16
     reads = {int(step): where for step, where in record["reads"].items()}

@@ -68,16 +68,32 @@ def drive(monitor, trainer, module, clock, monkeypatch, steps, accumulate, valid
 
 def test_arithmetic_with_warmup_world_size_accumulation_and_validation(tmp_path, monkeypatch, caplog):
     trainer = SimpleNamespace(
-        global_step=0, world_size=2, accumulate_grad_batches=2, log_every_n_steps=2, precision="32-true",
-        is_global_zero=True, log_dir=str(tmp_path), datamodule=SimpleNamespace(batch_size=4, block_size=8),
-        strategy=FakeStrategy(2), loggers=[FakeLogger()], callbacks=[],
+        global_step=0,
+        world_size=2,
+        accumulate_grad_batches=2,
+        log_every_n_steps=2,
+        precision="32-true",
+        is_global_zero=True,
+        log_dir=str(tmp_path),
+        datamodule=SimpleNamespace(batch_size=4, block_size=8),
+        strategy=FakeStrategy(2),
+        loggers=[FakeLogger()],
+        callbacks=[],
     )
     module = FakeModule()
     monitor = ThroughputMonitor(warmup_steps=2, peak_flops=1000.0)
     # Step ends at 10 (compiling step), 13, 13.5, 14.5; validation; restart at 20; 20.5, 21.5.
     with caplog.at_level("INFO"):
-        drive(monitor, trainer, module, [0, 10, 13, 13.5, 14.5, 20, 20.5, 21.5], monkeypatch,
-              steps=6, accumulate=2, validation_after=3)
+        drive(
+            monitor,
+            trainer,
+            module,
+            [0, 10, 13, 13.5, 14.5, 20, 20.5, 21.5],
+            monkeypatch,
+            steps=6,
+            accumulate=2,
+            validation_after=3,
+        )
 
     # Each optimizer step: 2 micro-batches x 32 tokens per rank.
     assert [s.tokens for s in monitor.steps] == [64] * 6
@@ -116,8 +132,17 @@ def test_the_summary_checks_the_tokens_of_every_step_not_the_first(tmp_path, mon
     """A loader of a user's own that ends an epoch with a short accumulation (2, 1, 2 micro-batches):
     no single token count per step is claimed, and the fewest, most and total are what was trained."""
     trainer = SimpleNamespace(
-        global_step=0, world_size=2, accumulate_grad_batches=2, log_every_n_steps=1, precision="32-true",
-        is_global_zero=True, log_dir=str(tmp_path), datamodule=None, strategy=FakeStrategy(2), loggers=[], callbacks=[],
+        global_step=0,
+        world_size=2,
+        accumulate_grad_batches=2,
+        log_every_n_steps=1,
+        precision="32-true",
+        is_global_zero=True,
+        log_dir=str(tmp_path),
+        datamodule=None,
+        strategy=FakeStrategy(2),
+        loggers=[],
+        callbacks=[],
     )
     module, monitor = FakeModule(), ThroughputMonitor(warmup_steps=0)
     ticks = iter(range(100))
@@ -162,9 +187,17 @@ def fit_on_fake_time(small_text, tmp_path, monkeypatch, clock, callbacks, **trai
 
     monkeypatch.setattr(ThroughputMonitor, "_now", staticmethod(lambda: clock.now))
     data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, cache_dir=str(tmp_path))
-    trainer = Trainer(accelerator="cpu", precision="bf16-mixed", accumulate_grad_batches=2, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                      callbacks=[clock, *callbacks], **{"logger": False, **trainer_args})
+    trainer = Trainer(
+        accelerator="cpu",
+        precision="bf16-mixed",
+        accumulate_grad_batches=2,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[clock, *callbacks],
+        **{"logger": False, **trainer_args},
+    )
     trainer.fit(GPTLightningModule(**TINY_MODEL), data)
 
 
@@ -173,15 +206,17 @@ def test_validation_inside_an_accumulation_pauses_the_step_clock(small_text, tmp
     the first of step 2, validates. Its step holds both micro-batches' time, not the second's alone
     (the clock restarted after validation: twice the tokens/s), and none of the validation's."""
     clock, monitor = FakeTime(), ThroughputMonitor(warmup_steps=0, filename=None)
-    fit_on_fake_time(small_text, tmp_path, monkeypatch, clock, [monitor], max_steps=6, val_check_interval=5,
-                     limit_val_batches=1)
+    fit_on_fake_time(
+        small_text, tmp_path, monkeypatch, clock, [monitor], max_steps=6, val_check_interval=5, limit_val_batches=1
+    )
     assert clock.now == 6 * 2 + 2 * 100  # validated twice: inside step 2 and at the end of step 4
     assert [(s.index, s.seconds, s.tokens) for s in monitor.steps] == [(i, 2.0, 128) for i in range(6)]
 
 
 @pytest.mark.parametrize("monitor_first", [True, False], ids=["monitor-first", "hellaswag-first"])
 def test_a_hellaswag_pass_is_timed_out_of_its_step_and_the_first_step_is_the_compiling_one(
-        monitor_first, small_text, tmp_path, monkeypatch):
+    monitor_first, small_text, tmp_path, monkeypatch
+):
     """HellaSwagEval scores as steps 0 and 3 start (1,000 s a pass here), whichever callback runs
     first. Step 0 was left out, so the first step timed was step 1: first_step_s was a warm step's
     and its tag never written (the FineWeb recipe scores at step 0). Now every step is timed, the
@@ -203,31 +238,57 @@ def test_a_hellaswag_pass_is_timed_out_of_its_step_and_the_first_step_is_the_com
 
     monkeypatch.setattr(hellaswag_callback, "count_correct", a_long_pass)
     monkeypatch.setattr(periodic, "time", SimpleNamespace(perf_counter=lambda: clock.now))
-    evaluator = hellaswag_callback.HellaSwagEval(str(write_examples(tmp_path / "val.jsonl", synthetic_examples(4))),
-                                                 every_n_steps=3, limit=4, batch_size=2)
-    fit_on_fake_time(small_text, tmp_path, monkeypatch, clock, [monitor, evaluator] if monitor_first else [evaluator, monitor],
-                     max_steps=5, limit_val_batches=0, logger=CSVLogger(tmp_path, name="csv"), log_every_n_steps=1)
+    evaluator = hellaswag_callback.HellaSwagEval(
+        str(write_examples(tmp_path / "val.jsonl", synthetic_examples(4))), every_n_steps=3, limit=4, batch_size=2
+    )
+    fit_on_fake_time(
+        small_text,
+        tmp_path,
+        monkeypatch,
+        clock,
+        [monitor, evaluator] if monitor_first else [evaluator, monitor],
+        max_steps=5,
+        limit_val_batches=0,
+        logger=CSVLogger(tmp_path, name="csv"),
+        log_every_n_steps=1,
+    )
     assert [(s.index, s.seconds) for s in monitor.steps] == [(i, 2.0) for i in range(5)]
     assert [r["step"] for r in evaluator.results] == [0, 3, 5] and evaluator.durations == [1000.0] * 3
     assert monitor.summary["first_step_s"] == 2.0 and monitor.summary["warmup_s"] == 4.0
     (metrics,) = (tmp_path / "csv").glob("version_*/metrics.csv")
-    written = [float(row["throughput/first_step_s"]) for row in csv.DictReader(metrics.open()) if row.get("throughput/first_step_s")]
+    written = [
+        float(row["throughput/first_step_s"])
+        for row in csv.DictReader(metrics.open())
+        if row.get("throughput/first_step_s")
+    ]
     assert written == [2.0]
 
 
-@pytest.mark.parametrize("values, p10, p90", [
-    ([5.0], 5.0, 5.0),  # one measured step: both are that step
-    ([128.0, 64.0, 128.0, 64.0], 64.0, 128.0),
-    ([5.0, 1.0, 3.0, 9.0, 2.0, 8.0, 4.0], 1.6, 8.4),  # interpolated between points, as numpy.percentile
-])
+@pytest.mark.parametrize(
+    "values, p10, p90",
+    [
+        ([5.0], 5.0, 5.0),  # one measured step: both are that step
+        ([128.0, 64.0, 128.0, 64.0], 64.0, 128.0),
+        ([5.0, 1.0, 3.0, 9.0, 2.0, 8.0, 4.0], 1.6, 8.4),  # interpolated between points, as numpy.percentile
+    ],
+)
 def test_p10_and_p90_are_linear_interpolated_percentiles(values, p10, p90):
     assert _deciles(values) == pytest.approx((p10, p90))
 
 
 def test_cpu_without_peak_logs_no_mfu(tmp_path, monkeypatch):
     trainer = SimpleNamespace(
-        global_step=0, world_size=1, accumulate_grad_batches=1, log_every_n_steps=1, precision="bf16-mixed",
-        is_global_zero=True, log_dir=str(tmp_path), datamodule=None, strategy=FakeStrategy(1), loggers=[], callbacks=[],
+        global_step=0,
+        world_size=1,
+        accumulate_grad_batches=1,
+        log_every_n_steps=1,
+        precision="bf16-mixed",
+        is_global_zero=True,
+        log_dir=str(tmp_path),
+        datamodule=None,
+        strategy=FakeStrategy(1),
+        loggers=[],
+        callbacks=[],
     )
     module = FakeModule()
     drive(ThroughputMonitor(warmup_steps=1), trainer, module, [0, 5, 6, 7], monkeypatch, steps=3, accumulate=1)
@@ -276,8 +337,13 @@ def matmul_precision():
 
 @pytest.mark.parametrize(
     "precision, matmul, dtype",
-    [("bf16-mixed", "highest", torch.bfloat16), ("16-mixed", "high", torch.float16),
-     ("32-true", "highest", torch.float32), ("32-true", "high", "tfloat32"), ("32-true", "medium", "tfloat32")],
+    [
+        ("bf16-mixed", "highest", torch.bfloat16),
+        ("16-mixed", "high", torch.float16),
+        ("32-true", "highest", torch.float32),
+        ("32-true", "high", "tfloat32"),
+        ("32-true", "medium", "tfloat32"),
+    ],
 )
 def test_precision_names_the_key_of_lightnings_flops_table(precision, matmul, dtype, matmul_precision):
     matmul_precision(matmul)
@@ -286,8 +352,13 @@ def test_precision_names_the_key_of_lightnings_flops_table(precision, matmul, dt
 
 @pytest.mark.parametrize(
     "name, tf32",
-    [("NVIDIA A100-SXM4-80GB", 156e12), ("NVIDIA H100 80GB HBM3", 494.7e12), ("NVIDIA H100 PCIe", 378e12),
-     ("NVIDIA H200", 494.7e12), ("NVIDIA H100 NVL", 417.5e12)],
+    [
+        ("NVIDIA A100-SXM4-80GB", 156e12),
+        ("NVIDIA H100 80GB HBM3", 494.7e12),
+        ("NVIDIA H100 PCIe", 378e12),
+        ("NVIDIA H200", 494.7e12),
+        ("NVIDIA H100 NVL", 417.5e12),
+    ],
 )
 def test_tf32_runs_get_a_dense_tf32_peak(name, tf32, matmul_precision, monkeypatch):
     """32-true with float32_matmul_precision "high" (TF32) has an MFU: Lightning's table spells the
@@ -334,11 +405,21 @@ def test_matmul_precision_is_set_before_the_device_is_set_up(monkeypatch, matmul
     matmul_precision("highest")
     seen = []
     setup_device = CPUAccelerator.setup_device
-    monkeypatch.setattr(CPUAccelerator, "setup_device", lambda self, device: (
-        seen.append(torch.get_float32_matmul_precision()), setup_device(self, device))[1])
+    monkeypatch.setattr(
+        CPUAccelerator,
+        "setup_device",
+        lambda self, device: (seen.append(torch.get_float32_matmul_precision()), setup_device(self, device))[1],
+    )
     module = GPTLightningModule(**TINY_MODEL, block_size=32, float32_matmul_precision="high")
     data = TokenStreamDataModule(data_path=str(small_text), batch_size=2, block_size=32)
-    trainer = Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(module, data)
     assert seen == ["high"]

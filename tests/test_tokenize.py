@@ -54,7 +54,9 @@ def write_inputs(folder, shakespeare):
         (folder / f"a{i}.txt").write_text(doc)
     lines = "".join(json.dumps({"id": i, "text": d}) + "\n" for i, d in enumerate(docs[5:15]))
     (folder / "b.jsonl").write_text(lines)
-    (folder / "c.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in docs[15:20]).encode()))
+    (folder / "c.jsonl.gz").write_bytes(
+        gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in docs[15:20]).encode())
+    )
     table = pa.table({"text": docs[20:], "id": [f"<urn:{i}>" for i in range(10)], "score": [3.1] * 10})
     pq.write_table(table, folder / "d.parquet", row_group_size=4)
     return docs
@@ -87,21 +89,31 @@ def test_every_input_kind_and_the_same_bytes_on_one_or_two_workers(shakespeare, 
     expected = [t for d in docs for t in [enc.eot_token, *enc.encode_ordinary(d)]]
     outputs = {}
     for workers in (1, 2):
-        written = tokenize_to_shards(str(tmp_path / "in"), tmp_path / f"w{workers}", shard_tokens=5000,
-                                     workers=workers, progress=False, chunk_chars=2000)
+        written = tokenize_to_shards(
+            str(tmp_path / "in"),
+            tmp_path / f"w{workers}",
+            shard_tokens=5000,
+            workers=workers,
+            progress=False,
+            chunk_chars=2000,
+        )
         outputs[workers] = [p.read_bytes() for p, _ in written]
         assert np.concatenate([np.load(p) for p, _ in written]).tolist() == expected
     assert outputs[1] == outputs[2] and len(outputs[1]) > 3
     manifest = json.loads((tmp_path / "w2" / "tokenize.json").read_text())
-    assert manifest["tokens"] == len(expected) and manifest["shards"][0] == {"file": "shard_val_000000.npy", "tokens": 5000}
+    assert manifest["tokens"] == len(expected) and manifest["shards"][0] == {
+        "file": "shard_val_000000.npy",
+        "tokens": 5000,
+    }
 
 
 @pytest.mark.parametrize("format", ["npy", "llmc", "ours"])
 def test_every_format_reads_back_through_the_data_module(shakespeare, tmp_path, format):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.txt").write_text(shakespeare[:30_000])
-    written = tokenize_to_shards(str(tmp_path / "in" / "*.txt"), tmp_path / "out", shard_tokens=2000,
-                                 format=format, workers=1, progress=False)
+    written = tokenize_to_shards(
+        str(tmp_path / "in" / "*.txt"), tmp_path / "out", shard_tokens=2000, format=format, workers=1, progress=False
+    )
     enc = gpt2_encoding()
     expected = [enc.eot_token, *enc.encode_ordinary(shakespeare[:30_000])]
     assert np.concatenate([open_shard(p) for p, _ in written]).tolist() == expected
@@ -131,21 +143,76 @@ def test_a_fineweb_edu_style_parquet_folder_trains_the_fineweb_recipe(shakespear
     folder.mkdir(parents=True)
     for f in range(2):  # FineWeb-edu's columns; the text is what is read
         texts = [shakespeare[(f * 20 + i) * 1500 : (f * 20 + i + 1) * 1500] for i in range(20)]
-        pq.write_table(pa.table({"text": texts, "id": [str(i) for i in range(20)], "dump": ["CC-MAIN"] * 20,
-                                 "url": ["u"] * 20, "language": ["en"] * 20, "score": [3.0] * 20,
-                                 "int_score": [3] * 20, "token_count": [0] * 20}), folder / f"{f:03d}_00000.parquet")
-    main(["tokenize", "--input", str(folder), "--output", str(tmp_path / "edu_fineweb10B"), "--shard_tokens", "4000",
-          "--workers", "2"])
+        pq.write_table(
+            pa.table(
+                {
+                    "text": texts,
+                    "id": [str(i) for i in range(20)],
+                    "dump": ["CC-MAIN"] * 20,
+                    "url": ["u"] * 20,
+                    "language": ["en"] * 20,
+                    "score": [3.0] * 20,
+                    "int_score": [3] * 20,
+                    "token_count": [0] * 20,
+                }
+            ),
+            folder / f"{f:03d}_00000.parquet",
+        )
+    main(
+        [
+            "tokenize",
+            "--input",
+            str(folder),
+            "--output",
+            str(tmp_path / "edu_fineweb10B"),
+            "--shard_tokens",
+            "4000",
+            "--workers",
+            "2",
+        ]
+    )
     assert len(find_shards(tmp_path / "edu_fineweb10B")["train"]) >= 3
     progress = capsys.readouterr().err
     assert "tokenizing: 100.0%" in progress and "M tokens/s, ETA" in progress
     # At the recipe's own bf16-mixed with its clipping at 1.0.
-    main(["fit", "--config", str(REPO / "configs" / "gpt2-124m-fineweb.yaml"), "--trainer.accelerator", "cpu",
-          "--model.compile", "false", "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32",
-          "--model.val_sample_tokens", "0", "--data.data_path", str(tmp_path / "edu_fineweb10B"),
-          "--data.batch_size", "2", "--data.block_size", "16", "--data.tokens_per_step", "64",
-          "--trainer.max_steps", "3", "--model.warmup_steps", "1", "--model.cosine_decay_steps", "2",
-          "--trainer.val_check_interval", "3", "--trainer.limit_val_batches", "1",
-          "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs" / "gpt2-124m-fineweb.yaml"),
+            "--trainer.accelerator",
+            "cpu",
+            "--model.compile",
+            "false",
+            "--model.n_layer",
+            "1",
+            "--model.n_head",
+            "2",
+            "--model.n_embd",
+            "32",
+            "--model.val_sample_tokens",
+            "0",
+            "--data.data_path",
+            str(tmp_path / "edu_fineweb10B"),
+            "--data.batch_size",
+            "2",
+            "--data.block_size",
+            "16",
+            "--data.tokens_per_step",
+            "64",
+            "--trainer.max_steps",
+            "3",
+            "--model.warmup_steps",
+            "1",
+            "--model.cosine_decay_steps",
+            "2",
+            "--trainer.val_check_interval",
+            "3",
+            "--trainer.limit_val_batches",
+            "1",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "tb"),
+        ]
+    )
     (run,) = (tmp_path / "tb" / "gpt2-124m-fineweb").iterdir()
     assert (run / "checkpoints" / "last.ckpt").is_file()

@@ -11,24 +11,62 @@ from test_cli import run_cli
 
 from gpt_lightning.cli import main
 
-TINY = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.compile", "false",
-        "--trainer.precision", "32-true", "--trainer.limit_val_batches", "0", "--data.block_size", "16",
-        "--data.val_fraction", "0", "--trainer.max_steps", "3", "--model.val_sample_tokens", "0"]
+TINY = [
+    "--model.n_layer",
+    "1",
+    "--model.n_head",
+    "2",
+    "--model.n_embd",
+    "32",
+    "--model.compile",
+    "false",
+    "--trainer.precision",
+    "32-true",
+    "--trainer.limit_val_batches",
+    "0",
+    "--data.block_size",
+    "16",
+    "--data.val_fraction",
+    "0",
+    "--trainer.max_steps",
+    "3",
+    "--model.val_sample_tokens",
+    "0",
+]
 
 
 def fit(tmp_path, small_text, name, *extra, processes=1, caplog=None):
     """One process trains in the pytest process (main(), as `gpt-lightning` calls it); two are a
     real launch of `gpt-lightning` under Lightning's DDP launcher."""
-    args = ["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *TINY, "--data.data_path", str(small_text),
-            "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"), "--trainer.logger.init_args.name", name, *extra]
+    args = [
+        "fit",
+        "--config",
+        str(REPO / "configs/tiny-cpu.yaml"),
+        *TINY,
+        "--data.data_path",
+        str(small_text),
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path / "tb"),
+        "--trainer.logger.init_args.name",
+        name,
+        *extra,
+    ]
     if processes == 1:
         caplog.clear()
         main(args)
         log = caplog.text
     else:
-        result = run_cli(*args, "--trainer.strategy", "ddp", "--trainer.devices", str(processes),
-                         "--trainer.accelerator", "cpu", cwd=tmp_path,
-                         env_extra={"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])})
+        result = run_cli(
+            *args,
+            "--trainer.strategy",
+            "ddp",
+            "--trainer.devices",
+            str(processes),
+            "--trainer.accelerator",
+            "cpu",
+            cwd=tmp_path,
+            env_extra={"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])},
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         log = result.stdout + result.stderr
     ckpt = next((tmp_path / "tb" / name).rglob("last.ckpt"))
@@ -40,13 +78,37 @@ def test_accumulation_ddp_and_a_bigger_batch_train_the_same_weights(small_text, 
     that is no whole number of steps is rounded down (it trained 4 + 2 + 4 micro-batches, the 2
     divided by 4 as if they were 4, and on each DDP rank 2 + 1 + 2)."""
     caplog.set_level("INFO")
-    accumulated, log = fit(tmp_path, small_text, "accumulate", "--data.batch_size", "2", "--data.tokens_per_step", "128",
-                           "--trainer.limit_train_batches", "6", caplog=caplog)
+    accumulated, log = fit(
+        tmp_path,
+        small_text,
+        "accumulate",
+        "--data.batch_size",
+        "2",
+        "--data.tokens_per_step",
+        "128",
+        "--trainer.limit_train_batches",
+        "6",
+        caplog=caplog,
+    )
     assert "128 tokens per optimizer step = 1 process(es) x 2 x 16 x 4 accumulated micro-batches" in log
-    assert "trainer.limit_train_batches 6 rounded down to 4, a whole number of optimizer steps of 4 micro-batches" in log
-    big, _ = fit(tmp_path, small_text, "big", "--data.batch_size", "8", "--trainer.limit_train_batches", "1", caplog=caplog)
-    ddp, log = fit(tmp_path, small_text, "ddp", "--data.batch_size", "2", "--data.tokens_per_step", "128",
-                   "--trainer.limit_train_batches", "3", processes=2)
+    assert (
+        "trainer.limit_train_batches 6 rounded down to 4, a whole number of optimizer steps of 4 micro-batches" in log
+    )
+    big, _ = fit(
+        tmp_path, small_text, "big", "--data.batch_size", "8", "--trainer.limit_train_batches", "1", caplog=caplog
+    )
+    ddp, log = fit(
+        tmp_path,
+        small_text,
+        "ddp",
+        "--data.batch_size",
+        "2",
+        "--data.tokens_per_step",
+        "128",
+        "--trainer.limit_train_batches",
+        "3",
+        processes=2,
+    )
     assert "128 tokens per optimizer step = 2 process(es) x 2 x 16 x 2 accumulated micro-batches" in log
     assert "trainer.limit_train_batches 3 rounded down to 2" in log
     for key, value in big.items():
@@ -56,19 +118,48 @@ def test_accumulation_ddp_and_a_bigger_batch_train_the_same_weights(small_text, 
 
 def test_tokens_per_step_that_does_not_divide_says_what_would(small_text, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *TINY, "--data.data_path", str(small_text),
-              "--data.batch_size", "2", "--data.tokens_per_step", "100",
-              "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
+        main(
+            [
+                "fit",
+                "--config",
+                str(REPO / "configs/tiny-cpu.yaml"),
+                *TINY,
+                "--data.data_path",
+                str(small_text),
+                "--data.batch_size",
+                "2",
+                "--data.tokens_per_step",
+                "100",
+                "--trainer.logger.init_args.save_dir",
+                str(tmp_path / "tb"),
+            ]
+        )
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
-    assert "data.tokens_per_step 100 is not a multiple of world_size x batch_size x block_size = 1 x 2 x 16 = 32. Use 96 or 128" in err
+    assert (
+        "data.tokens_per_step 100 is not a multiple of world_size x batch_size x block_size = 1 x 2 x 16 = 32. Use 96 or 128"
+        in err
+    )
 
 
 def test_a_step_smaller_than_one_micro_batch_names_the_smallest(small_text, tmp_path, capsys):
     with pytest.raises(SystemExit):
-        main(["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *TINY, "--data.data_path", str(small_text),
-              "--data.batch_size", "2", "--data.tokens_per_step", "20",
-              "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
+        main(
+            [
+                "fit",
+                "--config",
+                str(REPO / "configs/tiny-cpu.yaml"),
+                *TINY,
+                "--data.data_path",
+                str(small_text),
+                "--data.batch_size",
+                "2",
+                "--data.tokens_per_step",
+                "20",
+                "--trainer.logger.init_args.save_dir",
+                str(tmp_path / "tb"),
+            ]
+        )
     assert "= 32. Use 32, or change data.batch_size." in capsys.readouterr().err
 
 
@@ -79,28 +170,78 @@ def test_with_tokens_per_step_the_validation_interval_counts_optimizer_steps(sma
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     caplog.set_level("INFO")
-    main(["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--model.n_layer", "1", "--model.n_head", "2",
-          "--model.n_embd", "32", "--model.compile", "false", "--model.val_sample_tokens", "0",
-          "--data.data_path", str(small_text), "--data.block_size", "16", "--data.batch_size", "2",
-          "--data.tokens_per_step", "128", "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
-          "--trainer.limit_val_batches", "1", "--trainer.log_every_n_steps", "1",
-          "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs/tiny-cpu.yaml"),
+            "--model.n_layer",
+            "1",
+            "--model.n_head",
+            "2",
+            "--model.n_embd",
+            "32",
+            "--model.compile",
+            "false",
+            "--model.val_sample_tokens",
+            "0",
+            "--data.data_path",
+            str(small_text),
+            "--data.block_size",
+            "16",
+            "--data.batch_size",
+            "2",
+            "--data.tokens_per_step",
+            "128",
+            "--trainer.max_steps",
+            "4",
+            "--trainer.val_check_interval",
+            "2",
+            "--trainer.limit_val_batches",
+            "1",
+            "--trainer.log_every_n_steps",
+            "1",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "tb"),
+        ]
+    )
     assert "validation every 2 optimizer steps = 8 micro-batches" in caplog.text
     (run_dir,) = (tmp_path / "tb").glob("*/version_0")
     events = EventAccumulator(str(run_dir))
     events.Reload()
-    assert [event.step for event in events.Scalars("val/loss")] == [2, 4]  # after optimizer steps 2 and 4 (the steps done, as eval/*)
+    assert [event.step for event in events.Scalars("val/loss")] == [
+        2,
+        4,
+    ]  # after optimizer steps 2 and 4 (the steps done, as eval/*)
     assert [event.step for event in events.Scalars("train/loss")] == [0, 1, 2, 3]  # one per optimizer step
 
 
 def test_a_batch_limit_under_one_optimizer_step_is_refused_in_one_line(small_text, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), *TINY, "--data.data_path", str(small_text),
-              "--data.batch_size", "2", "--data.tokens_per_step", "128", "--trainer.limit_train_batches", "3",
-              "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
+        main(
+            [
+                "fit",
+                "--config",
+                str(REPO / "configs/tiny-cpu.yaml"),
+                *TINY,
+                "--data.data_path",
+                str(small_text),
+                "--data.batch_size",
+                "2",
+                "--data.tokens_per_step",
+                "128",
+                "--trainer.limit_train_batches",
+                "3",
+                "--trainer.logger.init_args.save_dir",
+                str(tmp_path / "tb"),
+            ]
+        )
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in err
-    assert "trainer.limit_train_batches 3 is less than one optimizer step of 4 micro-batches: use 4 or a multiple of it." in err
+    assert (
+        "trainer.limit_train_batches 3 is less than one optimizer step of 4 micro-batches: use 4 or a multiple of it."
+        in err
+    )
 
 
 @pytest.mark.parametrize("source", ["text", "shards"])
@@ -131,12 +272,45 @@ def test_every_optimizer_step_trains_the_whole_budget_across_epoch_ends(source, 
         np.save(data / "c_train_000002.npy", np.array(ids[300 : 300 + 6 * 32 + 1], dtype=np.uint16))  # 6
     caplog.set_level("INFO")
     caplog.clear()
-    main(["fit", "--config", str(REPO / "configs/tiny-cpu.yaml"), "--model.n_layer", "1", "--model.n_head", "2",
-          "--model.n_embd", "32", "--model.compile", "false", "--model.val_sample_tokens", "0",
-          "--data.data_path", str(data), "--data.val_fraction", "0.25", "--data.batch_size", "2", "--data.block_size", "16",
-          "--data.tokens_per_step", "96", "--data.cache_dir", str(tmp_path / "cache"), "--trainer.max_steps", "7",
-          "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1", "--throughput.warmup_steps", "1",
-          "--trainer.logger.init_args.save_dir", str(tmp_path / "tb")])
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs/tiny-cpu.yaml"),
+            "--model.n_layer",
+            "1",
+            "--model.n_head",
+            "2",
+            "--model.n_embd",
+            "32",
+            "--model.compile",
+            "false",
+            "--model.val_sample_tokens",
+            "0",
+            "--data.data_path",
+            str(data),
+            "--data.val_fraction",
+            "0.25",
+            "--data.batch_size",
+            "2",
+            "--data.block_size",
+            "16",
+            "--data.tokens_per_step",
+            "96",
+            "--data.cache_dir",
+            str(tmp_path / "cache"),
+            "--trainer.max_steps",
+            "7",
+            "--trainer.val_check_interval",
+            "2",
+            "--trainer.limit_val_batches",
+            "1",
+            "--throughput.warmup_steps",
+            "1",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "tb"),
+        ]
+    )
     (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     position = ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]  # the stream's own count
@@ -148,4 +322,7 @@ def test_every_optimizer_step_trains_the_whole_budget_across_epoch_ends(source, 
     assert saved["tokens_per_optimizer_step"] == saved.get("tokens_per_optimizer_step_min") == 96
     assert saved["tokens_per_optimizer_step_max"] == 96 and saved["tokens_trained"] == 7 * 96
     assert "96 tokens per optimizer step)" in caplog.text
-    assert "1 epoch = 9 batches = 3 optimizer steps of 3 (2 of 11 batches left out so that no step is short)" in caplog.text
+    assert (
+        "1 epoch = 9 batches = 3 optimizer steps of 3 (2 of 11 batches left out so that no step is short)"
+        in caplog.text
+    )

@@ -44,7 +44,9 @@ class LossRecorder(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._step_sum, self._last_global_step = None, trainer.global_step
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         loss = outputs["loss"].detach()
         self._step_sum = loss if self._step_sum is None else self._step_sum + loss
         if trainer.global_step != self._last_global_step:  # this micro-batch ended an optimizer step
@@ -112,7 +114,9 @@ def run_in_subprocess(name: str, args: list[str], cold: bool) -> dict[str, Any]:
         if cold:
             env.update({key: str(path) for key, path in caches.items()})
         print(f"\n=== {name}: {' '.join(args)}{' (cold compile cache)' if cold else ''}", flush=True)
-        child = subprocess.run([sys.executable, "-m", "gpt_lightning.commands.bench", "--child", str(result), *args], env=env)
+        child = subprocess.run(
+            [sys.executable, "-m", "gpt_lightning.commands.bench", "--child", str(result), *args], env=env
+        )
         for key, path in caches.items():
             if cold and os.environ.get(key) and path.is_dir():
                 shutil.copytree(path, os.environ[key], dirs_exist_ok=True)
@@ -125,7 +129,7 @@ def run_in_subprocess(name: str, args: list[str], cold: bool) -> dict[str, Any]:
 
 def window_means(losses: list[float], window: int) -> list[float]:
     """The mean of each ``window`` consecutive losses (the last window may be shorter)."""
-    return [sum(losses[i:i + window]) / len(losses[i:i + window]) for i in range(0, len(losses), window)]
+    return [sum(losses[i : i + window]) / len(losses[i : i + window]) for i in range(0, len(losses), window)]
 
 
 def compare(run: dict[str, Any], eager: dict[str, Any] | None, window: int = 10) -> dict[str, Any]:
@@ -149,7 +153,10 @@ def compare(run: dict[str, Any], eager: dict[str, Any] | None, window: int = 10)
         if e and s:
             row["speedup_vs_eager"] = s["tokens_per_sec_median"] / e["tokens_per_sec_median"]
         steps = min(len(eager["loss"]), len(run["loss"]))
-        diffs = [abs(a - b) for a, b in zip(window_means(eager["loss"][:steps], window), window_means(run["loss"][:steps], window))]
+        diffs = [
+            abs(a - b)
+            for a, b in zip(window_means(eager["loss"][:steps], window), window_means(run["loss"][:steps], window))
+        ]
         if diffs:
             row["max_loss_diff_vs_eager"] = max(diffs)
             row["max_loss_diff_step"] = window * diffs.index(max(diffs))
@@ -169,12 +176,18 @@ def summary_table(runs: list[dict[str, Any]], rows: dict[str, dict[str, Any]], w
     def fmt(value: Any, spec: str, missing: str = "-") -> str:
         return missing if value is None else format(value, spec)
 
-    lines = [f"{'run':<10} {'tok/s':>10} {'step ms':>9} {'first step s':>13} {'MFU':>6} {'peak mem GB':>12} "
-             f"{'vs eager':>9} {'max |Δloss|':>12}"]
+    lines = [
+        f"{'run':<10} {'tok/s':>10} {'step ms':>9} {'first step s':>13} {'MFU':>6} {'peak mem GB':>12} "
+        f"{'vs eager':>9} {'max |Δloss|':>12}"
+    ]
     for run in runs:
         r = rows[run["name"]]
         memory = None if r["peak_memory_bytes"] is None else r["peak_memory_bytes"] / 1e9
-        diff = "-" if r["max_loss_diff_vs_eager"] is None else f"{r['max_loss_diff_vs_eager']:.4f} @{r['max_loss_diff_step']}"
+        diff = (
+            "-"
+            if r["max_loss_diff_vs_eager"] is None
+            else f"{r['max_loss_diff_vs_eager']:.4f} @{r['max_loss_diff_step']}"
+        )
         lines.append(
             f"{run['name']:<10} {fmt(r['tokens_per_sec_median'], ',.0f'):>10} {fmt(r['step_ms_median'], '.1f'):>9} "
             f"{fmt(r['first_step_s'], '.2f'):>13} {fmt(r['mfu'], '.1%'):>6} {fmt(memory, '.2f'):>12} "
@@ -216,17 +229,31 @@ def main(argv: list[str]) -> None:
         "(e.g. --trainer.max_steps 50) and go to every run.",
     )
     parser.add_argument("--config", required=True, help="YAML config, as for `gpt-lightning fit`.")
-    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=["eager", "compiled"],
-                        help="how to train --config: eager, compiled (as the config says), model or blocks (compile scopes; default: %(default)s)")
-    parser.add_argument("--also", nargs="*", default=[], metavar="CONFIG", help="more configs, each run once as written")
-    parser.add_argument("--cold", action="store_true", help="each run starts from an empty inductor cache (a first-time user's compile)")
+    parser.add_argument(
+        "--runs",
+        nargs="+",
+        choices=list(RUNS),
+        default=["eager", "compiled"],
+        help="how to train --config: eager, compiled (as the config says), model or blocks (compile scopes; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--also", nargs="*", default=[], metavar="CONFIG", help="more configs, each run once as written"
+    )
+    parser.add_argument(
+        "--cold", action="store_true", help="each run starts from an empty inductor cache (a first-time user's compile)"
+    )
     parser.add_argument("--every", type=int, default=10, help="print a table row every N steps (default: %(default)s)")
     # Twice the largest spread of two bf16 runs of configs/tiny-cpu.yaml measured (docs/benchmarks.md).
-    parser.add_argument("--tolerance", type=float, default=0.5,
-                        help="largest allowed difference of eager's and a compiled run's mean loss over any --window "
-                        "steps; beyond it the bench exits 1 (default: %(default)s)")
-    parser.add_argument("--window", type=int, default=10,
-                        help="steps per mean loss compared against --tolerance (default: %(default)s)")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.5,
+        help="largest allowed difference of eager's and a compiled run's mean loss over any --window "
+        "steps; beyond it the bench exits 1 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--window", type=int, default=10, help="steps per mean loss compared against --tolerance (default: %(default)s)"
+    )
     parser.add_argument("--out", type=Path, help="folder for bench.json and bench.png (default: beside the runs' logs)")
     args, extra = parser.parse_known_args(argv)
     parent = f"bench/{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -243,20 +270,31 @@ def main(argv: list[str]) -> None:
         rows, out_dir = save(args, extra, runs)
     print("\n" + table(runs, args.every) + "\n")
     print(summary_table(runs, rows, args.window))
-    print(f"\nsaved {out_dir / 'bench.json'} and {out_dir / 'bench.png'}; TensorBoard: tensorboard --logdir {Path(runs[0]['log_dir']).parent}")
+    print(
+        f"\nsaved {out_dir / 'bench.json'} and {out_dir / 'bench.png'}; TensorBoard: tensorboard --logdir {Path(runs[0]['log_dir']).parent}"
+    )
     if any(run["summary"] is None for run in runs):
-        print("Too few steps for post-warm-up statistics: raise --trainer.max_steps or lower --throughput.warmup_steps.")
-    diverged = {name: r for name, r in rows.items()
-                if r["max_loss_diff_vs_eager"] is not None and r["max_loss_diff_vs_eager"] > args.tolerance}
+        print(
+            "Too few steps for post-warm-up statistics: raise --trainer.max_steps or lower --throughput.warmup_steps."
+        )
+    diverged = {
+        name: r
+        for name, r in rows.items()
+        if r["max_loss_diff_vs_eager"] is not None and r["max_loss_diff_vs_eager"] > args.tolerance
+    }
     for name, r in diverged.items():
         first = r["max_loss_diff_step"]
-        print(f"FAIL: {name}'s loss curve leaves eager's: |Δ mean loss| = {r['max_loss_diff_vs_eager']:.4f} over steps "
-              f"{first}-{first + args.window - 1}, beyond the tolerance {args.tolerance}.")
+        print(
+            f"FAIL: {name}'s loss curve leaves eager's: |Δ mean loss| = {r['max_loss_diff_vs_eager']:.4f} over steps "
+            f"{first}-{first + args.window - 1}, beyond the tolerance {args.tolerance}."
+        )
     if diverged:
         raise SystemExit(1)
 
 
-def save(args: argparse.Namespace, extra: list[str], runs: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], Path]:
+def save(
+    args: argparse.Namespace, extra: list[str], runs: list[dict[str, Any]]
+) -> tuple[dict[str, dict[str, Any]], Path]:
     """bench.json and bench.png of the runs so far; their summary rows and the folder written."""
     eager = next((run for run in runs if run["name"] == "eager"), None)
     base = [run for run in runs if run["name"] in RUNS]
@@ -272,8 +310,22 @@ def save(args: argparse.Namespace, extra: list[str], runs: list[dict[str, Any]])
         "tolerance": args.tolerance,
         "window": args.window,
         "summary": rows,
-        "runs": {run["name"]: {k: run[k] for k in ("args", "compiled", "compile_scope", "loss", "step_ms", "tokens_per_sec", "summary", "log_dir")}
-                 for run in runs},
+        "runs": {
+            run["name"]: {
+                k: run[k]
+                for k in (
+                    "args",
+                    "compiled",
+                    "compile_scope",
+                    "loss",
+                    "step_ms",
+                    "tokens_per_sec",
+                    "summary",
+                    "log_dir",
+                )
+            }
+            for run in runs
+        },
     }
     atomic_write_bytes(out_dir / "bench.json", (json.dumps(repo_relative(result), indent=2) + "\n").encode())
     chart(runs, out_dir / "bench.png")

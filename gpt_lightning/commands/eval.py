@@ -18,7 +18,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 def load_model(ckpt_path: str | None, init_from: str | None):
     """The ``GPT`` of a checkpoint or of a Hugging Face GPT-2."""
     if (ckpt_path is None) == (init_from is None):
-        raise UserError("Give exactly one of --ckpt_path (a gpt-lightning checkpoint) and --init_from (a Hugging Face GPT-2).")
+        raise UserError(
+            "Give exactly one of --ckpt_path (a gpt-lightning checkpoint) and --init_from (a Hugging Face GPT-2)."
+        )
     if ckpt_path is not None:
         from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 
@@ -58,7 +60,7 @@ def seed_value(text: str) -> list[int | None]:
         return values * 4
     if not 3 <= len(values) <= 4:
         raise argparse.ArgumentTypeError(f"1 or 4 comma-separated values, got {len(values)}")
-    return values + SEEDS[len(values):]
+    return values + SEEDS[len(values) :]
 
 
 SEEDS = [0, 1234, 1234, 1234]  # the harness's defaults: random, numpy, torch, few-shot
@@ -87,37 +89,75 @@ def gen_kwargs_value(values: list[str] | None) -> dict[str, Any] | None:
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpt-lightning eval", description=__doc__)
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--tasks", help="lm-evaluation-harness tasks or groups, comma-separated (hellaswag,arc_easy,...)")
+    which.add_argument(
+        "--tasks", help="lm-evaluation-harness tasks or groups, comma-separated (hellaswag,arc_easy,...)"
+    )
     which.add_argument("--task", choices=["hellaswag"], help="HellaSwag scored build-nanogpt's way (docs/hellaswag.md)")
-    which.add_argument("--text_file", help="bits per byte of this UTF-8 text, in the harness's rolling windows (docs/evaluation.md)")
+    which.add_argument(
+        "--text_file", help="bits per byte of this UTF-8 text, in the harness's rolling windows (docs/evaluation.md)"
+    )
     parser.add_argument("--ckpt_path", help="a .ckpt written by gpt-lightning fit")
     parser.add_argument("--init_from", help="a Hugging Face GPT-2: hub name (gpt2, ...), directory or weights file")
     parser.add_argument("--include_path", help="--tasks: a folder of your own task YAMLs (e.g. on local data files)")
     parser.add_argument("--num_fewshot", type=int, help="--tasks: examples in each prompt (default: each task's own)")
-    parser.add_argument("--limit", type=limit_value, help="score only the first N examples of each task (--tasks: below 1, that share)")
-    parser.add_argument("--batch_size", type=batch_size_value, default=8,
-                        help="requests (--task hellaswag: examples) per forward pass; --tasks: auto (or auto:N) picks the "
-                             "first of --max_batch_size, its half, ... that fits in memory, once (default: %(default)s)")
-    parser.add_argument("--max_batch_size", type=int, default=64, help="--batch_size auto: the largest it tries (default: %(default)s)")
-    parser.add_argument("--gen_kwargs", nargs="+", metavar="KEY=VALUE",
-                        help="--tasks: generation options for every generation task, over its own: temperature=0,top_p=0.9 "
-                             "(do_sample, temperature, top_k, top_p, until, max_gen_toks)")
-    parser.add_argument("--seed", type=seed_value, default=SEEDS,
-                        help="--tasks: Python's, NumPy's, torch's and the few-shot sampler's seeds: one number for all four, "
-                             "or four comma-separated, None to leave one unset (default: 0,1234,1234,1234, the harness's)")
-    parser.add_argument("--use_cache", metavar="PATH",
-                        help="--tasks: keep each answer in the SQLite file PATH_rank0.db as it is computed; a run stopped "
-                             "and started again with it scores only what is not there")
+    parser.add_argument(
+        "--limit", type=limit_value, help="score only the first N examples of each task (--tasks: below 1, that share)"
+    )
+    parser.add_argument(
+        "--batch_size",
+        type=batch_size_value,
+        default=8,
+        help="requests (--task hellaswag: examples) per forward pass; --tasks: auto (or auto:N) picks the "
+        "first of --max_batch_size, its half, ... that fits in memory, once (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max_batch_size", type=int, default=64, help="--batch_size auto: the largest it tries (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--gen_kwargs",
+        nargs="+",
+        metavar="KEY=VALUE",
+        help="--tasks: generation options for every generation task, over its own: temperature=0,top_p=0.9 "
+        "(do_sample, temperature, top_k, top_p, until, max_gen_toks)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=seed_value,
+        default=SEEDS,
+        help="--tasks: Python's, NumPy's, torch's and the few-shot sampler's seeds: one number for all four, "
+        "or four comma-separated, None to leave one unset (default: 0,1234,1234,1234, the harness's)",
+    )
+    parser.add_argument(
+        "--use_cache",
+        metavar="PATH",
+        help="--tasks: keep each answer in the SQLite file PATH_rank0.db as it is computed; a run stopped "
+        "and started again with it scores only what is not there",
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ... (default: %(default)s)")
-    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
-                        help="--tasks, --text_file: bfloat16/float16 run under autocast; auto: bfloat16 on a CUDA GPU that has it, "
-                             "else the checkpoint's own (default: %(default)s)")
-    parser.add_argument("--output_path", help="--tasks: write the harness's results JSON to this file (a folder, or a path "
-                        "without a suffix: results.json in it); --text_file: the result JSON")
-    parser.add_argument("--log_samples", action="store_true", help="--tasks: also write each request's inputs and outputs, "
-                        "samples_<task>.jsonl beside the results (needs --output_path)")
-    parser.add_argument("--bootstrap_iters", type=int, default=100_000, help="--tasks: resamples for standard errors; 0 skips them")
-    parser.add_argument("--data_file", help="--task hellaswag: hellaswag_val.jsonl; default: downloaded once into the cache")
+    parser.add_argument(
+        "--dtype",
+        choices=["auto", *DTYPES],
+        default="auto",
+        help="--tasks, --text_file: bfloat16/float16 run under autocast; auto: bfloat16 on a CUDA GPU that has it, "
+        "else the checkpoint's own (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--output_path",
+        help="--tasks: write the harness's results JSON to this file (a folder, or a path "
+        "without a suffix: results.json in it); --text_file: the result JSON",
+    )
+    parser.add_argument(
+        "--log_samples",
+        action="store_true",
+        help="--tasks: also write each request's inputs and outputs, "
+        "samples_<task>.jsonl beside the results (needs --output_path)",
+    )
+    parser.add_argument(
+        "--bootstrap_iters", type=int, default=100_000, help="--tasks: resamples for standard errors; 0 skips them"
+    )
+    parser.add_argument(
+        "--data_file", help="--task hellaswag: hellaswag_val.jsonl; default: downloaded once into the cache"
+    )
     parser.add_argument("--out", help="--task hellaswag: also write the result to this JSON file")
     return parser
 
@@ -146,14 +186,28 @@ def main(argv: list[str]) -> None:
 
     gen_kwargs = gen_kwargs_value(args.gen_kwargs)
     device, dtype = device_and_dtype(args)
-    lm = GPTHarnessLM(load_model(args.ckpt_path, args.init_from), batch_size=1 if auto else args.batch_size, device=device, dtype=dtype)
+    lm = GPTHarnessLM(
+        load_model(args.ckpt_path, args.init_from),
+        batch_size=1 if auto else args.batch_size,
+        device=device,
+        dtype=dtype,
+    )
     if auto:
         lm.batch_size = lm.auto_batch_size(args.max_batch_size)
         print(f"--batch_size {args.batch_size}: {lm.batch_size}")
     tasks = [name.strip() for name in args.tasks.split(",") if name.strip()]
-    results = run_tasks(lm, tasks, num_fewshot=args.num_fewshot, limit=args.limit, include_path=args.include_path,
-                        log_samples=args.log_samples, bootstrap_iters=args.bootstrap_iters, gen_kwargs=gen_kwargs,
-                        seeds=args.seed, use_cache=args.use_cache)
+    results = run_tasks(
+        lm,
+        tasks,
+        num_fewshot=args.num_fewshot,
+        limit=args.limit,
+        include_path=args.include_path,
+        log_samples=args.log_samples,
+        bootstrap_iters=args.bootstrap_iters,
+        gen_kwargs=gen_kwargs,
+        seeds=args.seed,
+        use_cache=args.use_cache,
+    )
     from lm_eval.utils import make_table
 
     print(make_table(results))
@@ -201,7 +255,9 @@ def text_bits_per_byte_of(args: argparse.Namespace) -> None:
         result = text_bits_per_byte(model, ids, device, args.batch_size)
     print(f"{path}: {result['bpb']:.4f} bits per byte over {result['bytes']:,} bytes ({result['tokens']:,} tokens)")
     if args.output_path:
-        atomic_write_bytes(Path(args.output_path), (json.dumps({"text_file": str(path), **result}, indent=2) + "\n").encode())
+        atomic_write_bytes(
+            Path(args.output_path), (json.dumps({"text_file": str(path), **result}, indent=2) + "\n").encode()
+        )
 
 
 def write_results(results: dict[str, Any], path: Path) -> None:
@@ -214,7 +270,9 @@ def write_results(results: dict[str, Any], path: Path) -> None:
     folder = path.is_dir() or (not path.exists() and not path.suffix)
     path = path / "results.json" if folder else path
     samples = results.pop("samples", None) or {}
-    atomic_write_bytes(path, (json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False) + "\n").encode())
+    atomic_write_bytes(
+        path, (json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False) + "\n").encode()
+    )
     for task, rows in samples.items():
         lines = "".join(json.dumps(row, default=handle_non_serializable, ensure_ascii=False) + "\n" for row in rows)
         atomic_write_bytes(path.parent / f"samples_{task}.jsonl", lines.encode())

@@ -19,9 +19,13 @@ def main(argv: list[str]) -> None:
     )
     parser.add_argument("--ckpt_path", required=True, help="a .ckpt written by gpt-lightning fit")
     parser.add_argument("--out", required=True, help="output .safetensors file, or directory for --format hf")
-    parser.add_argument("--format", choices=["safetensors", "hf"], default="safetensors",
-                        help="safetensors: one file, loaded by gpt_lightning.load_gpt; hf: a Hugging Face GPT-2 folder "
-                             "(config.json + model.safetensors) for transformers (default: %(default)s)")
+    parser.add_argument(
+        "--format",
+        choices=["safetensors", "hf"],
+        default="safetensors",
+        help="safetensors: one file, loaded by gpt_lightning.load_gpt; hf: a Hugging Face GPT-2 folder "
+        "(config.json + model.safetensors) for transformers (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     if args.format == "hf":
         print(f"wrote {export_hf(gpt_from_checkpoint(args.ckpt_path), args.out)}")

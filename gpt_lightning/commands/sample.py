@@ -22,12 +22,16 @@ def resolve_device(device: str) -> torch.device:
     except RuntimeError:
         raise UserError(f"--device {device!r} is not a device. Use auto, cpu, cuda or cuda:N.") from None
     if resolved.type not in ("cpu", "cuda"):  # mps, xpu, meta...: not what gpt-lightning runs on
-        raise UserError(f"--device {device}: gpt-lightning samples and evaluates on cpu or cuda. Use auto, cpu, cuda or cuda:N.")
+        raise UserError(
+            f"--device {device}: gpt-lightning samples and evaluates on cpu or cuda. Use auto, cpu, cuda or cuda:N."
+        )
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {device}: no CUDA GPU is available here. Use --device cpu (or auto).")
     if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
-        raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s), cuda:0 to "
-                        f"cuda:{torch.cuda.device_count() - 1}.")
+        raise UserError(
+            f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s), cuda:0 to "
+            f"cuda:{torch.cuda.device_count() - 1}."
+        )
     return resolved
 
 
@@ -56,7 +60,11 @@ def sample(
     """Continuations of ``prompt`` from a ``gpt-lightning`` checkpoint, ``num_samples`` in one batch;
     ``dtype`` is the weights' and cache's while sampling (``auto``: bfloat16 on a CUDA GPU with it, else
     float32; docs/sampling.md)."""
-    for name, value, least in (("max_new_tokens", max_new_tokens, 0), ("num_samples", num_samples, 1), ("top_k", top_k, 0)):
+    for name, value, least in (
+        ("max_new_tokens", max_new_tokens, 0),
+        ("num_samples", num_samples, 1),
+        ("top_k", top_k, 0),
+    ):
         if value is not None and value < least:
             raise UserError(f"--{name} must be at least {least}, got {value}.")
     if temperature < 0:
@@ -78,7 +86,13 @@ def sample(
     idx = torch.tensor([ids] * num_samples, dtype=torch.long, device=torch_device)  # (num_samples, T)
     generator = torch.Generator(device=torch_device).manual_seed(seed)
     out = generate(
-        model, idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator, vocab_limit=encoding.n_vocab,
+        model,
+        idx,
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        generator=generator,
+        vocab_limit=encoding.n_vocab,
         compile=compile,
     )
     return [encoding.decode(row.tolist()) for row in out]
@@ -90,16 +104,27 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--prompt", default="\n", help="text to continue (default: a new line)")
     parser.add_argument("--max_new_tokens", type=int, default=200, help="tokens to add (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: %(default)s)")
-    parser.add_argument("--top_k", type=int, default=200,
-                        help="sample among the k likeliest tokens; 0: among all (default: %(default)s)")
+    parser.add_argument(
+        "--top_k",
+        type=int,
+        default=200,
+        help="sample among the k likeliest tokens; 0: among all (default: %(default)s)",
+    )
     parser.add_argument("--num_samples", type=int, default=1, help="continuations, in one batch (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=42, help="the same seed gives the same text (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ... (default: %(default)s)")
-    parser.add_argument("--compile", action="store_true",
-                        help="compile the decode step (CUDA graphs on CUDA): pays for long or many samples")
-    parser.add_argument("--dtype", default="auto", choices=SAMPLE_DTYPES,
-                        help="weights' type while sampling: bfloat16 reads half the bytes per token; auto: bfloat16 "
-                             "on a CUDA GPU with it, else float32 (default: %(default)s)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the decode step (CUDA graphs on CUDA): pays for long or many samples",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=SAMPLE_DTYPES,
+        help="weights' type while sampling: bfloat16 reads half the bytes per token; auto: bfloat16 "
+        "on a CUDA GPU with it, else float32 (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     texts = sample(**vars(args))
     for i, text in enumerate(texts):

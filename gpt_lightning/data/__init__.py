@@ -12,7 +12,17 @@ _WHERE = {
     "TokenWindows": "gpt_lightning.data.windows",
     "gpt2_encoding": "gpt_lightning.data.tokenizer",
 }
-_SUBMODULES = {"corpus", "datamodule", "documents", "encode", "shard_writer", "shards", "token_cache", "tokenizer", "windows"}
+_SUBMODULES = {
+    "corpus",
+    "datamodule",
+    "documents",
+    "encode",
+    "shard_writer",
+    "shards",
+    "token_cache",
+    "tokenizer",
+    "windows",
+}
 __all__ = sorted(_WHERE)
 
 

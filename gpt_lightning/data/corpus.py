@@ -78,8 +78,12 @@ class Corpus:
     def tiny_shakespeare(cls) -> Corpus:
         """Tiny Shakespeare from the package itself: no network, no download, checked when read."""
         resource = resources.files(__package__) / TINY_SHAKESPEARE_RESOURCE
-        return cls(str(resource), lambda: _read_packaged(resource), lambda: io.StringIO(_read_packaged(resource), newline=""),
-                   known_sha256=TINY_SHAKESPEARE_SHA256)
+        return cls(
+            str(resource),
+            lambda: _read_packaged(resource),
+            lambda: io.StringIO(_read_packaged(resource), newline=""),
+            known_sha256=TINY_SHAKESPEARE_SHA256,
+        )
 
 
 def _read_packaged(resource) -> str:

@@ -142,7 +142,9 @@ class TokenStreamDataModule(LightningDataModule):
         per_rank = " per process" if self.world_size > 1 else ""
         left_out = windows.available() - batches
         steps = f" = {batches // accumulate} optimizer steps of {accumulate}" if accumulate > 1 else ""
-        trimmed = f" ({left_out} of {windows.available()} batches left out so that no step is short)" if left_out else ""
+        trimmed = (
+            f" ({left_out} of {windows.available()} batches left out so that no step is short)" if left_out else ""
+        )
         rank_zero_info(f"1 epoch = {batches} batches{per_rank}{steps}{trimmed}")
         self._round_batch_limit(batches, accumulate)
         self._check_validation_interval(batches)
@@ -152,7 +154,9 @@ class TokenStreamDataModule(LightningDataModule):
         W, B, T = self.world_size, self.batch_size, self.block_size
         micro = W * B * T  # tokens of one micro-batch over all processes
         if self.tokens_per_step % micro:
-            nearest = sorted({max(micro, self.tokens_per_step // micro * micro), (self.tokens_per_step // micro + 1) * micro})
+            nearest = sorted(
+                {max(micro, self.tokens_per_step // micro * micro), (self.tokens_per_step // micro + 1) * micro}
+            )
             raise UserError(
                 f"data.tokens_per_step {self.tokens_per_step:,} is not a multiple of world_size x batch_size x "
                 f"block_size = {W} x {B} x {T} = {micro:,}. Use {' or '.join(f'{n:,}' for n in nearest)}, or "
@@ -249,8 +253,17 @@ class TokenStreamDataModule(LightningDataModule):
         args = (self.batch_size, self.block_size, self.rank, self.world_size)
         # Training: shuffled on request, in the trainer's epochs. Validation: always the same batches.
         # Training epochs are whole optimizer steps of the trainer's accumulation (see ResumableStream).
-        train = {"shuffle": self.shuffle, "seed": self.seed, "progress": self._trainer_progress,
-                 "accumulate": self._accumulation(), "moved": self._move_trainer_progress} if split == "train" else {}
+        train = (
+            {
+                "shuffle": self.shuffle,
+                "seed": self.seed,
+                "progress": self._trainer_progress,
+                "accumulate": self._accumulation(),
+                "moved": self._move_trainer_progress,
+            }
+            if split == "train"
+            else {}
+        )
         if self.shards is not None:
             return ShardWindows(self.shards[split], *args, **train) if self.shards[split] else None
         assert self.tokens is not None, "call setup() first"
@@ -303,7 +316,6 @@ class TokenStreamDataModule(LightningDataModule):
 
     def test_dataloader(self) -> DataLoader | list:
         return self.val_dataloader()
-
 
 
 class ResumableLoader(DataLoader):

@@ -44,11 +44,14 @@ def find_inputs(spec: str) -> list[Path]:
     else:
         files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file() and kind(Path(p)))
         if not files and not any(c in spec for c in "*?["):
-            raise UserError(f"Input {spec} does not exist. Give a file, a folder or a glob of {', '.join(SUFFIXES)} files.")
+            raise UserError(
+                f"Input {spec} does not exist. Give a file, a folder or a glob of {', '.join(SUFFIXES)} files."
+            )
     if not files or any(not kind(p) for p in files):
         odd = [p.name for p in files if not kind(p)]
         raise UserError(
-            f"Input {spec} holds no {', '.join(SUFFIXES)} files" + (f" ({', '.join(odd[:3])} is not one)" if odd else "")
+            f"Input {spec} holds no {', '.join(SUFFIXES)} files"
+            + (f" ({', '.join(odd[:3])} is not one)" if odd else "")
             + ". Give a file, a folder or a glob of them."
         )
     return files
@@ -92,8 +95,9 @@ def open_text(path: Path) -> io.TextIOBase:
     return open(path, encoding="utf-8", newline="")
 
 
-def work_items(files: list[Path], text_key: str = "text", separator: str | None = None,
-               chunk_chars: int = CHUNK_CHARS) -> Iterator[WorkItem]:
+def work_items(
+    files: list[Path], text_key: str = "text", separator: str | None = None, chunk_chars: int = CHUNK_CHARS
+) -> Iterator[WorkItem]:
     """Every document of ``files``, in order, as work items of about ``chunk_chars`` characters."""
     base = 0
     for path in files:
@@ -108,12 +112,16 @@ def work_items(files: list[Path], text_key: str = "text", separator: str | None 
             for item, done in items:  # done: the share of this file read
                 yield dataclasses.replace(item, position=base + int(min(done, 1.0) * size))
         except UnicodeDecodeError as err:
-            raise UserError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start} of a block). Convert it, "
-                            "e.g. `iconv -f latin1 -t utf-8`.") from None
+            raise UserError(
+                f"{path} is not UTF-8 text ({err.reason} at byte {err.start} of a block). Convert it, "
+                "e.g. `iconv -f latin1 -t utf-8`."
+            ) from None
         base += size
 
 
-def _batched(pieces: Iterator[tuple[bool, str]], chunk_chars: int, source: str, size: int) -> Iterator[tuple[WorkItem, float]]:
+def _batched(
+    pieces: Iterator[tuple[bool, str]], chunk_chars: int, source: str, size: int
+) -> Iterator[tuple[WorkItem, float]]:
     batch, chars, read = [], 0, 0
     for piece in pieces:
         batch.append(piece)
@@ -129,7 +137,9 @@ def _batched(pieces: Iterator[tuple[bool, str]], chunk_chars: int, source: str, 
 def _text_items(path: Path, separator: str | None, chunk_chars: int) -> Iterator[tuple[WorkItem, float]]:
     size = path.stat().st_size  # characters read / bytes: the share read, exact for ASCII
     with open_text(path) as stream:
-        pieces = text_pieces(stream, chunk_chars, True) if separator is None else _separated(stream, separator, chunk_chars)
+        pieces = (
+            text_pieces(stream, chunk_chars, True) if separator is None else _separated(stream, separator, chunk_chars)
+        )
         yield from _batched(pieces, chunk_chars, str(path), size)
 
 
@@ -149,7 +159,7 @@ def _separated(stream: io.TextIOBase, separator: str, chunk_chars: int) -> Itera
 def _jsonl_items(path: Path, text_key: str, chunk_chars: int) -> Iterator[tuple[WorkItem, float]]:
     size = max(path.stat().st_size, 1)
     compressed = path.name.lower().endswith(".gz")
-    with open(path, "rb") as raw, (gzip.open(raw, "rb") if compressed else raw) as f:
+    with open(path, "rb") as raw, gzip.open(raw, "rb") if compressed else raw as f:
         batch, chars = [], 0
         for line in f:
             if not line.strip():
@@ -170,8 +180,10 @@ def _parquet_items(path: Path, text_key: str, chunk_chars: int) -> Iterator[tupl
         raise UserError(f"Reading {path} needs pyarrow: pip install 'gpt-lightning[parquet]'.") from None
     parquet = pq.ParquetFile(path)
     if text_key not in parquet.schema_arrow.names:
-        raise UserError(f"{path} has no column {text_key!r} (it has {', '.join(parquet.schema_arrow.names)}). "
-                        "Name the text column with --text_key.")
+        raise UserError(
+            f"{path} has no column {text_key!r} (it has {', '.join(parquet.schema_arrow.names)}). "
+            "Name the text column with --text_key."
+        )
     rows = max(parquet.metadata.num_rows, 1)
     batch, chars, read = [], 0, 0
     # One row group's text column at a time (iter_batches reads ahead: its memory grew with the file).

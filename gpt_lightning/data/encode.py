@@ -37,8 +37,10 @@ def encode_item(item: WorkItem) -> np.ndarray:
             if not isinstance(text, str):
                 raise TypeError(f"{item.text_key!r} holds a {type(text).__name__}")
         except (ValueError, KeyError, TypeError) as err:
-            raise UserError(f"{item.source}: a line is not a JSON object with a {item.text_key!r} string "
-                            f"({type(err).__name__}: {err}); name the text field with --text_key.") from None
+            raise UserError(
+                f"{item.source}: a line is not a JSON object with a {item.text_key!r} string "
+                f"({type(err).__name__}: {err}); name the text field with --text_key."
+            ) from None
         if text:
             ids.append(eot)
             ids += encoding.encode_ordinary(text)
@@ -63,7 +65,9 @@ def _default_sigterm() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def encode_items(items: Iterable[WorkItem], workers: int, separate_documents: bool = True) -> Iterator[tuple[int, np.ndarray]]:
+def encode_items(
+    items: Iterable[WorkItem], workers: int, separate_documents: bool = True
+) -> Iterator[tuple[int, np.ndarray]]:
     """Each item's input position (``WorkItem.position``) and ids, in the items' order. ``workers`` 1
     encodes in this process."""
     encode = encode_item if separate_documents else encode_pieces_without_separators
@@ -105,8 +109,10 @@ class Progress:
         left = (self.total - bytes_done) / (bytes_done / elapsed) if bytes_done else float("inf")
         eta = "?" if left == float("inf") else time.strftime("%H:%M:%S", time.gmtime(left))
         share = 100 * bytes_done / self.total if self.total else 100.0
-        self.stream.write(f"\rtokenizing: {share:5.1f}% of {self.total / 1e6:,.1f} MB, {self.tokens:,} tokens, "
-                          f"{rate / 1e6:.2f}M tokens/s, ETA {eta}   ")
+        self.stream.write(
+            f"\rtokenizing: {share:5.1f}% of {self.total / 1e6:,.1f} MB, {self.tokens:,} tokens, "
+            f"{rate / 1e6:.2f}M tokens/s, ETA {eta}   "
+        )
         self.stream.flush()
 
     def close(self) -> None:

@@ -42,8 +42,10 @@ class ShardWriter:
         output_dir.mkdir(parents=True, exist_ok=True)
         existing = [p.name for p in output_dir.iterdir() if p.suffix in SHARD_SUFFIXES]
         if existing:
-            raise UserError(f"{output_dir} already holds shards ({', '.join(sorted(existing)[:3])}, ...): new ones "
-                            "would mix with them. Choose an empty --output folder, or delete them first.")
+            raise UserError(
+                f"{output_dir} already holds shards ({', '.join(sorted(existing)[:3])}, ...): new ones "
+                "would mix with them. Choose an empty --output folder, or delete them first."
+            )
         self.output_dir, self.shard_tokens, self.format, self.prefix = output_dir, shard_tokens, format, prefix
         self.written: list[tuple[Path, int]] = []  # (path, tokens) of finished shards
         self._file = None
@@ -112,9 +114,17 @@ class ShardWriter:
         return b""
 
 
-def tokenize_to_shards(inputs: str, output_dir: Path, shard_tokens: int = 100_000_000, format: str = "npy",
-                       workers: int | None = None, text_key: str = "text", separator: str | None = None,
-                       progress: bool = True, chunk_chars: int = CHUNK_CHARS) -> list[tuple[Path, int]]:
+def tokenize_to_shards(
+    inputs: str,
+    output_dir: Path,
+    shard_tokens: int = 100_000_000,
+    format: str = "npy",
+    workers: int | None = None,
+    text_key: str = "text",
+    separator: str | None = None,
+    progress: bool = True,
+    chunk_chars: int = CHUNK_CHARS,
+) -> list[tuple[Path, int]]:
     """Tokenize ``inputs`` into shards of ``shard_tokens`` GPT-2 ids on ``workers`` processes; shard 0 is
     validation, and ``tokenize.json``, written last, lists them (docs/data.md)."""
     files = find_inputs(inputs)
@@ -139,7 +149,12 @@ def tokenize_to_shards(inputs: str, output_dir: Path, shard_tokens: int = 100_00
             "shard is the validation split, so nothing would be left to train on; nothing was written. "
             f"Use --shard_tokens {max(2, count // 10)} (or less) for ten or more shards."
         )
-    manifest = {"tokenizer": "gpt2", "format": format, "tokens": sum(n for _, n in written),
-                "shards": [{"file": p.name, "tokens": n} for p, n in written], "inputs": [str(p) for p in files]}
+    manifest = {
+        "tokenizer": "gpt2",
+        "format": format,
+        "tokens": sum(n for _, n in written),
+        "shards": [{"file": p.name, "tokens": n} for p, n in written],
+        "inputs": [str(p) for p in files],
+    }
     atomic_write_bytes(output_dir / "tokenize.json", json.dumps(manifest, indent=1).encode())
     return written

@@ -24,7 +24,9 @@ def open_shard(path: Path) -> np.ndarray:
     header = np.fromfile(path, dtype=np.int32, count=LLMC_HEADER_INTS)
     if len(header) >= 3 and header[0] == LLMC_MAGIC:  # llm.c; raw GPT-2 uint16 can't start so (55240 > vocab)
         if header[1] != 1:
-            raise UserError(f"Shard {path} is llm.c version {header[1]}; only version 1 (uint16 GPT-2 ids) is supported.")
+            raise UserError(
+                f"Shard {path} is llm.c version {header[1]}; only version 1 (uint16 GPT-2 ids) is supported."
+            )
         count = int(header[2])
         expected = LLMC_HEADER_INTS * 4 + 2 * count
         if path.stat().st_size != expected:

@@ -57,13 +57,18 @@ def stamped_sha256(path: Path, cache_dir: Path) -> str:
         pass  # not stamped yet, or an unreadable stamp: hash the file
     digest = sha256_file(path)
     after = path.stat()
-    if (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns) and time.time_ns() - after.st_mtime_ns >= SETTLED_NS:
+    if (after.st_size, after.st_mtime_ns) == (
+        before.st_size,
+        before.st_mtime_ns,
+    ) and time.time_ns() - after.st_mtime_ns >= SETTLED_NS:
         stamp = {"path": str(path), "size": after.st_size, "mtime_ns": after.st_mtime_ns, "sha256": digest}
         atomic_write_bytes(stamp_path, json.dumps(stamp, indent=2).encode())
     return digest
 
 
-def _problem(bin_path: Path, json_path: Path, source_sha256: str, tokenizer: str, cache_dir: Path | None = None) -> str | None:
+def _problem(
+    bin_path: Path, json_path: Path, source_sha256: str, tokenizer: str, cache_dir: Path | None = None
+) -> str | None:
     """Why the cache can't be used, or None when it is sound (``cache_dir``: trust its stamps)."""
     if not json_path.is_file() or not bin_path.is_file():
         return "not built yet"
@@ -85,7 +90,9 @@ def _problem(bin_path: Path, json_path: Path, source_sha256: str, tokenizer: str
     return None
 
 
-def build_token_cache(corpus: Corpus, cache_dir: Path, workers: int | None = None, chunk_chars: int = CHUNK_CHARS) -> Path:
+def build_token_cache(
+    corpus: Corpus, cache_dir: Path, workers: int | None = None, chunk_chars: int = CHUNK_CHARS
+) -> Path:
     """Tokenize ``corpus`` into the cache (streamed, on ``workers`` processes) unless a sound cache
     exists; return the token file path."""
     source_sha256 = corpus.sha256 if corpus.file is None else stamped_sha256(corpus.file, cache_dir)
@@ -100,7 +107,11 @@ def build_token_cache(corpus: Corpus, cache_dir: Path, workers: int | None = Non
     with stream, atomic_output(bin_path) as tmp, open(tmp, "wb") as out:
         items = (WorkItem(pieces=(piece,), source=corpus.location) for piece in text_pieces(stream, chunk_chars, False))
         if workers is None:  # a pool pays off from a few pieces on
-            workers = default_workers() if Path(corpus.location).is_file() and Path(corpus.location).stat().st_size > 4 * chunk_chars else 1
+            workers = (
+                default_workers()
+                if Path(corpus.location).is_file() and Path(corpus.location).stat().st_size > 4 * chunk_chars
+                else 1
+            )
         try:
             for _, ids in encode_items(items, workers, separate_documents=False):
                 data = ids.tobytes()
@@ -108,8 +119,10 @@ def build_token_cache(corpus: Corpus, cache_dir: Path, workers: int | None = Non
                 digest.update(data)
                 count += ids.size
         except UnicodeDecodeError as err:
-            raise UserError(f"Data file {corpus.location} is not UTF-8 text ({err.reason}). Convert it, e.g. "
-                            "`iconv -f latin1 -t utf-8`, or point --data.data_path at a text file.") from None
+            raise UserError(
+                f"Data file {corpus.location} is not UTF-8 text ({err.reason}). Convert it, e.g. "
+                "`iconv -f latin1 -t utf-8`, or point --data.data_path at a text file."
+            ) from None
         out.flush()
         os.fsync(out.fileno())
     manifest = Manifest(

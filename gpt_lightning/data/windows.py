@@ -36,9 +36,17 @@ class ResumableStream(IterableDataset):
             layout is restored: the counts in this layout the trainer takes on (``progress`` reads them).
     """
 
-    def __init__(self, batch_size: int, block_size: int, rank: int = 0, world_size: int = 1, shuffle: bool = False,
-                 progress: Callable[[], tuple[int, int]] | None = None, accumulate: int = 1,
-                 moved: Callable[[int, int, bool], None] | None = None) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        block_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = False,
+        progress: Callable[[], tuple[int, int]] | None = None,
+        accumulate: int = 1,
+        moved: Callable[[int, int, bool], None] | None = None,
+    ) -> None:
         if not isinstance(accumulate, int) or accumulate < 1:
             raise ValueError(f"accumulate must be a positive integer, got {accumulate!r}.")
         self.batch_size, self.block_size = batch_size, block_size
@@ -113,7 +121,9 @@ class ResumableStream(IterableDataset):
         if within is None:  # in order: one slice (each row's last target is the next row's first input)
             buf = torch.from_numpy(tokens[local * T : (local + n) * T + 1].astype(np.int64))  # (n*T+1,)
             return buf[:-1].view(n, T), buf[1:].view(n, T)
-        buf = torch.from_numpy(np.stack([tokens[s * T : s * T + T + 1] for s in within[local : local + n]]).astype(np.int64))
+        buf = torch.from_numpy(
+            np.stack([tokens[s * T : s * T + T + 1] for s in within[local : local + n]]).astype(np.int64)
+        )
         return buf[:, :-1], buf[:, 1:]  # (n, T+1) rows, each contiguous
 
     def __iter__(self) -> Iterator[Batch]:
@@ -143,9 +153,14 @@ class ResumableStream(IterableDataset):
         if self._restored is not None:  # restored but not served yet: pass the position on unchanged
             return dict(self._restored["state"])
         steps = self._served // self.accumulate  # whole optimizer steps: a resume reads an unfinished one again
-        return {"epoch": self._epoch or 0, "batches": self._served, "ended": self._served >= len(self),
-                "rows": self._offset + steps * self.accumulate * self.rows_per_batch,
-                "layout": self.layout(), "order": self.order()}
+        return {
+            "epoch": self._epoch or 0,
+            "batches": self._served,
+            "ended": self._served >= len(self),
+            "rows": self._offset + steps * self.accumulate * self.rows_per_batch,
+            "layout": self.layout(),
+            "order": self.order(),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         epoch, batches = int(state_dict["epoch"]), int(state_dict["batches"])

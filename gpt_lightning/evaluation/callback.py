@@ -33,8 +33,15 @@ class HarnessEval(PeriodicEvaluation):
         batch_size: requests per forward pass.
     """
 
-    def __init__(self, tasks: list[str] | str, every_n_steps: int = 500, limit: int | None = None,
-                 num_fewshot: int | None = None, include_path: str | None = None, batch_size: int = 8) -> None:
+    def __init__(
+        self,
+        tasks: list[str] | str,
+        every_n_steps: int = 500,
+        limit: int | None = None,
+        num_fewshot: int | None = None,
+        include_path: str | None = None,
+        batch_size: int = 8,
+    ) -> None:
         import_lm_eval()  # a one-line error now, if the harness is not installed
         if isinstance(tasks, str):
             tasks = [name.strip() for name in tasks.split(",") if name.strip()]
@@ -56,11 +63,15 @@ class HarnessEval(PeriodicEvaluation):
         if stage != "fit" or self._task_manager is not None:
             return
         if pl_module.device_mesh is not None:
-            raise UserError("HarnessEval does not run under ModelParallelStrategy (FSDP2): use DDP, or "
-                            "`gpt-lightning eval --tasks` on a checkpoint.")
+            raise UserError(
+                "HarnessEval does not run under ModelParallelStrategy (FSDP2): use DDP, or "
+                "`gpt-lightning eval --tasks` on a checkpoint."
+            )
         if self.limit is not None and self.limit < trainer.world_size:  # a rank with no example fails in the harness
-            raise UserError(f"HarnessEval limit {self.limit} is below the {trainer.world_size} ranks: give each rank "
-                            "an example at least (limit >= the number of processes).")
+            raise UserError(
+                f"HarnessEval limit {self.limit} is below the {trainer.world_size} ranks: give each rank "
+                "an example at least (limit >= the number of processes)."
+            )
         self._task_manager = task_manager(self.tasks, self.include_path)
         try:  # every dataset now, not after hours of training
             loaded = self._task_manager.load(self.tasks)
@@ -74,11 +85,15 @@ class HarnessEval(PeriodicEvaluation):
         for name, task in loaded["tasks"].items():  # the same failure, for a task with fewer examples than ranks
             examples = len(task.eval_docs) if self.limit is None else min(self.limit, len(task.eval_docs))
             if examples < trainer.world_size:
-                raise UserError(f"HarnessEval: task {name} has {examples} example(s), fewer than the {trainer.world_size} "
-                                "ranks, and a rank without one fails in the harness: give it more examples, or score it "
-                                "with `gpt-lightning eval --tasks` on a checkpoint.")
-        rank_zero_info(f"HarnessEval: {', '.join(self.tasks)} every {self.every_n_steps} steps"
-                       + (f", {self.limit} examples each." if self.limit else "."))
+                raise UserError(
+                    f"HarnessEval: task {name} has {examples} example(s), fewer than the {trainer.world_size} "
+                    "ranks, and a rank without one fails in the harness: give it more examples, or score it "
+                    "with `gpt-lightning eval --tasks` on a checkpoint."
+                )
+        rank_zero_info(
+            f"HarnessEval: {', '.join(self.tasks)} every {self.every_n_steps} steps"
+            + (f", {self.limit} examples each." if self.limit else ".")
+        )
 
     def evaluate(self, trainer: Trainer, pl_module: LightningModule) -> None:
         step = trainer.global_step
@@ -88,11 +103,20 @@ class HarnessEval(PeriodicEvaluation):
         was_training = pl_module.training
         try:
             # Eager, even when the model is compiled for the training shapes: every batch has its own.
-            with torch.no_grad(), torch.compiler.set_stance("force_eager"), trainer.precision_plugin.forward_context(), \
-                    quiet_git_probe():
+            with (
+                torch.no_grad(),
+                torch.compiler.set_stance("force_eager"),
+                trainer.precision_plugin.forward_context(),
+                quiet_git_probe(),
+            ):
                 results = import_lm_eval().simple_evaluate(
-                    model=lm, tasks=self.tasks, num_fewshot=self.num_fewshot, limit=self.limit,
-                    task_manager=self._task_manager, log_samples=False, bootstrap_iters=0,  # no standard errors
+                    model=lm,
+                    tasks=self.tasks,
+                    num_fewshot=self.num_fewshot,
+                    limit=self.limit,
+                    task_manager=self._task_manager,
+                    log_samples=False,
+                    bootstrap_iters=0,  # no standard errors
                 )
         finally:
             restore_random_states(saved)
@@ -113,7 +137,12 @@ def logged_metrics(results: dict[str, Any]) -> dict[str, float]:
             metrics[f"eval/{task}/samples"] = float(values["sample_len"])
         for key, value in values.items():
             metric, comma, filter_name = key.partition(",")  # "acc,none": a metric and its filter
-            if not comma or metric.endswith("_stderr") or isinstance(value, bool) or not isinstance(value, (int, float)):
+            if (
+                not comma
+                or metric.endswith("_stderr")
+                or isinstance(value, bool)
+                or not isinstance(value, (int, float))
+            ):
                 continue
             name = metric if filter_name == "none" else f"{metric}_{filter_name}"
             metrics[f"eval/{task}/{name}"] = float(value)

@@ -14,7 +14,10 @@ from gpt_lightning.model import GPT, Block
 
 
 def score_continuations(
-    model: GPT, requests: list[tuple[list[int], list[int]]], batch_size: int, device: torch.device,
+    model: GPT,
+    requests: list[tuple[list[int], list[int]]],
+    batch_size: int,
+    device: torch.device,
     on_batch: Callable[[list[int], list[tuple[float, bool]]], None] | None = None,
 ) -> list[tuple[float, bool]]:
     """(summed log-probability, greedy) of each (context tokens, continuation tokens) request.
@@ -31,7 +34,7 @@ def score_continuations(
     for index, (context, continuation) in enumerate(requests):
         if not context or not 0 < len(continuation) <= block_size:
             raise ValueError(f"request {index}: needs a context and a continuation of 1..{block_size} tokens.")
-        whole = (context + continuation)[-(block_size + 1):]
+        whole = (context + continuation)[-(block_size + 1) :]
         groups.setdefault(tuple(whole[: -len(continuation)]), []).append(index)
     # Longest first, as the harness orders them: similar lengths share a batch and pad little.
     order = sorted(groups, key=lambda ctx: (-len(ctx) - max(len(requests[i][1]) for i in groups[ctx]), ctx))
@@ -66,7 +69,9 @@ def _score_batch(model, batch, requests, answers, device, on_batch=None) -> None
     last = x[torch.arange(len(contexts), device=device), lengths - 1]  # (G, C): predicts each first token
 
     # The endings: every continuation token but the last, on top of its context.
-    rows = [(g, requests[i][1][:-1]) for g, (_, members) in enumerate(batch) for i in members if len(requests[i][1]) > 1]
+    rows = [
+        (g, requests[i][1][:-1]) for g, (_, members) in enumerate(batch) for i in members if len(requests[i][1]) > 1
+    ]
     hidden = last
     if rows:
         length = max(len(tokens) for _, tokens in rows)
@@ -75,8 +80,12 @@ def _score_batch(model, batch, requests, answers, device, on_batch=None) -> None
         pos = (lengths[owner, None] + torch.arange(length, device=device)).clamp(max=block_size - 1)  # (R, T)
         visible = torch.cat(
             (
-                (torch.arange(width, device=device) < lengths[owner, None])[:, None, :].expand(-1, length, -1),  # (R, T, P)
-                torch.ones(length, length, dtype=torch.bool, device=device).tril().expand(len(rows), -1, -1),  # (R, T, T)
+                (torch.arange(width, device=device) < lengths[owner, None])[:, None, :].expand(
+                    -1, length, -1
+                ),  # (R, T, P)
+                torch.ones(length, length, dtype=torch.bool, device=device)
+                .tril()
+                .expand(len(rows), -1, -1),  # (R, T, T)
             ),
             dim=2,
         )[:, None]  # (R, 1, T, P + T)

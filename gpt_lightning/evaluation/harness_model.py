@@ -39,15 +39,18 @@ class GPTHarnessLM(TemplateLM):
             switches autocast off.
     """
 
-    def __init__(self, model: GPT, *, batch_size: int = 8, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, model: GPT, *, batch_size: int = 8, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+    ) -> None:
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
         self._device = torch.device(device)
         self.autocast_dtype = dtype if dtype in (torch.bfloat16, torch.float16) else None
         self.dtype = dtype
-        self.gpt = model.to(device=self._device, dtype=dtype if dtype is not None and self.autocast_dtype is None else None)
+        self.gpt = model.to(
+            device=self._device, dtype=dtype if dtype is not None and self.autocast_dtype is None else None
+        )
         self.batch_size = batch_size
         self.encoding = gpt2_encoding()
         self.max_length = model.config.block_size
@@ -105,8 +108,11 @@ class GPTHarnessLM(TemplateLM):
         (none given: the caller's autocast, such as the precision plugin's, stays on)."""
         was_training = self.gpt.training
         self.gpt.eval()
-        autocast = contextlib.nullcontext() if self.dtype is None else torch.autocast(
-            self._device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
+        autocast = (
+            contextlib.nullcontext()
+            if self.dtype is None
+            else torch.autocast(self._device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
+        )
         try:
             with torch.no_grad(), torch.compiler.set_stance("force_eager"), autocast:
                 yield
@@ -129,9 +135,11 @@ class GPTHarnessLM(TemplateLM):
                 else:
                     context_enc = [self.prefix_token_id]
             if len(continuation_enc) > self.max_length:
-                raise UserError(f"Task {request.task_name}: a continuation of {len(continuation_enc)} tokens (document "
-                                f"{request.doc_id}) is longer than the model's context of {self.max_length}: score such "
-                                "text as a loglikelihood_rolling task, or shorten doc_to_target.")
+                raise UserError(
+                    f"Task {request.task_name}: a continuation of {len(continuation_enc)} tokens (document "
+                    f"{request.doc_id}) is longer than the model's context of {self.max_length}: score such "
+                    "text as a loglikelihood_rolling task, or shorten doc_to_target."
+                )
             encoded.append(((context, continuation), context_enc, continuation_enc))
         return self._loglikelihood_tokens(encoded)
 
@@ -155,7 +163,9 @@ class GPTHarnessLM(TemplateLM):
         windows, owners = [], []
         for index, (string,) in enumerate(request.args for request in requests):
             tokens = self.tok_encode(string)
-            for window in lm_utils.get_rolling_token_windows(tokens, self.prefix_token_id, self.max_length, context_len=1):
+            for window in lm_utils.get_rolling_token_windows(
+                tokens, self.prefix_token_id, self.max_length, context_len=1
+            ):
                 windows.append((None, *lm_utils.make_disjoint_window(window)))
                 owners.append(index)
         totals = [0.0] * len(requests)
@@ -172,22 +182,32 @@ class GPTHarnessLM(TemplateLM):
         for request in requests:
             if checked.setdefault((request.task_name, repr(request.args[1])), request) is request:
                 self._generation_options(request.args[1], request.task_name)
-        batches = Collator([request.args for request in requests], sort_fn=lambda args: (-len(self.tok_encode(args[0])), args[0]),
-                           group_by="gen_kwargs", group_fn=lambda args: args[1])
+        batches = Collator(
+            [request.args for request in requests],
+            sort_fn=lambda args: (-len(self.tok_encode(args[0])), args[0]),
+            group_by="gen_kwargs",
+            group_fn=lambda args: args[1],
+        )
         out = []
         for chunk in batches.get_batched(n=self.batch_size):
             contexts, all_kwargs = zip(*chunk)
             until, max_gen_toks, sampling = self._generation_options(all_kwargs[0])
             # An empty prompt starts after <|endoftext|>, as an empty loglikelihood context does.
-            prompts = [(self.tok_encode(context) or [self.prefix_token_id])[-(self.max_length - max_gen_toks):]
-                       for context in contexts]
-            for context, _prompt, text in zip(contexts, prompts, self._generate(prompts, max_gen_toks, until, sampling)):
+            prompts = [
+                (self.tok_encode(context) or [self.prefix_token_id])[-(self.max_length - max_gen_toks) :]
+                for context in contexts
+            ]
+            for context, _prompt, text in zip(
+                contexts, prompts, self._generate(prompts, max_gen_toks, until, sampling)
+            ):
                 text = postprocess_generated_text(text, until, None)
                 out.append(text)
                 self.cache_hook.add_partial("generate_until", (context, all_kwargs[0]), text)
         return batches.get_original(out)
 
-    def _generation_options(self, gen_kwargs: dict[str, Any], task: str | None = None) -> tuple[list[str], int, dict[str, Any]]:
+    def _generation_options(
+        self, gen_kwargs: dict[str, Any], task: str | None = None
+    ) -> tuple[list[str], int, dict[str, Any]]:
         """(stop sequences, max_gen_toks, ``generate``'s sampling options) of a request's ``gen_kwargs``;
         what we cannot do is refused in one line naming the task."""
         kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
@@ -195,15 +215,19 @@ class GPTHarnessLM(TemplateLM):
         max_gen_toks = kwargs.pop("max_gen_toks")
         where = f"Task {task}" if task else "A generation task"
         if max_gen_toks >= self.max_length:
-            raise UserError(f"{where} asks for up to {max_gen_toks} new tokens, which leaves no room for a "
-                            f"prompt in the model's context of {self.max_length}: set its generation_kwargs.max_gen_toks "
-                            "below that (in the task's YAML).")
+            raise UserError(
+                f"{where} asks for up to {max_gen_toks} new tokens, which leaves no room for a "
+                f"prompt in the model's context of {self.max_length}: set its generation_kwargs.max_gen_toks "
+                "below that (in the task's YAML)."
+            )
         try:
             return until, max_gen_toks, sampling_options(kwargs)
         except ValueError as err:
             raise UserError(f"{where}: {err}") from None
 
-    def _generate(self, prompts: list[list[int]], max_gen_toks: int, until: list[str], sampling: dict[str, Any]) -> list[str]:
+    def _generate(
+        self, prompts: list[list[int]], max_gen_toks: int, until: list[str], sampling: dict[str, Any]
+    ) -> list[str]:
         """The decoded new tokens of each prompt, prompts of one length generated as one batch."""
         texts = [""] * len(prompts)
         by_length: dict[int, list[int]] = {}
@@ -242,10 +266,14 @@ def sampling_options(gen_kwargs: dict[str, Any]) -> dict[str, Any]:
     top_k = kwargs.pop("top_k", None)
     top_p = kwargs.pop("top_p", None)
     if kwargs:
-        raise ValueError(f"generation_kwargs {', '.join(sorted(kwargs))} not supported: give only do_sample, temperature, "
-                         "top_k, top_p, until, max_gen_toks.")
+        raise ValueError(
+            f"generation_kwargs {', '.join(sorted(kwargs))} not supported: give only do_sample, temperature, "
+            "top_k, top_p, until, max_gen_toks."
+        )
     if top_p is not None and not 0 < float(top_p) <= 1:
         raise ValueError(f"generation_kwargs top_p must be in (0, 1], got {top_p}.")
     if not do_sample or temperature == 0.0:
         return dict(temperature=0.0)
-    return dict(temperature=temperature, top_k=int(top_k) if top_k else None, top_p=float(top_p) if top_p is not None else None)
+    return dict(
+        temperature=temperature, top_k=int(top_k) if top_k else None, top_p=float(top_p) if top_p is not None else None
+    )

@@ -29,8 +29,9 @@ class HellaSwagEval(PeriodicEvaluation):
         batch_size: examples per forward pass (4 rows each).
     """
 
-    def __init__(self, data_file: str | None = None, every_n_steps: int = 250, limit: int | None = None,
-                 batch_size: int = 8) -> None:
+    def __init__(
+        self, data_file: str | None = None, every_n_steps: int = 250, limit: int | None = None, batch_size: int = 8
+    ) -> None:
         for name, value in (("every_n_steps", every_n_steps), ("limit", limit), ("batch_size", batch_size)):
             if value is not None and value < 1:
                 raise UserError(f"HellaSwagEval {name} must be at least 1, got {value}.")
@@ -76,8 +77,18 @@ class HellaSwagEval(PeriodicEvaluation):
         finally:
             pl_module.train(was_training)
         correct_norm, correct, n = trainer.strategy.reduce(counts, reduce_op="sum").tolist()  # the host read
-        result = {"step": step, "acc_norm": correct_norm / n, "acc": correct / n, "examples": n, "examples_here": len(mine)}
+        result = {
+            "step": step,
+            "acc_norm": correct_norm / n,
+            "acc": correct / n,
+            "examples": n,
+            "examples_here": len(mine),
+        }
         self.results.append(result)
         for logger in trainer.loggers:
-            logger.log_metrics({"eval/hellaswag_acc_norm": result["acc_norm"], "eval/hellaswag_acc": result["acc"]}, step=step)
-        rank_zero_info(f"step {step}: hellaswag acc_norm {result['acc_norm']:.4f}, acc {result['acc']:.4f} over {n} examples")
+            logger.log_metrics(
+                {"eval/hellaswag_acc_norm": result["acc_norm"], "eval/hellaswag_acc": result["acc"]}, step=step
+            )
+        rank_zero_info(
+            f"step {step}: hellaswag acc_norm {result['acc_norm']:.4f}, acc {result['acc']:.4f} over {n} examples"
+        )

@@ -36,9 +36,15 @@ def task_manager(tasks: list[str], include_path: str | Path | None = None) -> An
     manager = TaskManager(include_path=paths, include_defaults=False)
     if not all(name in manager.all_subtasks for name in tasks):
         manager = TaskManager(include_path=paths)
-    unknown = [name for name in tasks if not manager.match_tasks([name]) and not Path(name).is_file()]  # globs match too
+    unknown = [
+        name for name in tasks if not manager.match_tasks([name]) and not Path(name).is_file()
+    ]  # globs match too
     if unknown:
-        hint = f" in the harness or in {include_path}" if include_path is not None else " (give --include_path for your own YAMLs)"
+        hint = (
+            f" in the harness or in {include_path}"
+            if include_path is not None
+            else " (give --include_path for your own YAMLs)"
+        )
         raise UserError(f"Unknown task {', '.join(unknown)}{hint}: `lm-eval ls tasks` lists the harness's.")
     return manager
 
@@ -75,13 +81,25 @@ def run_tasks(
     """
     lm_eval = import_lm_eval()
     manager = task_manager(tasks, include_path)
-    seeded = dict(zip(("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed"), seeds)) if seeds else {}
+    seeded = (
+        dict(zip(("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed"), seeds))
+        if seeds
+        else {}
+    )
     try:
         with quiet_git_probe():
             results = lm_eval.simple_evaluate(
-                model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit, log_samples=log_samples,
-                bootstrap_iters=bootstrap_iters, task_manager=manager, batch_size=getattr(lm, "batch_size", None),
-                gen_kwargs=gen_kwargs, use_cache=use_cache, **seeded,
+                model=lm,
+                tasks=list(tasks),
+                num_fewshot=num_fewshot,
+                limit=limit,
+                log_samples=log_samples,
+                bootstrap_iters=bootstrap_iters,
+                task_manager=manager,
+                batch_size=getattr(lm, "batch_size", None),
+                gen_kwargs=gen_kwargs,
+                use_cache=use_cache,
+                **seeded,
             )
     except Exception as err:
         if is_offline_error(err):
@@ -121,8 +139,16 @@ def quiet_git_probe():
 
 def is_offline_error(err: BaseException) -> bool:
     """Whether ``err`` (or what caused it) is how ``datasets``/``huggingface_hub`` say a download failed."""
-    names = ("ConnectionError", "ConnectTimeout", "OfflineModeIsEnabled", "LocalEntryNotFoundError",
-             "DatasetNotFoundError", "MaxRetryError", "NameResolutionError", "HfHubHTTPError")
+    names = (
+        "ConnectionError",
+        "ConnectTimeout",
+        "OfflineModeIsEnabled",
+        "LocalEntryNotFoundError",
+        "DatasetNotFoundError",
+        "MaxRetryError",
+        "NameResolutionError",
+        "HfHubHTTPError",
+    )
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))

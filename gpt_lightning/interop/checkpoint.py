@@ -108,7 +108,7 @@ def gpt_from_checkpoint(path: str | Path, option: str = "--ckpt_path") -> GPT:
     """The plain ``GPT`` of a checkpoint, its architecture from the saved hyper-parameters (on the CPU)."""
     checkpoint = read_checkpoint(path, option)
     prefix = "model."
-    state = {k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+    state = {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
     try:  # the memory-mapped tensors become the weights: no random model first, no copy
         return GPT.from_state_dict(saved_config(checkpoint), state)
     except RuntimeError as err:

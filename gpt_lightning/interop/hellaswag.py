@@ -49,7 +49,9 @@ def validation_file(cache_dir: Path) -> Path:
         ) from None
     lines = data.count(b"\n")
     if lines != VAL_EXAMPLES:
-        raise UserError(f"The file downloaded from {VAL_URL} has {lines} lines, not {VAL_EXAMPLES}; nothing was cached.")
+        raise UserError(
+            f"The file downloaded from {VAL_URL} has {lines} lines, not {VAL_EXAMPLES}; nothing was cached."
+        )
     atomic_write_bytes(path, data)
     return path
 
@@ -115,8 +117,12 @@ def make_batch(examples: list[Example], encode, block_size: int) -> Batch:
     predicts = F.pad(mask[:, 1:], (0, 1))  # (R, L): position t predicts ending token t + 1
     rows, positions = predicts.nonzero(as_tuple=True)  # (N,), (N,)
     return Batch(
-        tokens=tokens, scored=rows * L + positions, targets=tokens[rows, positions + 1], rows=rows,
-        lengths=predicts.sum(dim=1), labels=torch.tensor([e.label for e in examples]),
+        tokens=tokens,
+        scored=rows * L + positions,
+        targets=tokens[rows, positions + 1],
+        rows=rows,
+        lengths=predicts.sum(dim=1),
+        labels=torch.tensor([e.label for e in examples]),
     )
 
 
@@ -139,8 +145,12 @@ def batches(examples: Iterable[Example], encode, block_size: int, batch_size: in
 
 
 @torch.no_grad()
-def count_correct(model: GPT, batches: Iterable[Batch | None], device: torch.device,
-                  autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> torch.Tensor:
+def count_correct(
+    model: GPT,
+    batches: Iterable[Batch | None],
+    device: torch.device,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> torch.Tensor:
     """Counts (3,) on ``device``: right by mean loss (``acc_norm``), by summed loss (``acc``), examples.
     A ``None`` batch is an uncounted pass, so every FSDP rank runs as many."""
     counts = torch.zeros(3, dtype=torch.long, device=device)
@@ -160,17 +170,21 @@ def count_correct(model: GPT, batches: Iterable[Batch | None], device: torch.dev
     return counts
 
 
-def evaluate(model: GPT, examples: Iterator[Example], encode, device: torch.device, limit: int | None = None,
-             batch_size: int = 8) -> dict:
+def evaluate(
+    model: GPT, examples: Iterator[Example], encode, device: torch.device, limit: int | None = None, batch_size: int = 8
+) -> dict:
     """``acc_norm`` (mean loss), ``acc`` (summed loss) and the example count, under bf16 autocast
     on CUDA, with ``batch_size`` examples per forward pass. The counts are read once, at the end."""
     if batch_size < 1:
         raise UserError(f"--batch_size must be at least 1, got {batch_size}.")
     model = model.to(device).eval()
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
+    autocast = (
+        (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
+    )
     chosen = itertools.islice(examples, limit)
-    correct_norm, correct, n = count_correct(model, batches(chosen, encode, model.config.block_size, batch_size),
-                                             device, autocast).tolist()  # the one read back
+    correct_norm, correct, n = count_correct(
+        model, batches(chosen, encode, model.config.block_size, batch_size), device, autocast
+    ).tolist()  # the one read back
     if n == 0:
         raise UserError("The HellaSwag file holds no examples.")
     return {"acc_norm": correct_norm / n, "acc": correct / n, "examples": n}

@@ -20,7 +20,13 @@ _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c
 _MASK_BUFFERS = (".attn.bias", ".attn.masked_bias")  # not ".c_attn.bias", a real weight
 _TIED = "lm_head.weight"
 # GPTConfig field -> Hugging Face GPT2Config key
-_CONFIG_KEYS = {"block_size": "n_positions", "vocab_size": "vocab_size", "n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd"}
+_CONFIG_KEYS = {
+    "block_size": "n_positions",
+    "vocab_size": "vocab_size",
+    "n_layer": "n_layer",
+    "n_head": "n_head",
+    "n_embd": "n_embd",
+}
 
 
 def _local_files(source: str) -> tuple[Path, Path]:
@@ -34,13 +40,13 @@ def _local_files(source: str) -> tuple[Path, Path]:
     if path.is_dir():
         weights = next((path / name for name in WEIGHT_FILES if (path / name).is_file()), None)
         if weights is None or not (path / "config.json").is_file():
-            raise UserError(f"{path} is not a Hugging Face GPT-2 directory: it needs config.json and one of {', '.join(WEIGHT_FILES)}.")
+            raise UserError(
+                f"{path} is not a Hugging Face GPT-2 directory: it needs config.json and one of {', '.join(WEIGHT_FILES)}."
+            )
         return path / "config.json", weights
     if source in HUB_MODELS:
         return _from_hub(source)
-    raise UserError(
-        f"init_from {source!r} is neither a local directory or file nor one of {', '.join(HUB_MODELS)}."
-    )
+    raise UserError(f"init_from {source!r} is neither a local directory or file nor one of {', '.join(HUB_MODELS)}.")
 
 
 def _from_hub(name: str) -> tuple[Path, Path]:
@@ -118,20 +124,39 @@ def export_hf(model: GPT, out_dir: str | Path) -> Path:
             continue
         state[key] = (value.t() if key.endswith(_CONV1D) else value).contiguous().cpu()
     config: dict[str, Any] = {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
-        "n_positions": c.block_size, "n_ctx": c.block_size, "vocab_size": c.vocab_size, "n_layer": c.n_layer,
-        "n_head": c.n_head, "n_embd": c.n_embd, "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
-        "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout, "tie_word_embeddings": True,
-        "bos_token_id": 50256, "eos_token_id": 50256, "gpt_lightning_config": asdict(c),
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "activation_function": "gelu_new",
+        "n_positions": c.block_size,
+        "n_ctx": c.block_size,
+        "vocab_size": c.vocab_size,
+        "n_layer": c.n_layer,
+        "n_head": c.n_head,
+        "n_embd": c.n_embd,
+        "layer_norm_epsilon": 1e-5,
+        "initializer_range": 0.02,
+        "resid_pdrop": c.dropout,
+        "embd_pdrop": c.dropout,
+        "attn_pdrop": c.dropout,
+        "tie_word_embeddings": True,
+        "bos_token_id": 50256,
+        "eos_token_id": 50256,
+        "gpt_lightning_config": asdict(c),
     }
     vocab_bpe, encoder_json = bpe_files()
     files = {
         "config.json": json.dumps(config, indent=2).encode(),
         "vocab.json": Path(encoder_json).read_bytes(),
         "merges.txt": Path(vocab_bpe).read_bytes(),
-        "tokenizer_config.json": json.dumps({"tokenizer_class": "GPT2Tokenizer", "model_max_length": c.block_size,
-                                             "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
-                                             "unk_token": "<|endoftext|>"}).encode(),
+        "tokenizer_config.json": json.dumps(
+            {
+                "tokenizer_class": "GPT2Tokenizer",
+                "model_max_length": c.block_size,
+                "bos_token": "<|endoftext|>",
+                "eos_token": "<|endoftext|>",
+                "unk_token": "<|endoftext|>",
+            }
+        ).encode(),
     }
     for name, data in files.items():
         with atomic_output(out_dir / name) as tmp:

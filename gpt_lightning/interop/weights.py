@@ -43,4 +43,3 @@ def load_gpt(path: str | Path, map_location: str | torch.device = "cpu") -> GPT:
         raise UserError(f"{path} has no gpt_config metadata: it was not written by gpt-lightning export.")
     state = load_file(str(path), device=str(map_location))
     return GPT.from_state_dict(GPTConfig(**json.loads(metadata["gpt_config"])), state)
-

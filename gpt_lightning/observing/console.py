@@ -146,8 +146,12 @@ class TrainingFlopsSummary(ModelSummary):
     ) -> None:
         columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
         table = format_summary_table(
-            total_parameters, trainable_parameters, model_size, total_training_modes,
-            int(self._flops_per_batch or 0), *columns,
+            total_parameters,
+            trainable_parameters,
+            model_size,
+            total_training_modes,
+            int(self._flops_per_batch or 0),
+            *columns,
         )
         lines = table.splitlines()
         if self._flops_per_batch:
@@ -166,7 +170,9 @@ def run_memory(trainer: Trainer, pl_module: LightningModule) -> TrainingMemory |
         return None
     mesh = getattr(pl_module, "device_mesh", None) if isinstance(trainer.strategy, ModelParallelStrategy) else None
     return training_memory(
-        config, batch_size, block_size,
+        config,
+        batch_size,
+        block_size,
         shards=shard_count(mesh) if mesh is not None else 1,
         mixed=str(trainer.precision) in ("bf16-mixed", "16-mixed"),
         activation_checkpointing=bool(getattr(getattr(pl_module, "model", None), "activation_checkpointing", False)),

@@ -211,7 +211,9 @@ class ThroughputMonitor(Callback):
         self._tokens_per_step: Counter[int] = Counter()  # this rank's tokens of a step -> steps that trained so many
         self._step_start: Any = None  # mark at which the step's clock last started; None while paused
         self._step_spans: list[tuple[Any, Any]] = []  # (start, end) marks of the step's time before a pause
-        self._evaluators = [callback for callback in trainer.callbacks if isinstance(getattr(callback, "durations", None), list)]
+        self._evaluators = [
+            callback for callback in trainer.callbacks if isinstance(getattr(callback, "durations", None), list)
+        ]
         self._passes_seen: list[int] = []  # each evaluator's passes when the clock last started
         self._step_evaluating = 0.0  # seconds of the passes inside the step's spans so far
         self._last_global_step = trainer.global_step
@@ -287,8 +289,10 @@ class ThroughputMonitor(Callback):
         if s["tokens_per_optimizer_step"] is not None:
             per_step = f"{s['tokens_per_optimizer_step']:,} tokens per optimizer step"
         else:  # a data loader of its own (ours serves whole steps): say that the steps differ
-            per_step = (f"{s['tokens_per_optimizer_step_min']:,} to {s['tokens_per_optimizer_step_max']:,} tokens per "
-                        "optimizer step: not every step trained the same")
+            per_step = (
+                f"{s['tokens_per_optimizer_step_min']:,} to {s['tokens_per_optimizer_step_max']:,} tokens per "
+                "optimizer step: not every step trained the same"
+            )
         rank_zero_info(
             f"throughput: {s['tokens_per_sec_median']:,.0f} tokens/s median over {s['measured_steps']} "
             f"post-warm-up steps ({s['step_ms_median']:.1f} ms/step{mfu}, {per_step}); "
@@ -386,9 +390,17 @@ class ThroughputMonitor(Callback):
         # What every optimizer step of this fit trained (warm-up and unmeasured steps too), all ranks:
         # whether the steps differed anywhere, the fewest and most tokens of a step, and the total.
         counts = self._tokens_per_step
-        uneven, fewest, most, total = (int(v) for v in trainer.strategy.reduce(torch.tensor(
-            [len(counts) > 1, min(counts), max(counts), sum(t * n for t, n in counts.items())],
-            dtype=torch.int64, device=pl_module.device), reduce_op="sum").tolist())
+        uneven, fewest, most, total = (
+            int(v)
+            for v in trainer.strategy.reduce(
+                torch.tensor(
+                    [len(counts) > 1, min(counts), max(counts), sum(t * n for t, n in counts.items())],
+                    dtype=torch.int64,
+                    device=pl_module.device,
+                ),
+                reduce_op="sum",
+            ).tolist()
+        )
         return {
             "tokens_per_sec_median": median,
             "tokens_per_sec_mean": mean,

@@ -45,7 +45,9 @@ _error_dir = [Path()]  # where error-rank<N>.txt goes: the run's log directory o
 
 def peer_went_away(err: BaseException) -> bool:
     """Whether ``err`` is what a collective raises when another rank is gone (whenever it happened)."""
-    if not isinstance(err, RuntimeError) or (isinstance(err, dist.DistError) and not isinstance(err, dist.DistBackendError)):
+    if not isinstance(err, RuntimeError) or (
+        isinstance(err, dist.DistError) and not isinstance(err, dist.DistBackendError)
+    ):
         return False  # the store's and the launch's own errors (DistStoreError, DistNetworkError) included
     text = str(err)
     gloo = "gloo/transport" in text and any(words in text for words in GLOO_PEER_GONE)
@@ -89,8 +91,11 @@ def exit_if_peer_went_away(err: BaseException) -> None:
     except (OSError, UserError) as write_err:  # a full or read-only disk must not hide the line
         error_file = f"nowhere ({write_err})"
     first_line = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-    print(f"gpt-lightning: error: {went_away_message(f'{type(err).__name__}: {first_line}', error_file)}",
-          file=sys.stderr, flush=True)
+    print(
+        f"gpt-lightning: error: {went_away_message(f'{type(err).__name__}: {first_line}', error_file)}",
+        file=sys.stderr,
+        flush=True,
+    )
     sys.stdout.flush()
     # Not SystemExit: at exit the process groups' destructors join threads still waiting on the rank
     # that went away (a gloo group's for up to its timeout). Lightning's teardown has run already.
@@ -120,8 +125,9 @@ def shorten_strategy_timeouts(timeout: timedelta = PROCESS_GROUP_TIMEOUT) -> Non
     for name, entry in list(StrategyRegistry.items()):
         strategy, init_params = entry["strategy"], entry["init_params"]
         if "timeout" in inspect.signature(strategy).parameters and "timeout" not in init_params:
-            StrategyRegistry.register(name, strategy, entry.get("description"), override=True, timeout=timeout,
-                                      **init_params)
+            StrategyRegistry.register(
+                name, strategy, entry.get("description"), override=True, timeout=timeout, **init_params
+            )
 
 
 def report_launched_rank_ends() -> AbstractContextManager[None]:
@@ -144,16 +150,21 @@ def _launched_rank_ended(procs: list) -> bool:
         if other.poll() is None:
             other.kill()
     if code in (128 + signal.SIGTERM, 128 + signal.SIGINT):  # its line says so: stopped outside training
-        print(f"gpt-lightning: rank {rank} was stopped by {signal.Signals(code - 128).name} before the ranks could "
-              "agree, and so is this one: nothing new to save. Run the same command again (with --ckpt_path last) "
-              "to start or resume.", file=sys.stderr, flush=True)
+        print(
+            f"gpt-lightning: rank {rank} was stopped by {signal.Signals(code - 128).name} before the ranks could "
+            "agree, and so is this one: nothing new to save. Run the same command again (with --ckpt_path last) "
+            "to start or resume.",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(code)
     error_file = _error_dir[0].absolute() / f"error-rank{os.environ.get('RANK') or '0'}.txt"
     with tempfile.TemporaryFile() as stacks:
         faulthandler.dump_traceback(stacks, all_threads=True)
         stacks.seek(0)
-        report = (f"Lightning's launcher saw rank {rank} (pid {proc.pid}) end: {how}.\n"
-                  "Where this rank's threads were:\n").encode() + stacks.read()
+        report = (
+            f"Lightning's launcher saw rank {rank} (pid {proc.pid}) end: {how}.\nWhere this rank's threads were:\n"
+        ).encode() + stacks.read()
     try:
         atomic_write_bytes(error_file, report)
     except (OSError, UserError) as write_err:

@@ -61,8 +61,11 @@ def die_with_launcher() -> None:
             return  # set while the launcher still was this process's parent (or not settable: as before)
     elif _alive(int(launcher)):
         return  # started by another process the launcher started (not one of its ranks)
-    print(f"gpt-lightning: the process that started this rank (pid {launcher}) has ended; so does this one.",
-          file=sys.stderr, flush=True)
+    print(
+        f"gpt-lightning: the process that started this rank (pid {launcher}) has ended; so does this one.",
+        file=sys.stderr,
+        flush=True,
+    )
     os._exit(1)
 
 
@@ -133,7 +136,9 @@ class StopSignalsBeforeOurs:
             return self  # signals cannot be handled here
         reader, self._writer = socket.socketpair()
         self._writer.setblocking(False)
-        self._thread = threading.Thread(target=self._watch, args=(reader,), name="gpt-lightning-stop-signals", daemon=True)
+        self._thread = threading.Thread(
+            target=self._watch, args=(reader,), name="gpt-lightning-stop-signals", daemon=True
+        )
         self._thread.start()
         self._previous_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
         try:
@@ -148,9 +153,12 @@ class StopSignalsBeforeOurs:
         if self._said or self._over or not claim_the_end():
             return False  # said already, the CLI is over, or the launcher's watcher is ending this process
         self._said = True
-        print(f"gpt-lightning: stopped by {signal.Signals(signum).name}{_where()} outside training (starting or "
-              "finishing): nothing new to save. Run the same command again (with --ckpt_path last) to start or resume.",
-              file=sys.stderr, flush=True)
+        print(
+            f"gpt-lightning: stopped by {signal.Signals(signum).name}{_where()} outside training (starting or "
+            "finishing): nothing new to save. Run the same command again (with --ckpt_path last) to start or resume.",
+            file=sys.stderr,
+            flush=True,
+        )
         return True
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:

@@ -21,7 +21,10 @@ def parameter_count(config: GPTConfig) -> int:
 
 
 def activation_bytes_per_token(
-    config: GPTConfig, mixed: bool = True, activation_checkpointing: bool = False, rows: int = 1,
+    config: GPTConfig,
+    mixed: bool = True,
+    activation_checkpointing: bool = False,
+    rows: int = 1,
     chunked_loss: bool = True,
 ) -> float:
     """Bytes autograd keeps per token of a micro-batch until the backward pass, every switch counted.
@@ -40,7 +43,9 @@ def activation_bytes_per_token(
     # ids (int64), and the targets F.cross_entropy keeps (the chunked loss does not); positions, one per position
     ids = 8 + (0 if chunked_loss else 8) + (0 if config.rotary else 8 / rows)
     embedding = 4 * C + 4 if config.norm == "rmsnorm" else 0  # the embedding's RMSNorm (no gain): input, rstd
-    logits = 0 if chunked_loss else 4 * V * (2 if config.logit_softcap is not None else 1)  # float32 log-softmax (and tanh)
+    logits = (
+        0 if chunked_loss else 4 * V * (2 if config.logit_softcap is not None else 1)
+    )  # float32 log-softmax (and tanh)
     head = ids + embedding + norm_bytes_per_token(config) + (2 if mixed else 4) * C + logits
     blocks = [block_activation_bytes_per_token(config, mixed, layer, rows) for layer in range(config.n_layer)]
     if activation_checkpointing:
@@ -57,7 +62,9 @@ def norm_bytes_per_token(config: GPTConfig) -> int:
     return 4 * C + 4 + (4 * C if config.norm_affine else 0)
 
 
-def block_activation_bytes_per_token(config: GPTConfig, mixed: bool = True, layer: int | None = None, rows: int = 1) -> float:
+def block_activation_bytes_per_token(
+    config: GPTConfig, mixed: bool = True, layer: int | None = None, rows: int = 1
+) -> float:
     """Bytes ``Block`` number ``layer`` (None: the largest) keeps per token, counted from the
     tensors its backward reads: matmul and attention inputs in ``a`` bytes a value (bfloat16 copies
     under bf16-mixed), norms' inputs and statistics in float32. ``rows`` as in ``activation_bytes_per_token``."""
@@ -136,7 +143,8 @@ def training_memory(
         weights_grads_adamw=16 * n / shards,
         ddp_buckets=4 * n if unsharded and ddp else 0.0,
         bf16_weight_copies=2 * n if unsharded and mixed else 0.0,
-        activations=tokens * activation_bytes_per_token(config, mixed, activation_checkpointing, micro_batch_size, chunked_loss)
+        activations=tokens
+        * activation_bytes_per_token(config, mixed, activation_checkpointing, micro_batch_size, chunked_loss)
         + loss_peak_bytes(config, tokens, mixed, chunked_loss),
         tokens=tokens,
     )

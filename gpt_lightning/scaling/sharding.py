@@ -76,7 +76,11 @@ def sync_at_last_micro_batch(model: GPT, trainer: Trainer, batch_idx: int) -> No
     """
     if isinstance(model, FSDPModule) and trainer.accumulate_grad_batches > 1:
         ready = batch_idx + 1  # batches of this epoch fetched so far, this one included
-        last = ready % trainer.accumulate_grad_batches == 0 or trainer.is_last_batch or ready == trainer.num_training_batches
+        last = (
+            ready % trainer.accumulate_grad_batches == 0
+            or trainer.is_last_batch
+            or ready == trainer.num_training_batches
+        )
         model.set_requires_all_reduce(last)
 
 

@@ -36,7 +36,9 @@ class SwappedCheckpointStrategy(ModelParallelStrategy):
     def __init__(self, *, timeout: timedelta | None = PROCESS_GROUP_TIMEOUT, **kwargs: Any) -> None:
         super().__init__(timeout=timeout, **kwargs)
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any | None = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any | None = None
+    ) -> None:
         """Write the checkpoint to ``.NAME.new`` beside ``filepath``, then swap it in.
 
         Args:

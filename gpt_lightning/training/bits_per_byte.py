@@ -30,7 +30,9 @@ def token_byte_lengths(vocab_size: int, device: torch.device | str = "cpu") -> t
     return _byte_lengths(vocab_size).to(device)
 
 
-def bits_and_bytes(logits: torch.Tensor, targets: torch.Tensor, byte_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def bits_and_bytes(
+    logits: torch.Tensor, targets: torch.Tensor, byte_lengths: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed cross-entropy in bits of ``targets`` (B, T) under ``logits`` (B, T, V), over the
     targets that decode to text, and their bytes: two scalars on the device, no host read."""
     losses = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")  # (B*T,)

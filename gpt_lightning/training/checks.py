@@ -38,11 +38,19 @@ def check_optimizer_settings(
             raise UserError("model.muon_learning_rate must be > 0 and model.muon_weight_decay >= 0.")
 
 
-def check_untied_rates(config: GPTConfig, embedding_learning_rate: float | None, head_learning_rate: float | None) -> None:
+def check_untied_rates(
+    config: GPTConfig, embedding_learning_rate: float | None, head_learning_rate: float | None
+) -> None:
     """Raise ``UserError`` for a rate of the untied embedding or head given to a model whose head is
     tied (it would be ignored: both train in the ``learning_rate`` group), or one that is not > 0."""
-    given = {name: rate for name, rate in (("embedding_learning_rate", embedding_learning_rate),
-                                           ("head_learning_rate", head_learning_rate)) if rate is not None}
+    given = {
+        name: rate
+        for name, rate in (
+            ("embedding_learning_rate", embedding_learning_rate),
+            ("head_learning_rate", head_learning_rate),
+        )
+        if rate is not None
+    }
     if given and config.tie_embeddings:
         raise UserError(
             f"model.{next(iter(given))} is the rate of an untied embedding and head (model.tie_embeddings false); "

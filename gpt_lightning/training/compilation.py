@@ -48,8 +48,13 @@ def check_cuda_graphs_accumulation(compile: bool, mode: str | None, accumulate: 
         accumulate: micro-batches per optimizer step (``trainer.accumulate_grad_batches``).
         device: the device the model trains on.
     """
-    if (compile and accumulate > 1 and device.type == "cuda" and mode
-            and torch._inductor.list_mode_options(mode).get("triton.cudagraphs")):  # torch's table of modes
+    if (
+        compile
+        and accumulate > 1
+        and device.type == "cuda"
+        and mode
+        and torch._inductor.list_mode_options(mode).get("triton.cudagraphs")
+    ):  # torch's table of modes
         raise UserError(
             f"model.compile_mode {mode!r} records CUDA graphs, which accumulate {accumulate} micro-batches' "
             "gradients wrongly: use compile_mode null (default) or 'max-autotune-no-cudagraphs', or one "
@@ -86,7 +91,8 @@ def compile_notice(scope: str, compile_eval: bool) -> str:
     """The line printed when a compiled fit starts: what the first step's wait is and where it is cached."""
     what = "the model" if scope == "model" else "each transformer block and the head"
     evaluation = (
-        "validation compiles its own graph at the first validation" if compile_eval
+        "validation compiles its own graph at the first validation"
+        if compile_eval
         else "validation runs eager (--model.compile_eval true compiles it too)"
     )
     return (

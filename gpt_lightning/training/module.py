@@ -156,8 +156,15 @@ class GPTLightningModule(LightningModule):
     ) -> None:
         super().__init__()
         check_optimizer_settings(
-            optimizer, learning_rate, weight_decay, warmup_steps, cosine_decay_steps, lr_schedule, decay_fraction,
-            muon_learning_rate, muon_weight_decay,
+            optimizer,
+            learning_rate,
+            weight_decay,
+            warmup_steps,
+            cosine_decay_steps,
+            lr_schedule,
+            decay_fraction,
+            muon_learning_rate,
+            muon_weight_decay,
         )
         self.save_hyperparameters()
         self.config, self.model, to_record = build_gpt(self.hparams)
@@ -174,7 +181,9 @@ class GPTLightningModule(LightningModule):
         self._total_steps: int | None = None  # the run's optimizer steps, for the "wsd" schedule
         self._final_step: int | None = None  # the same, for logging its last step (None: no end)
         self._step_values: tuple[torch.Tensor | None, torch.Tensor | None] | None = None  # this step's loss, grad norm
-        self._built: tuple[torch.optim.Optimizer, LambdaLR | None] | None = None  # by configure_optimizers: resume's to set
+        self._built: tuple[torch.optim.Optimizer, LambdaLR | None] | None = (
+            None  # by configure_optimizers: resume's to set
+        )
         self._attention_backends = None  # the training forward's SDPA backends (``attention``), set at train start
 
     def configure_callbacks(self) -> list:
@@ -191,7 +200,9 @@ class GPTLightningModule(LightningModule):
         check_fits_data(self.config, self.trainer.datamodule)
         check_strategy_supports(self.hparams.optimizer, self.trainer.strategy)
         hp, trainer = self.hparams, self.trainer
-        check_cuda_graphs_accumulation(hp.compile, hp.compile_mode, trainer.accumulate_grad_batches, trainer.strategy.root_device)
+        check_cuda_graphs_accumulation(
+            hp.compile, hp.compile_mode, trainer.accumulate_grad_batches, trainer.strategy.root_device
+        )
         use_atomic_checkpoints(trainer)  # here, so a plain Trainer's saves are atomic too
         warn_if_bf16_is_emulated(trainer)  # here, so a plain Trainer's and a stock LightningCLI's runs are told too
 
@@ -261,7 +272,10 @@ class GPTLightningModule(LightningModule):
             self.log("train/grad_norm", grad_norm)  # before clipping; the same on every rank
 
     def configure_gradient_clipping(
-        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
     ) -> None:
         """``--trainer.gradient_clip_val`` on the device with the guard's norm, fused AdamW kept (``nonfinite``)."""
         self._nonfinite.clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
@@ -300,7 +314,12 @@ class GPTLightningModule(LightningModule):
         metrics = {"loss": self.val_loss, "perplexity": self.val_perplexity, "bpb": self.val_bpb}  # bpb: bits per byte
         fitting = self.trainer.state.fn == TrainerFn.FITTING
         for name, metric in metrics.items():
-            self.log(f"{prefix}/{name}", metric, prog_bar=name == "loss" and prefix == "val", logger=False if fitting else None)
+            self.log(
+                f"{prefix}/{name}",
+                metric,
+                prog_bar=name == "loss" and prefix == "val",
+                logger=False if fitting else None,
+            )
         if fitting and self.loggers and not self.trainer.sanity_checking:
             # At the optimizer steps done, as eval/* and the checkpoints' step=N (Lightning's step is one less).
             values = {f"{prefix}/{name}": metric.compute().item() for name, metric in metrics.items()}
@@ -317,10 +336,18 @@ class GPTLightningModule(LightningModule):
     def configure_optimizers(self) -> Any:
         hp = self.hparams
         optimizer = build_optimizer(
-            self.model, hp.optimizer, learning_rate=hp.learning_rate, weight_decay=hp.weight_decay, betas=hp.betas,
-            eps=hp.eps, muon_learning_rate=hp.muon_learning_rate, muon_momentum=hp.muon_momentum,
-            muon_weight_decay=hp.muon_weight_decay, muon_adjust_lr=hp.muon_adjust_lr,
-            embedding_learning_rate=hp.embedding_learning_rate, head_learning_rate=hp.head_learning_rate,
+            self.model,
+            hp.optimizer,
+            learning_rate=hp.learning_rate,
+            weight_decay=hp.weight_decay,
+            betas=hp.betas,
+            eps=hp.eps,
+            muon_learning_rate=hp.muon_learning_rate,
+            muon_momentum=hp.muon_momentum,
+            muon_weight_decay=hp.muon_weight_decay,
+            muon_adjust_lr=hp.muon_adjust_lr,
+            embedding_learning_rate=hp.embedding_learning_rate,
+            head_learning_rate=hp.head_learning_rate,
             # Fused AdamW: one kernel for all parameters instead of a loop over them, on CUDA and CPU.
             fused=self.device.type in ("cuda", "cpu") or None,
         )
@@ -337,6 +364,11 @@ class GPTLightningModule(LightningModule):
         """Learning rate at optimizer step ``step`` as a fraction of the peak."""
         hp = self.hparams
         return lr_multiplier(
-            step, warmup_steps=hp.warmup_steps, lr_schedule=hp.lr_schedule, cosine_decay_steps=hp.cosine_decay_steps,
-            decay_fraction=hp.decay_fraction, min_lr_ratio=hp.min_lr_ratio, total_steps=self._total_steps,
+            step,
+            warmup_steps=hp.warmup_steps,
+            lr_schedule=hp.lr_schedule,
+            cosine_decay_steps=hp.cosine_decay_steps,
+            decay_fraction=hp.decay_fraction,
+            min_lr_ratio=hp.min_lr_ratio,
+            total_steps=self._total_steps,
         )

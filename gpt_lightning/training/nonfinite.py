@@ -92,7 +92,9 @@ class NonFiniteGuard:
             # guard at the next logging interval.
             if grads:
                 grads[0].masked_fill_(skip, float("nan"))
-        elif scaler is None and (optimizer.defaults.get("fused") or isinstance(optimizer, MuonWithAdamW) and optimizer.skips_on_device):
+        elif scaler is None and (
+            optimizer.defaults.get("fused") or isinstance(optimizer, MuonWithAdamW) and optimizer.skips_on_device
+        ):
             # The fused kernel (and MuonWithAdamW, whose AdamW part is fused) leaves weights and moments untouched.
             optimizer.found_inf = skip.float()
         elif bool(skip):
@@ -155,8 +157,11 @@ class NonFiniteGuard:
                 f"train/loss or a gradient became non-finite (nan or inf) at step {bad_step}. That update "
                 "and every one after it were skipped, and no checkpoint was written since, so the weights "
                 "and the last checkpoint are those from before it. Lower model.learning_rate"
-                + (", add model.warmup_steps, or use bf16-mixed instead of float16." if self._float16
-                   else " or add model.warmup_steps.")
+                + (
+                    ", add model.warmup_steps, or use bf16-mixed instead of float16."
+                    if self._float16
+                    else " or add model.warmup_steps."
+                )
             )
 
 

@@ -58,7 +58,9 @@ class MuonWithAdamW(torch.optim.Optimizer):
         adamw: ``torch.optim.AdamW`` keyword arguments shared by ``adamw_groups`` (``fused`` included).
     """
 
-    def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], muon: dict[str, Any], adamw: dict[str, Any]) -> None:
+    def __init__(
+        self, muon_groups: list[dict], adamw_groups: list[dict], muon: dict[str, Any], adamw: dict[str, Any]
+    ) -> None:
         require_muon()
         self.muon = torch.optim.Muon(muon_groups, **muon)
         self.adamw = torch.optim.AdamW(adamw_groups, **adamw)
@@ -104,8 +106,9 @@ class MuonWithAdamW(torch.optim.Optimizer):
                     muon_matrix_step(p, group, self.state[p], skip)
 
 
-def muon_matrix_step(p: torch.Tensor, group: dict[str, Any], state: dict[str, Any], skip: torch.Tensor | None = None,
-                     chunks: int = 1) -> None:
+def muon_matrix_step(
+    p: torch.Tensor, group: dict[str, Any], state: dict[str, Any], skip: torch.Tensor | None = None, chunks: int = 1
+) -> None:
     """One matrix's Muon step, torch's ``_single_tensor_muon`` operations in order (bit for bit,
     tests/test_optimizers.py), with no copy of the weights and no host read.
 
@@ -125,8 +128,10 @@ def muon_matrix_step(p: torch.Tensor, group: dict[str, Any], state: dict[str, An
     grad = p.grad if skip is None else torch.where(skip, buf, p.grad)  # skipped: buf, so nothing non-finite gets in
     buf.lerp_(grad, 1 - momentum)
     update = grad.lerp(buf, momentum) if group["nesterov"] else buf
-    blocks = [zeropower_via_newtonschulz(u, group["ns_coefficients"], group["ns_steps"], group["eps"])
-              for u in update.chunk(chunks, dim=0)]
+    blocks = [
+        zeropower_via_newtonschulz(u, group["ns_coefficients"], group["ns_steps"], group["eps"])
+        for u in update.chunk(chunks, dim=0)
+    ]
     update = blocks[0] if chunks == 1 else torch.cat(blocks)  # (rows, cols) again
     if skip is not None:
         update.mul_((~skip).to(update.dtype))  # finite: grad is buf where skipped
@@ -159,12 +164,24 @@ def build_optimizer(
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     adamw = dict(betas=tuple(betas), eps=eps, fused=fused)
     untied = any(is_head(name) for name, _ in named)  # a tied head is named transformer.wte.weight only
-    own = [
-        {"name": "embedding", "params": [p for name, p in named if is_embedding(name)], "weight_decay": 0.0,
-         "lr": learning_rate if embedding_learning_rate is None else embedding_learning_rate},
-        {"name": "head", "params": [p for name, p in named if is_head(name)], "weight_decay": 0.0,
-         "lr": learning_rate if head_learning_rate is None else head_learning_rate},
-    ] if untied else []
+    own = (
+        [
+            {
+                "name": "embedding",
+                "params": [p for name, p in named if is_embedding(name)],
+                "weight_decay": 0.0,
+                "lr": learning_rate if embedding_learning_rate is None else embedding_learning_rate,
+            },
+            {
+                "name": "head",
+                "params": [p for name, p in named if is_head(name)],
+                "weight_decay": 0.0,
+                "lr": learning_rate if head_learning_rate is None else head_learning_rate,
+            },
+        ]
+        if untied
+        else []
+    )
     rest = [(name, p) for name, p in named if not (untied and (is_embedding(name) or is_head(name)))]
     if kind == "adamw":
         groups = [
@@ -176,12 +193,26 @@ def build_optimizer(
     require_muon()
     muon_groups = [{"name": "muon", "params": [p for name, p in rest if is_hidden_matrix(name, p)]}]
     adamw_groups = [
-        *(own or [{"name": "adamw", "params": [p for name, p in rest if not is_hidden_matrix(name, p) and p.dim() >= 2],
-                   "weight_decay": weight_decay}]),
+        *(
+            own
+            or [
+                {
+                    "name": "adamw",
+                    "params": [p for name, p in rest if not is_hidden_matrix(name, p) and p.dim() >= 2],
+                    "weight_decay": weight_decay,
+                }
+            ]
+        ),
         {"name": "adamw_no_decay", "params": [p for _, p in rest if p.dim() < 2], "weight_decay": 0.0},
     ]
-    muon = dict(lr=muon_learning_rate, momentum=muon_momentum, nesterov=True, weight_decay=muon_weight_decay,
-                ns_steps=5, adjust_lr_fn=muon_adjust_lr)
+    muon = dict(
+        lr=muon_learning_rate,
+        momentum=muon_momentum,
+        nesterov=True,
+        weight_decay=muon_weight_decay,
+        ns_steps=5,
+        adjust_lr_fn=muon_adjust_lr,
+    )
     return MuonWithAdamW(muon_groups, adamw_groups, muon=muon, adamw=dict(lr=learning_rate, **adamw))
 
 
@@ -196,14 +227,23 @@ def group_settings(hparams: Any) -> list[dict[str, Any]]:
     own = []
     if not hparams.get("tie_embeddings", True):
         own = [
-            {"lr": hparams["learning_rate"] if hparams.get(f"{name}_learning_rate") is None else hparams[f"{name}_learning_rate"],
-             "weight_decay": 0.0, **adamw}
+            {
+                "lr": hparams["learning_rate"]
+                if hparams.get(f"{name}_learning_rate") is None
+                else hparams[f"{name}_learning_rate"],
+                "weight_decay": 0.0,
+                **adamw,
+            }
             for name in UNTIED_GROUPS
         ]
     if hparams.get("optimizer", "adamw") == "adamw":
         return [decayed, *own, vectors]
-    muon = {"lr": hparams["muon_learning_rate"], "momentum": hparams["muon_momentum"],
-            "weight_decay": hparams["muon_weight_decay"], "adjust_lr_fn": hparams["muon_adjust_lr"]}
+    muon = {
+        "lr": hparams["muon_learning_rate"],
+        "momentum": hparams["muon_momentum"],
+        "weight_decay": hparams["muon_weight_decay"],
+        "adjust_lr_fn": hparams["muon_adjust_lr"],
+    }
     return [muon, *(own or [decayed]), vectors]
 
 

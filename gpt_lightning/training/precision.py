@@ -44,7 +44,13 @@ def cpu_bf16_slowdown() -> float:
 def _device_type(accelerator: str | Accelerator) -> str:
     """``cpu``, ``cuda`` or another device type, for a Trainer's ``accelerator`` argument, as Lightning picks it."""
     if isinstance(accelerator, Accelerator):
-        return "cpu" if isinstance(accelerator, CPUAccelerator) else "cuda" if isinstance(accelerator, CUDAAccelerator) else "other"
+        return (
+            "cpu"
+            if isinstance(accelerator, CPUAccelerator)
+            else "cuda"
+            if isinstance(accelerator, CUDAAccelerator)
+            else "other"
+        )
     if accelerator in ("auto", "gpu"):
         if torch.cuda.is_available():
             return "cuda"

@@ -132,8 +132,11 @@ class Preemption(Callback):
             return
         self._announced = True
         which = ["this", "the next", "the one after next"][int(not in_step) + int(self._several)]
-        then = ("stopping before the first training step" if self._step < 0 else
-                f"saving a checkpoint at the end of {which} optimizer step, then stopping")
+        then = (
+            "stopping before the first training step"
+            if self._step < 0
+            else f"saving a checkpoint at the end of {which} optimizer step, then stopping"
+        )
         rank = f" (rank {trainer.global_rank})" if trainer.world_size > 1 else ""
         print(f"gpt-lightning: {signal.Signals(self.signum).name} received{rank}; {then}.", file=sys.stderr, flush=True)
 
@@ -141,8 +144,15 @@ class Preemption(Callback):
         self._listen(trainer)
         self._announce(trainer)
 
-    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
-                                batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         self._announce(trainer, in_step=False)
 
     # --- agreeing and stopping ----------------------------------------------------------------------
@@ -180,10 +190,14 @@ class Preemption(Callback):
             return group
         if error is not None and int(agreed.item()) == key:
             reason = " ".join(str(error).split())[:300]
-            print(f"gpt-lightning: rank {rank} could not form the CPU (gloo) group that agrees on stopping "
-                  f"({type(error).__name__}: {reason}); agreeing over the run's own process group instead "
-                  "(under NCCL, one small all-reduce and host read per optimizer step). Set GLOO_SOCKET_IFNAME to the "
-                  "network interface the nodes reach each other by (docs/resume.md).", file=sys.stderr, flush=True)
+            print(
+                f"gpt-lightning: rank {rank} could not form the CPU (gloo) group that agrees on stopping "
+                f"({type(error).__name__}: {reason}); agreeing over the run's own process group instead "
+                "(under NCCL, one small all-reduce and host read per optimizer step). Set GLOO_SOCKET_IFNAME to the "
+                "network interface the nodes reach each other by (docs/resume.md).",
+                file=sys.stderr,
+                flush=True,
+            )
         return None
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -194,8 +208,9 @@ class Preemption(Callback):
                 self._stop(trainer, signum)
         self._between_steps = False
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._announce(trainer)
         if trainer.global_step == self._step:
             return  # mid-accumulation: the optimizer step is not done yet
@@ -252,7 +267,8 @@ class Preemption(Callback):
         path = os.path.abspath(self.last_path(trainer))
         return self._saved_step == trainer.global_step and any(
             isinstance(c, ModelCheckpoint) and c.last_model_path and os.path.abspath(c.last_model_path) == path
-            for c in trainer.checkpoint_callbacks)
+            for c in trainer.checkpoint_callbacks
+        )
 
     def _stop(self, trainer: Trainer, signum: int, save: bool = True) -> None:
         claim_the_end()  # every rank stops: the launcher's watcher, seeing one exit 143 first, stays quiet
@@ -261,10 +277,13 @@ class Preemption(Callback):
             trainer.save_checkpoint(path, weights_only=False)  # every rank: a collective under FSDP2
         if trainer.is_global_zero:
             name = signal.Signals(signum).name
-            saved = (f"at step {trainer.global_step}; saved {path}. Resume with --ckpt_path last (the gpt-lightning "
-                     f"command) or ckpt_path={path!r} (your own Trainer or LightningCLI)." if path else
-                     "before this run trained a step: nothing new to save. Run the same command again to start "
-                     "(or resume) from where it was.")
+            saved = (
+                f"at step {trainer.global_step}; saved {path}. Resume with --ckpt_path last (the gpt-lightning "
+                f"command) or ckpt_path={path!r} (your own Trainer or LightningCLI)."
+                if path
+                else "before this run trained a step: nothing new to save. Run the same command again to start "
+                "(or resume) from where it was."
+            )
             print(f"gpt-lightning: stopped by {name} {saved}", file=sys.stderr, flush=True)
         self._pending = None
         raise Preempted(signum, path, trainer.global_step)
