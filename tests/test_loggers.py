@@ -184,6 +184,8 @@ def test_under_ddp_validation_logs_its_reduced_value_without_the_sync_dist_warni
             str(small_text),
             "--trainer.strategy",
             "ddp",
+            "--trainer.precision",  # the plain validation's below, wherever auto would pick float32
+            "bf16-mixed",
             "--model.val_sample_tokens",
             "0",
             "--trainer.logger.init_args.save_dir",
