@@ -64,13 +64,14 @@ MODERN_FLAGS = [
 SLOWEST_FIRST = (
     "test_configs_as_written.py",  # 173 s: every config compiled as written
     "test_fsdp.py",  # 165 s: 2- and 4-process FSDP2
-    "test_gpu_run.py",  # 84 s: benchmarks/gpu_run.sh --dry-run
+    "test_gpu_run.py",  # 140 s: benchmarks/gpu_run.sh --dry-run, every step and the deadline
     "test_readme.py",  # 81 s
     "test_ddp.py",  # 80 s: torchrun, restarts
     "test_cli.py",  # 63 s
     "test_preemption.py",  # 54 s: signals to DDP and FSDP2 ranks
     "test_dead_rank.py",  # 46 s, 30 of them waiting on a process-group timeout
     "test_benchmarks.py",  # 46 s
+    "test_resume_relayout.py",  # 63 s: four 2-process resumes on another number of processes
 )
 
 
