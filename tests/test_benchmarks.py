@@ -331,3 +331,35 @@ def test_the_decode_bound_counts_what_each_pass_must_read_and_compute():
     assert prefill["flops"] > steps[0]["flops"]  # ten positions through the blocks, the head at the last
     bound = generation.roofline([{"flops": 10, "bytes": 1}, {"flops": 1, "bytes": 10}], 1.0, 2.0)
     assert bound["seconds"] == 10 + 5 and (bound["memory_bound_passes"], bound["compute_bound_passes"]) == (1, 1)
+
+
+def test_the_evaluation_benchmark_sets_both_backends_against_the_bound_of_the_least_work():
+    """evaluation.py, in this process on a one-layer GPT: beside each backend's requests/s, the bound
+    (scoring_flops over the matmul FLOP/s measured in the run's dtype) and the fraction reached."""
+    from gpt_lightning.evaluation.continuations import scoring_flops
+    from gpt_lightning.model import GPTConfig
+
+    evaluation = load_benchmark("evaluation")
+    config, requests = GPTConfig(block_size=128, n_layer=1, n_head=2, n_embd=32), evaluation.hellaswag_shaped(1)
+    result = evaluation.measure(config, "bfloat16", requests, batch_size=4, repeats=1)
+    bound = result["bound"]
+    assert bound["matmul_dtype"] == "bfloat16" and bound["matmul_flops_per_sec"] == max(bound["matmul_probes"]) > 0
+    # the least work, by hand: the shared context once (causal: position i sees i + 1), each ending on top of
+    # it, its tokens but the last through the blocks; 24 C^2 FLOPs a token a layer, 4 C a (token, position)
+    # pair a layer, 2 C V a scored row
+    (context,) = {tuple(c) for _, c, _ in requests}
+    P, C, layers = len(context), config.n_embd, config.n_layer
+    token, pair, head = layers * 24 * C * C, layers * 4 * C, 2 * C * config.vocab_size
+    endings = [len(e) for _, _, e in requests]
+    assert bound["flops"] == P * token + P * (P + 1) / 2 * pair + sum(
+        (n - 1) * (token + P * pair) + (n - 1) * n / 2 * pair + n * head for n in endings
+    )
+    assert bound["flops"] == scoring_flops(config, [(c, e) for _, c, e in requests])
+    assert bound["requests_per_s"] == pytest.approx(4 * bound["matmul_flops_per_sec"] / bound["flops"])
+    for name in ("hf", "ours"):
+        assert result["fraction_of_bound"][name] == pytest.approx(
+            result["requests_per_s"][name] / bound["requests_per_s"]
+        )
+        assert 0 < result["fraction_of_bound"][name] < 1
+    row = evaluation.table({"tiny/bfloat16": result}).splitlines()[-1]
+    assert f"| {bound['requests_per_s']:.2f} | {result['requests_per_s']['hf']:.2f} (" in row
