@@ -40,7 +40,8 @@ def _median_seconds(operation: Callable[[], object], device: torch.device, repea
         sync()
         return (time.perf_counter() - start) / count
 
-    count = max(1, math.ceil(ROUND_SECONDS / timed(1)))  # the warm-up sizes the rounds
+    timed(1)  # warm-up: first-call setup (cuBLAS handles, oneDNN kernels) would size the rounds too small
+    count = max(1, math.ceil(ROUND_SECONDS / timed(1)))
     return statistics.median(timed(count) for _ in range(repeats))
 
 
@@ -49,13 +50,14 @@ def matmul_flops_per_sec(
 ) -> float:
     """FLOP/s (2 n^3 per product) of a square ``dtype`` matmul on ``device`` with this process's threads:
     the best over ``sizes`` (default ``MATMUL_SIZES``) of the median of ``repeats`` rounds. ``"tfloat32"``
-    (``throughput.TF32``) is a float32 matmul with TF32 allowed, as at ``float32_matmul_precision`` high."""
+    (``throughput.TF32``) is a float32 matmul at this process's ``float32_matmul_precision``, or at
+    "high" where that is "highest"."""
     device = torch.device(device)
     tf32 = dtype == TF32
     precision = torch.get_float32_matmul_precision()
     best = 0.0
     try:
-        if tf32:
+        if tf32 and precision == "highest":
             torch.set_float32_matmul_precision("high")
         for n in sizes or MATMUL_SIZES.get(device.type, MATMUL_SIZES["cuda"]):
             a, b = (torch.randn(n, n, device=device, dtype=torch.float32 if tf32 else dtype) for _ in range(2))
