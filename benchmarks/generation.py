@@ -7,7 +7,8 @@ The weights are a random GPT-2 124M (no hub needed), exported with ``export_hf``
 so the outputs are compared too. Runs are interleaved (ours, theirs, ours, ...) and each figure is
 the median over ``--repeats``, timed between CUDA synchronizations, so a busy machine slows all
 alike. The compiled step is warmed by a short run of the same cache length (a longer prompt, a few
-tokens). Results go to a JSON file, rewritten after each batch size.
+tokens). Each rate is printed beside the bound this machine sets on it, a roofline (``run_cost``), and
+the fraction reached. Results go to a JSON file, rewritten after each batch size.
 
     python benchmarks/generation.py                     # GPT-2 124M, batch 1 and 8, 256 new tokens
     python benchmarks/generation.py --compile --dtype bfloat16 --transformers_static   # the GPU run's
@@ -26,13 +27,15 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from gpt_lightning.atomic import atomic_write_bytes
 from gpt_lightning.data.corpus import Corpus
 from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.generation import generate
 from gpt_lightning.interop.pretrained import export_hf
-from gpt_lightning.model import GPT, GPTConfig
+from gpt_lightning.model import GPT, GPTConfig, KVCache
+from gpt_lightning.observing.roofline import READ_BYTES, matmul_flops_per_sec, read_bytes_per_sec
 
 
 def sync(device: torch.device) -> None:
@@ -48,24 +51,55 @@ def timed(fn, device: torch.device) -> tuple[float, torch.Tensor]:
     return time.perf_counter() - start, out
 
 
-def read_bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int = 512 * 2**20) -> float:
-    """Bytes/s this machine streams from memory into a matrix-vector product: the best of
-    ``sum``, ``mv`` and a one-row ``linear`` over a ``nbytes`` matrix (far larger than the caches),
-    each the median of 5. Decoding one token reads every weight once, so this over the weights'
-    bytes is the most tokens/s a step can reach at batch 1 (the roofline), whoever writes it."""
-    cols = 1024
-    matrix = torch.randn(nbytes // (cols * torch.finfo(dtype).bits // 8), cols, device=device, dtype=dtype)
-    vector = torch.randn(cols, device=device, dtype=dtype)
-    best = 0.0
-    for probe in (
-        matrix.sum,
-        lambda: torch.mv(matrix, vector),
-        lambda: torch.nn.functional.linear(vector[None], matrix),
-    ):
-        probe()
-        seconds = statistics.median(timed(probe, device)[0] for _ in range(5))
-        best = max(best, matrix.nbytes / seconds)
-    return best
+def run_cost(config: GPTConfig, batch: int, prompt_tokens: int, new_tokens: int, dtype: torch.dtype) -> dict:
+    """The least a timed run does: ``passes``, one per forward pass (the prefill, then each decode step),
+    its FLOPs (torch's flop counter on a meta copy: the prefill, and a decode step at two lengths, its
+    FLOPs being affine in the positions it attends to) and the bytes it reads (every weight, the
+    position table's unread rows left out, and a decode step's cached keys and values). A run past
+    ``block_size`` slides its window and fills it again: that is not counted (less work, a bound still)."""
+    with torch.device("meta"):
+        model = GPT(config).to(dtype)
+    wpe = getattr(model.transformer, "wpe", None)
+    weights = sum(p.nbytes for p in model.parameters() if p is not getattr(wpe, "weight", None))
+    row = wpe.weight[0].nbytes if wpe is not None else 0  # a position's row: read once per token
+    cap = config.block_size
+    caches = [KVCache(min(cap, prompt_tokens + new_tokens)) for _ in model.transformer.h]
+    idx = torch.zeros(batch, prompt_tokens, dtype=torch.long, device="meta")
+
+    def counted(*args) -> float:
+        with FlopCounterMode(display=False) as counter:
+            model.forward_cached(*args)
+        return float(counter.get_total_flops())
+
+    prefill = counted(idx, caches, torch.arange(prompt_tokens, device="meta"))
+    passes = [{"flops": prefill, "bytes": weights + prompt_tokens * row}]
+    kv_per_position = sum(c.k.nbytes + c.v.nbytes for c in caches) / caches[0].max_len  # all layers, the batch
+    first, second = (min(cap, prompt_tokens + i) for i in (1, 2))  # positions attended by the first two steps
+    at = {
+        length: counted(idx[:, :1], caches, torch.tensor([length - 1], device="meta"), length)
+        for length in {first, second}
+    }
+    slope = (at[second] - at[first]) / (second - first) if second != first else 0.0
+    for step in range(1, new_tokens):  # the first new token comes from the prefill
+        length = min(cap, prompt_tokens + step)
+        passes.append(
+            {"flops": at[first] + slope * (length - first), "bytes": weights + row + kv_per_position * length}
+        )
+    return {"weight_bytes": weights, "passes": passes}
+
+
+def roofline(passes: list[dict], flops_per_sec: float, bytes_per_sec: float) -> dict:
+    """The least time ``passes`` (``run_cost``'s) take on a machine of these ceilings: each pass at
+    least its FLOPs over the matmul peak and its bytes over the read bandwidth, whichever is longer."""
+    compute = [p["flops"] / flops_per_sec for p in passes]
+    memory = [p["bytes"] / bytes_per_sec for p in passes]
+    return {
+        "seconds": sum(map(max, compute, memory)),
+        "flops": sum(p["flops"] for p in passes),
+        "bytes_read": sum(p["bytes"] for p in passes),
+        "memory_bound_passes": sum(m >= c for c, m in zip(compute, memory)),
+        "compute_bound_passes": sum(m < c for c, m in zip(compute, memory)),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:
@@ -96,7 +130,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for everything timed (default: torch's)")
     parser.add_argument(
-        "--probe_mb", type=int, default=512, help="size of the memory-bandwidth probe (far above the caches)"
+        "--probe_mb",
+        type=int,
+        default=READ_BYTES // 2**20,
+        help="size of the memory-bandwidth probe (far above the caches; default: %(default)s)",
     )
     parser.add_argument("--out", default="benchmarks/results/cpu-2core/generation.json")
     args = parser.parse_args(argv)
@@ -156,32 +193,47 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         "transformers_static": lambda batch: contenders["transformers_static"](batch),
     }
     results: dict[str, dict] = {}
-    step_bytes = sum(p.nbytes for p in ours.parameters())  # every weight once per decode step (wte as the LM head)
-    # Probed again between timed rounds; the highest is the machine's (other jobs only ever lower it).
-    bandwidths = [read_bandwidth(device, dtype, args.probe_mb * 2**20)]
+    costs = {batch: run_cost(config, batch, args.prompt_tokens, n, dtype) for batch in args.batch_sizes}
+
+    def probe() -> None:
+        """The machine's ceilings, probed again between timed rounds: the highest is the machine's
+        (other jobs only ever lower it)."""
+        bandwidths.append(read_bytes_per_sec(device, dtype, args.probe_mb * 2**20))
+        peaks.append(matmul_flops_per_sec(device, dtype))
+
+    bandwidths: list[float] = []
+    peaks: list[float] = []
+    probe()
 
     def report(batch: int) -> None:
-        ceiling = max(bandwidths) / step_bytes  # decode steps/s when streaming the weights is all a step does
-        for measured in results.values():
+        for measured in results.values():  # every row against the best ceilings so far
+            b = int(measured["batch"])
+            bound = roofline(costs[b]["passes"], max(peaks), max(bandwidths))
+            measured["bound"] = {"tokens_per_sec": b * n / bound["seconds"], **bound}
             for name in (*contenders, "ours_uncached"):
                 if name in measured:
-                    measured[name]["steps_per_sec_of_ceiling"] = (
-                        measured[name]["tokens_per_sec"] / int(measured["batch"]) / ceiling
+                    measured[name]["fraction_of_bound"] = (
+                        measured[name]["tokens_per_sec"] / measured["bound"]["tokens_per_sec"]
                     )
         row = results[str(batch)]
-        roofline = {
+        ceilings = {
             "read_bandwidth_bytes_per_sec": max(bandwidths),
-            "weight_bytes_per_step": step_bytes,
-            "ceiling_steps_per_sec": ceiling,
+            "matmul_flops_per_sec": max(peaks),
+            "matmul_dtype": args.dtype,
+            "weight_bytes_per_step": costs[batch]["weight_bytes"],
             "bandwidth_probes": bandwidths,
+            "matmul_probes": peaks,
         }
+        bound = row["bound"]
         print(
-            f"memory: {max(bandwidths) / 1e9:.1f} GB/s (best of {len(bandwidths)} probes); weights {step_bytes / 1e6:.0f} MB "
-            f"per step: at most {ceiling:.1f} steps/s",
+            f"machine: {max(bandwidths) / 1e9:.1f} GB/s read, {max(peaks) / 1e12:.3g} TFLOP/s {args.dtype} matmul "
+            f"(best of {len(peaks)} probes); batch {batch}: {bound['bytes_read'] / 1e9:.3g} GB read and "
+            f"{bound['flops'] / 1e9:.3g} GFLOP a run, so at most {bound['tokens_per_sec']:.1f} tokens/s "
+            f"({bound['memory_bound_passes']} of {len(costs[batch]['passes'])} passes bound by memory)",
             flush=True,
         )
         summary = ", ".join(
-            f"{name} {row[name]['tokens_per_sec']:.1f} ({row[name]['steps_per_sec_of_ceiling']:.0%} of roofline)"
+            f"{name} {row[name]['tokens_per_sec']:.1f} ({row[name]['fraction_of_bound']:.0%} of bound)"
             for name in (*contenders, "ours_uncached")
             if name in row
         )
@@ -193,7 +245,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
             flush=True,
         )
         # After each measurement: what a long run on a busy machine measured survives an interruption.
-        write_report(args, config, device, transformers, results, roofline)
+        write_report(args, config, device, transformers, results, ceilings)
 
     if not set(args.uncached_batch_sizes) <= set(args.batch_sizes):
         parser.error("--uncached_batch_sizes must be among --batch_sizes")
@@ -206,7 +258,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
             for name, fn in contenders.items():
                 seconds, outputs[name] = timed(lambda fn=fn, batch=batch: fn(batch), device)
                 times[name].append(seconds)
-            bandwidths.append(read_bandwidth(device, dtype, args.probe_mb * 2**20))
+            probe()
         row = {
             "batch": batch,
             **{name: {"tokens_per_sec": batch * n / statistics.median(t), "seconds": t} for name, t in times.items()},
@@ -235,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     return results
 
 
-def write_report(args, config, device, transformers, results, roofline) -> None:
+def write_report(args, config, device, transformers, results, ceilings) -> None:
     report = {
         "benchmark": "generation",
         "model": {**vars(config)},
@@ -253,7 +305,7 @@ def write_report(args, config, device, transformers, results, roofline) -> None:
         "transformers": transformers.__version__ if transformers else None,
         "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(),
-        "roofline": roofline,
+        "roofline": ceilings,
         # the 1-minute load average as the report is written: another job on the machine slows every contender
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "results": {batch: {k: v for k, v in row.items() if k != "reference"} for batch, row in results.items()},

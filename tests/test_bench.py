@@ -97,6 +97,20 @@ def test_bench_compares_runs_side_by_side_and_fails_on_divergence(tmp_path, monk
         assert row["compile_time_s"] == pytest.approx(row["first_step_s"] - row["step_ms_median"] / 1000)
         assert summary[name]["max_loss_diff_vs_eager"] < 0.5  # same seed, same batches: the curves stay close
     assert summary["eager"]["speedup_vs_eager"] is None
+    for name in ("eager", "blocks"):
+        # Beside each run's tokens/s, the bound this machine sets: its training FLOPs per token over the
+        # matmul FLOP/s measured in the run's process, in the run's dtype; and the fraction reached.
+        bound, run = runs[name]["bound"], runs[name]["summary"]
+        assert bound["matmul_dtype"] == {"bf16-mixed": "bfloat16", "32-true": "float32"}[run["precision"]]
+        assert bound["flops_per_token"] == run["flops_per_token"] > 0
+        assert bound["tokens_per_sec"] == pytest.approx(bound["matmul_flops_per_sec"] / run["flops_per_token"])
+        assert summary[name]["bound_tokens_per_sec"] == bound["tokens_per_sec"]
+        assert 0 < summary[name]["fraction_of_bound"] < 1  # no run passes the machine's matmul peak
+        assert summary[name]["fraction_of_bound"] == pytest.approx(
+            run["tokens_per_sec_median"] / bound["tokens_per_sec"]
+        )
+        assert f"{summary[name]['fraction_of_bound']:.1%}" in out.split("bound tok/s")[1]
+    assert f"{bound['matmul_dtype']} " in out.split("bound tok/s: training FLOPs per token")[1]
     assert (run_dir / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 

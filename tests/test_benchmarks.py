@@ -276,13 +276,10 @@ def test_gpu_checks_measure_only_on_the_device_they_name():
     """gpu_checks.json once published CPU figures as the H200's (Lightning's teardown had moved the module
     back after fit): a GPU check refuses to start without CUDA, and a model left elsewhere stops the run."""
     import argparse
-    import importlib.util
 
     import torch
 
-    spec = importlib.util.spec_from_file_location("gpu_checks", REPO / "benchmarks" / "gpu_checks.py")
-    checks = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(checks)
+    checks = load_benchmark("gpu_checks")
     assert checks.check_device(argparse.Namespace(accelerator="cpu")) == torch.device("cpu")
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="no CUDA device"):
@@ -296,3 +293,73 @@ def test_gpu_checks_measure_only_on_the_device_they_name():
         checks.on_device(Stuck(2, 2, device="meta"), torch.device("cpu"))
     moved = checks.on_device(torch.nn.Linear(2, 2, dtype=torch.float64), torch.device("cpu"))
     assert moved.weight.device == torch.device("cpu")
+
+
+def load_benchmark(name: str):
+    """A benchmark script as a module, for its functions (main not run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_decode_bound_counts_what_each_pass_must_read_and_compute():
+    """generation.py's bound: per pass, the weights and the cached keys and values it reads, and the
+    FLOPs torch's counter finds, which are the analytic count of a GPT-2 decode step; the time of
+    each pass is the longer of the two at the machine's ceilings (a roofline)."""
+    import torch
+
+    from gpt_lightning.model import GPT, GPTConfig
+
+    generation = load_benchmark("generation")
+    config = GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=32)
+    batch, prompt, C = 3, 10, 32
+    cost = generation.run_cost(config, batch, prompt, 5, torch.bfloat16)
+    prefill, *steps = cost["passes"]
+    assert len(steps) == 4  # the first of the 5 new tokens comes from the prefill
+    assert cost["weight_bytes"] == 2 * (GPT(config).num_parameters() - 64 * C)  # bf16, the position table aside
+    matmul_weights = config.n_layer * 12 * C * C + C * config.vocab_size  # qkv, proj, fc, fc proj; the tied head
+    for i, step in enumerate(steps, 1):
+        attended = prompt + i
+        # 2 FLOPs a weight a row; q.k and attention.v over the attended positions in each layer
+        assert step["flops"] == batch * (2 * matmul_weights + 4 * config.n_layer * C * attended)
+        # the weights, a position's row, and keys and values of every layer at every attended position
+        assert step["bytes"] == cost["weight_bytes"] + 2 * C + 2 * config.n_layer * batch * C * 2 * attended
+    assert prefill["bytes"] == cost["weight_bytes"] + 2 * C * prompt
+    assert prefill["flops"] > steps[0]["flops"]  # ten positions through the blocks, the head at the last
+    bound = generation.roofline([{"flops": 10, "bytes": 1}, {"flops": 1, "bytes": 10}], 1.0, 2.0)
+    assert bound["seconds"] == 10 + 5 and (bound["memory_bound_passes"], bound["compute_bound_passes"]) == (1, 1)
+
+
+def test_the_evaluation_benchmark_sets_both_backends_against_the_bound_of_the_least_work():
+    """evaluation.py, in this process on a one-layer GPT: beside each backend's requests/s, the bound
+    (scoring_flops over the matmul FLOP/s measured in the run's dtype) and the fraction reached."""
+    from gpt_lightning.evaluation.continuations import scoring_flops
+    from gpt_lightning.model import GPTConfig
+
+    evaluation = load_benchmark("evaluation")
+    config, requests = GPTConfig(block_size=128, n_layer=1, n_head=2, n_embd=32), evaluation.hellaswag_shaped(1)
+    result = evaluation.measure(config, "bfloat16", requests, batch_size=4, repeats=1)
+    bound = result["bound"]
+    assert bound["matmul_dtype"] == "bfloat16" and bound["matmul_flops_per_sec"] == max(bound["matmul_probes"]) > 0
+    # the least work, by hand: the shared context once (causal: position i sees i + 1), each ending on top of
+    # it, its tokens but the last through the blocks; 24 C^2 FLOPs a token a layer, 4 C a (token, position)
+    # pair a layer, 2 C V a scored row
+    (context,) = {tuple(c) for _, c, _ in requests}
+    P, C, layers = len(context), config.n_embd, config.n_layer
+    token, pair, head = layers * 24 * C * C, layers * 4 * C, 2 * C * config.vocab_size
+    endings = [len(e) for _, _, e in requests]
+    assert bound["flops"] == P * token + P * (P + 1) / 2 * pair + sum(
+        (n - 1) * (token + P * pair) + (n - 1) * n / 2 * pair + n * head for n in endings
+    )
+    assert bound["flops"] == scoring_flops(config, [(c, e) for _, c, e in requests])
+    assert bound["requests_per_s"] == pytest.approx(4 * bound["matmul_flops_per_sec"] / bound["flops"])
+    for name in ("hf", "ours"):
+        assert result["fraction_of_bound"][name] == pytest.approx(
+            result["requests_per_s"][name] / bound["requests_per_s"]
+        )
+        assert 0 < result["fraction_of_bound"][name] < 1
+    row = evaluation.table({"tiny/bfloat16": result}).splitlines()[-1]
+    assert f"| {bound['requests_per_s']:.2f} | {result['requests_per_s']['hf']:.2f} (" in row

@@ -22,7 +22,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from gpt_lightning.atomic import atomic_output, atomic_write_bytes
 from gpt_lightning.errors import UserError
-from gpt_lightning.observing.throughput import ThroughputMonitor
+from gpt_lightning.observing.roofline import matmul_flops_per_sec
+from gpt_lightning.observing.throughput import ThroughputMonitor, precision_dtype
 
 # What each run adds to the shared arguments.
 RUNS = {
@@ -78,6 +79,23 @@ def train_one(args: list[str]) -> dict[str, Any]:
         "step_ms": [1000 * s.seconds for s in monitor.steps],
         "tokens_per_sec": [cli.trainer.world_size * s.tokens / s.seconds for s in monitor.steps],
         "summary": monitor.summary,
+        "bound": training_bound(cli.trainer, (monitor.summary or {}).get("flops_per_token")),
+    }
+
+
+def training_bound(trainer: Trainer, flops_per_token: float | None) -> dict[str, Any] | None:
+    """The tokens/s no run of this model passes on this machine: training FLOPs per token over the
+    matmul FLOP/s of the run's dtype on its device (bf16 under bf16-mixed; TF32 where allowed),
+    measured in this process after training, on every device of the job. None without FLOPs."""
+    if not flops_per_token:
+        return None
+    dtype = precision_dtype(str(trainer.precision))
+    peak = matmul_flops_per_sec(trainer.strategy.root_device, dtype)
+    return {
+        "matmul_dtype": str(dtype).removeprefix("torch."),
+        "matmul_flops_per_sec": peak,
+        "flops_per_token": flops_per_token,
+        "tokens_per_sec": trainer.world_size * peak / flops_per_token,
     }
 
 
@@ -135,9 +153,13 @@ def window_means(losses: list[float], window: int) -> list[float]:
 def compare(run: dict[str, Any], eager: dict[str, Any] | None, window: int = 10) -> dict[str, Any]:
     """One summary row: the run's figures, speedup and largest ``window``-step mean loss difference
     against eager (``max_loss_diff_step``: the window's first step), and of single steps."""
-    s = run["summary"] or {}
+    s, bound = run["summary"] or {}, run.get("bound") or {}
     row: dict[str, Any] = {
         "tokens_per_sec_median": s.get("tokens_per_sec_median"),
+        "bound_tokens_per_sec": bound.get("tokens_per_sec"),
+        "fraction_of_bound": (
+            s["tokens_per_sec_median"] / bound["tokens_per_sec"] if s and bound.get("tokens_per_sec") else None
+        ),
         "step_ms_median": s.get("step_ms_median"),
         "first_step_s": s.get("first_step_s"),
         "compile_time_s": (s["first_step_s"] - s["step_ms_median"] / 1000) if s and run["compiled"] else None,
@@ -177,8 +199,8 @@ def summary_table(runs: list[dict[str, Any]], rows: dict[str, dict[str, Any]], w
         return missing if value is None else format(value, spec)
 
     lines = [
-        f"{'run':<10} {'tok/s':>10} {'step ms':>9} {'first step s':>13} {'MFU':>6} {'peak mem GB':>12} "
-        f"{'vs eager':>9} {'max |Δloss|':>12}"
+        f"{'run':<10} {'tok/s':>10} {'bound tok/s':>12} {'of bound':>9} {'step ms':>9} {'first step s':>13} "
+        f"{'MFU':>6} {'peak mem GB':>12} {'vs eager':>9} {'max |Δloss|':>12}"
     ]
     for run in runs:
         r = rows[run["name"]]
@@ -189,10 +211,21 @@ def summary_table(runs: list[dict[str, Any]], rows: dict[str, dict[str, Any]], w
             else f"{r['max_loss_diff_vs_eager']:.4f} @{r['max_loss_diff_step']}"
         )
         lines.append(
-            f"{run['name']:<10} {fmt(r['tokens_per_sec_median'], ',.0f'):>10} {fmt(r['step_ms_median'], '.1f'):>9} "
-            f"{fmt(r['first_step_s'], '.2f'):>13} {fmt(r['mfu'], '.1%'):>6} {fmt(memory, '.2f'):>12} "
+            f"{run['name']:<10} {fmt(r['tokens_per_sec_median'], ',.0f'):>10} "
+            f"{fmt(r['bound_tokens_per_sec'], ',.0f'):>12} {fmt(r['fraction_of_bound'], '.1%'):>9} "
+            f"{fmt(r['step_ms_median'], '.1f'):>9} {fmt(r['first_step_s'], '.2f'):>13} {fmt(r['mfu'], '.1%'):>6} "
+            f"{fmt(memory, '.2f'):>12} "
             f"{fmt(r['speedup_vs_eager'], '.2f') + ('x' if r['speedup_vs_eager'] else ''):>9} {diff:>12}"
         )
+    peaks = {
+        f"{b['matmul_dtype']} {b['matmul_flops_per_sec'] / 1e12:.3g} TFLOP/s"
+        for b in (run.get("bound") for run in runs)
+        if b
+    }
+    lines.append(
+        "bound tok/s: training FLOPs per token over the matmul FLOP/s measured in each run's process "
+        f"({', '.join(sorted(peaks)) or 'no FLOPs counted'}); of bound: tok/s over it"
+    )
     lines.append(f"max |Δloss|: the largest difference from eager's mean loss over {window} steps (@ their first step)")
     return "\n".join(lines)
 
@@ -321,8 +354,10 @@ def save(
                     "step_ms",
                     "tokens_per_sec",
                     "summary",
+                    "bound",
                     "log_dir",
                 )
+                if k in run
             }
             for run in runs
         },

@@ -9,8 +9,9 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
-from gpt_lightning.model import GPT, Block
+from gpt_lightning.model import GPT, Block, GPTConfig
 
 
 def score_continuations(
@@ -29,13 +30,7 @@ def score_continuations(
         device: where the tensors go.
         on_batch: called after each batch with its requests' indices and the answers so far.
     """
-    block_size = model.config.block_size
-    groups: dict[tuple[int, ...], list[int]] = {}  # context as the model sees it -> requests
-    for index, (context, continuation) in enumerate(requests):
-        if not context or not 0 < len(continuation) <= block_size:
-            raise ValueError(f"request {index}: needs a context and a continuation of 1..{block_size} tokens.")
-        whole = (context + continuation)[-(block_size + 1) :]
-        groups.setdefault(tuple(whole[: -len(continuation)]), []).append(index)
+    groups = _groups(requests, model.config.block_size)
     # Longest first, as the harness orders them: similar lengths share a batch and pad little.
     order = sorted(groups, key=lambda ctx: (-len(ctx) - max(len(requests[i][1]) for i in groups[ctx]), ctx))
     answers: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
@@ -51,6 +46,49 @@ def score_continuations(
     if batch:
         _score_batch(model, batch, requests, answers, device, on_batch)
     return answers
+
+
+def _groups(requests: list[tuple[list[int], list[int]]], block_size: int) -> dict[tuple[int, ...], list[int]]:
+    """Each context as the model sees it (truncated from the left) -> the indices of its requests."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for index, (context, continuation) in enumerate(requests):
+        if not context or not 0 < len(continuation) <= block_size:
+            raise ValueError(f"request {index}: needs a context and a continuation of 1..{block_size} tokens.")
+        whole = (context + continuation)[-(block_size + 1) :]
+        groups.setdefault(tuple(whole[: -len(continuation)]), []).append(index)
+    return groups
+
+
+def scoring_flops(config: GPTConfig, requests: list[tuple[list[int], list[int]]]) -> float:
+    """FLOPs of scoring ``requests`` with nothing run twice, padded or masked: each context through the
+    blocks once, each continuation alone on top of it, a token attending only to the positions it sees,
+    the head only where a token is scored. Torch's flop counter on a meta copy of the scorer's blocks
+    gives a token's FLOPs, a (token, position) pair's and a scored row's; the requests' shapes sum them."""
+
+    def blocks(idx: torch.Tensor, pos: torch.Tensor, prefix=None, visible=None) -> tuple[float, list]:
+        with FlopCounterMode(display=False) as counter:
+            x, kv = model.embed(idx, pos), []  # (1, T, C)
+            for layer, block in enumerate(model.transformer.h):
+                x, keys_values = _block(block, x, idx, pos, None if prefix is None else prefix[layer], visible)
+                kv.append(keys_values)
+        return float(counter.get_total_flops()), kv
+
+    with torch.device("meta"):
+        model, one = GPT(config), torch.zeros(1, 1, dtype=torch.long)
+        alone, kv = blocks(one, torch.tensor([0]))  # a token and one pair
+        after = blocks(one, torch.tensor([1]), kv, torch.ones(1, 1, 1, 2, dtype=torch.bool))[0]  # and two pairs
+        with FlopCounterMode(display=False) as counter:
+            model.logits(torch.zeros(1, config.n_embd))  # (1, V)
+    pair, head = after - alone, float(counter.get_total_flops())
+    token = alone - pair
+    total = 0.0
+    for context, members in _groups(requests, config.block_size).items():
+        P = len(context)
+        total += P * token + P * (P + 1) / 2 * pair  # causal: position i sees i + 1
+        for i in members:
+            n = len(requests[i][1])  # scored rows; the blocks see all but the last token
+            total += (n - 1) * (token + P * pair) + (n - 1) * n / 2 * pair + n * head
+    return total
 
 
 def _score_batch(model, batch, requests, answers, device, on_batch=None) -> None:
