@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt_lightning.model import GPT, LOSS_CHUNK_ROWS, VALUE_GATE_CHANNELS, GPTConfig
+from gpt_lightning.loss import LOSS_CHUNK_ROWS
+from gpt_lightning.model import GPT, VALUE_GATE_CHANNELS, GPTConfig
 
 GIB = 2**30
 

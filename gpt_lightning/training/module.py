@@ -14,6 +14,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 from torchmetrics.metric import CompositionalMetric
 
+from gpt_lightning.loss import chunked_cross_entropy
 from gpt_lightning.scaling.flops import training_flops
 from gpt_lightning.scaling.sharding import is_empty, materialize, shard_once, sync_at_last_micro_batch
 from gpt_lightning.training import resume
@@ -93,7 +94,7 @@ class GPTLightningModule(LightningModule):
         compile_fullgraph: fail on any graph break instead of falling back to eager.
         compile_eval: compile evaluation too (a second graph, at the first validation); for long evaluations.
         activation_checkpointing: recompute each block's activations in the backward pass: less memory.
-        chunked_loss: the training loss a chunk of rows at a time (``model.chunked_cross_entropy``):
+        chunked_loss: the training loss a chunk of rows at a time (``loss.chunked_cross_entropy``):
             the (B, T, vocab_size) logits never exist whole. False: ``F.cross_entropy`` over all of them,
             as evaluation computes it (the memory guide counts both; docs/gpu-fast-path.md).
         float32_matmul_precision: set when ``fit`` starts, before the device is set up ("high": TF32 on
@@ -250,7 +251,7 @@ class GPTLightningModule(LightningModule):
     def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch  # (B, T), (B, T)
         with attention_context(self._attention_backends):  # outside the compiled regions
-            return self.model(x, y, return_logits=not self.hparams.chunked_loss)[1]
+            return self.model(x, y, head_loss=chunked_cross_entropy if self.hparams.chunked_loss else None)[1]
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
