@@ -23,10 +23,13 @@ def test_forward_and_loss_have_no_graph_breaks(monkeypatch):
     explanation = torch._dynamo.explain(model)(idx, idx)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
-    # The training loss in chunks (3 of 12 rows: the loop unrolled), under bf16 autocast as it trains.
-    with torch.autocast("cpu", torch.bfloat16):
-        explanation = torch._dynamo.explain(model.head_and_loss)(torch.randn(2, 16, 32), idx, chunked_cross_entropy)
-    assert explanation.graph_break_count == 0, explanation.break_reasons
+    # The training loss in chunks (3 of 12 rows: the loop unrolled), under bf16 autocast as it trains,
+    # and under float16's, whose backward makes the gradients.
+    for dtype in (torch.bfloat16, torch.float16):
+        with torch.autocast("cpu", dtype):
+            explain = torch._dynamo.explain(model.head_and_loss)
+            explanation = explain(torch.randn(2, 16, 32, requires_grad=True), idx, chunked_cross_entropy)
+        assert explanation.graph_break_count == 0, (dtype, explanation.break_reasons)
 
 
 def test_regional_compilation_compiles_the_block_once():
