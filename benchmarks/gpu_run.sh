@@ -5,6 +5,9 @@
 #   bench         `gpt-lightning bench` on the reference experiment (configs/gpt2-124m.yaml, 100 steps):
 #                 eager, whole-model and regional compile from cold compile caches, then
 #                 configs/gpt2-124m-fast.yaml; bench.json and bench.png updated after each run;
+#   levers        the step's levers that are on by default (the chunked loss, cuDNN attention), each on
+#                 and off on configs/gpt2-124m-fast.yaml, 30 steps (benchmarks/levers.py): tokens/s, peak
+#                 memory, the first 10 steps' losses: levers.json;
 #   tests         the GPU-only tests (tests/test_gpu.py), their output in gpu_tests.txt;
 #   generation    decode at batch 1 and 8 in bf16, eager and compiled (CUDA graphs), against
 #                 transformers' generate (dynamic and static cache) on the same weights, from a
@@ -35,7 +38,7 @@
 # what is missing (jsonargparse, pytest) is installed from it into .device-site/.
 set -uo pipefail  # no -e: one failing step must not stop the others
 start=$(date +%s)
-steps=" ${GPU_RUN_STEPS:-bench tests generation checks overhead fineweb autotune hellaswag optimizers architectures} "
+steps=" ${GPU_RUN_STEPS:-bench levers tests generation checks overhead fineweb autotune hellaswag optimizers architectures} "
 want() { [[ "$steps" == *" $1 "* ]]; }
 if [ "${1:-}" = "--dry-run" ]; then
     export GPU_RUN_SMOKE=1
@@ -97,6 +100,9 @@ step() {
 bench=(--config configs/gpt2-124m.yaml --trainer.logger.init_args.save_dir "$scratch/logs" --every 10)
 runs=(eager model blocks)
 also=(--also configs/gpt2-124m-fast.yaml)
+# The fast config is the reference shape with the module's defaults: its graphs are warm from bench.
+levers=(--config configs/gpt2-124m-fast.yaml --trainer.logger.init_args.save_dir "$scratch/logs" --trainer.max_steps 30
+        --throughput.warmup_steps 10)
 cold=(--cold)
 extra=()
 generation=(--dtype bfloat16 --compile --transformers_static --batch_sizes 1 8 --repeats 3 --new_tokens 256
@@ -123,6 +129,9 @@ if [ -n "${GPU_RUN_SMOKE:-}" ]; then  # the wiring, on a CPU, in seconds
     tiny=(--n_layer 1 --n_head 2 --n_embd 32)
     extra=(--every 1 --trainer.accelerator cpu --trainer.max_steps 3 --throughput.warmup_steps 1
            --model.n_layer 1 --model.n_head 2 --model.n_embd 32 --data.batch_size 2 --data.block_size 32)
+    # bench's tiny shapes without its own --every 1; eager, the three runs in one process: the wiring, in seconds
+    levers=(--config configs/gpt2-124m-fast.yaml --trainer.logger.init_args.save_dir "$scratch/logs"
+            "${extra[@]:2}" --model.compile false --in_process)
     generation=("${tiny[@]}" --dtype bfloat16 --repeats 1 --block_size 32 --prompt_tokens 4 --new_tokens 6 --batch_sizes 1 2 --probe_mb 8
                 --compile --transformers_static)
     hellaswag=("${tiny[@]}" --repeats 1 --examples 5 --batch_sizes 2)  # 5: the last batch is a partial one
@@ -139,6 +148,7 @@ fi
 [ -z "${HELLASWAG_FILE:-}" ] || hellaswag+=(--data_file "$HELLASWAG_FILE")
 
 step bench 240 30 python3 -m gpt_lightning bench "${bench[@]}" --runs "${runs[@]}" "${also[@]}" "${cold[@]}" --out "$dest" "${extra[@]}"
+step levers 180 60 python3 benchmarks/levers.py "${levers[@]}" --out "$dest/levers.json"
 STEP_LOG=gpu_tests.txt step tests 150 30 python3 -m pytest -q -s -p no:cacheprovider "${tests[@]}"
 step generation 180 30 python3 benchmarks/generation.py "${generation[@]}" --out "$dest/generation.json"
 step checks 150 30 python3 benchmarks/gpu_checks.py "${checks[@]}" --out "$dest/gpu_checks.json"

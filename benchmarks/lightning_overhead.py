@@ -57,6 +57,7 @@ from lightning.pytorch.profilers import Profiler
 from gpt_lightning import GPTLightningModule, ThroughputMonitor, TokenStreamDataModule
 from gpt_lightning.commands.bench import repo_relative
 from gpt_lightning.data.windows import TokenWindows
+from gpt_lightning.loss import chunked_cross_entropy
 from gpt_lightning.observing.console import StepProgressBar
 from gpt_lightning.training.attention import attention_context, device_attention_backends
 from gpt_lightning.training.compilation import compile_in_place
@@ -238,7 +239,8 @@ def plain_loop(args, data: TokenStreamDataModule, compiled: bool, device: torch.
             x, y = (t.to(device, non_blocking=True) for t in batch)
         with breakdown.part("forward"):
             with autocast, attention_context(device_attention_backends(device) if ours else None):
-                _, loss = model(x, y, return_logits=not (ours and module.hparams.chunked_loss))  # as training_step
+                head_loss = chunked_cross_entropy if ours and module.hparams.chunked_loss else None
+                _, loss = model(x, y, head_loss=head_loss)  # as training_step
         if ours:
             with breakdown.part("nonfinite_guard"):
                 guard.observe_loss(loss)

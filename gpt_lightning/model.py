@@ -11,12 +11,15 @@ from typing import Literal
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 
 # The value-embedding gate reads the first this many channels of the attention's input (nanochat's 12).
 VALUE_GATE_CHANNELS = 12
+
+# A training loss in place of the logits: (normed final states (N, C), the head's weight (V, C),
+# targets (N,), logit_softcap) -> the mean cross-entropy; ``loss.chunked_cross_entropy`` is one.
+HeadLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float | None], torch.Tensor]
 
 
 @dataclass
@@ -393,11 +396,11 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, head_loss: HeadLoss | None = None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """``(logits, loss)``: logits (B, T, vocab_size) for token ids ``idx`` (B, T), T <= block_size,
         and the mean cross-entropy against next-token ids ``targets`` (B, T) if given (else None).
-        ``return_logits=False`` with targets (training): logits None, the loss by ``chunked_cross_entropy``."""
+        ``head_loss`` with targets (training's, ``loss.chunked_cross_entropy``): logits None, the loss by it."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(
@@ -410,18 +413,16 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             # Checkpointed: only the block's input (B, T, C) is kept; the backward runs it again.
             x = checkpoint(block, x, idx, use_reentrant=False) if recompute else block(x, idx)  # (B, T, C)
-        return self.head_and_loss(x, targets, return_logits)
+        return self.head_and_loss(x, targets, head_loss)
 
     def head_and_loss(
-        self, x: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True
+        self, x: torch.Tensor, targets: torch.Tensor | None = None, head_loss: HeadLoss | None = None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Final norm, LM head and loss: a method of its own, compiled as one region by ``compile_scope: blocks``."""
         B, T, _ = x.shape
-        if targets is not None and not return_logits:  # training: the (B, T, V) logits never exist whole
+        if targets is not None and head_loss is not None:  # training: the loss from the normed states
             h = self.transformer.ln_f(x).view(B * T, -1)  # (B*T, C)
-            return None, chunked_cross_entropy(
-                h, self.lm_head.weight, targets.reshape(B * T), self.config.logit_softcap
-            )
+            return None, head_loss(h, self.lm_head.weight, targets.reshape(B * T), self.config.logit_softcap)
         logits = self.logits(x)  # (B, T, vocab_size)
         loss = None
         if targets is not None:
@@ -456,83 +457,3 @@ class GPT(nn.Module):
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits.float() / cap)  # (..., vocab_size), float32, in (-cap, cap)
         return logits
-
-
-# Rows of (B*T, C) whose logits ``chunked_cross_entropy`` makes at a time: a chunk's logits, log-softmax
-# and gradient take 6 bytes a logit at their peak under bf16-mixed (eager, CUDA), 0.6 GB at V = 50304;
-# F.cross_entropy's backward takes 10 bytes a logit of the whole (B*T, V): 8 GB at B=16, T=1024.
-LOSS_CHUNK_ROWS = 2048
-
-
-def chunked_cross_entropy(
-    h: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    softcap: float | None = None,
-    chunk_rows: int | None = None,
-    ignore_index: int = -100,
-) -> torch.Tensor:
-    """Mean cross-entropy of the logits ``h @ weight.T`` (softcapped as ``GPT.logits`` does) against
-    ``targets`` (N,), for ``h`` (N, C) and ``weight`` (V, C): ``F.cross_entropy``'s loss and gradients
-    (rows with ``ignore_index`` left out, as it does), without the (N, V) logits (``ChunkedCrossEntropy``);
-    ``chunk_rows`` None: ``LOSS_CHUNK_ROWS``."""
-    device = h.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
-    return ChunkedCrossEntropy.apply(
-        h.to(dtype), weight, targets, softcap, chunk_rows or LOSS_CHUNK_ROWS, ignore_index, torch.is_grad_enabled()
-    )
-
-
-class ChunkedCrossEntropy(torch.autograd.Function):
-    """The forward makes each chunk's logits (in ``h``'s dtype, as autocast's matmul), their float32
-    log-softmax, the chunk's loss and, if ``grad_enabled``, its gradients (of ``h`` and, in float32, of
-    ``weight``, as Liger's fused linear cross-entropy does), then frees the logits; the backward only
-    scales the gradients. The head's three matmuls, as unchunked (one without gradients), no recompute."""
-
-    @staticmethod
-    def forward(ctx, h, weight, targets, softcap, chunk_rows, ignore_index, grad_enabled):
-        # The forward runs with grad mode off: whether the caller's was on comes in ``grad_enabled``.
-        need_h, need_w = grad_enabled and ctx.needs_input_grad[0], grad_enabled and ctx.needs_input_grad[1]
-        N = h.size(0)
-        w = weight.to(h.dtype)  # (V, C): autocast's copy of the weight, made here (bf16 under bf16-mixed)
-        grad_h = torch.empty_like(h) if need_h else None  # (N, C), of the mean loss
-        grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None  # (V, C)
-        count = (targets != ignore_index).sum()  # (), the rows the mean is over; a tensor: no host sync
-        inv_count = 1.0 / count.clamp_min(1)  # (), float32; all rows ignored: zero gradients, as F.cross_entropy's
-        total = torch.zeros((), dtype=torch.float32, device=h.device)
-        for start in range(0, N, chunk_rows):
-            x, t = h[start : start + chunk_rows], targets[start : start + chunk_rows, None]  # (n, C), (n, 1)
-            valid = t != ignore_index  # (n, 1)
-            t = t.where(valid, 0)  # (n, 1): ignored rows gather class 0, then are masked out
-            logits = x @ w.t()  # (n, V), in h's dtype
-            z = None
-            if (
-                softcap is not None
-            ):  # cap * tanh(logits / cap), in float32; z = tanh(logits / cap) kept for the gradient
-                z = logits.float().div_(softcap).tanh_()  # (n, V)
-                del logits
-                logits = z * softcap  # (n, V), float32
-            logp = F.log_softmax(logits, dim=-1, dtype=torch.float32)  # (n, V)
-            del logits
-            total = total - logp.gather(1, t).where(valid, 0).sum()
-            if need_h or need_w:
-                g = logp.exp_().scatter_add_(1, t, torch.full_like(t, -1, dtype=logp.dtype))  # (n, V): softmax - onehot
-                if z is not None:  # d(cap * tanh(l / cap)) / dl = 1 - tanh^2
-                    g.mul_(z.square_().neg_().add_(1))
-                del logp, z
-                g = g.mul_(valid * inv_count).to(h.dtype)  # (n, V): of the mean loss, ignored rows 0, for the matmuls
-                if need_h:
-                    grad_h[start : start + chunk_rows] = g @ w  # (n, C)
-                if need_w:
-                    grad_w += (g.t() @ x).float()  # (V, C)
-                del g
-        ctx.save_for_backward(grad_h, grad_w)
-        return total / count  # all rows ignored: 0 / 0, nan, as F.cross_entropy's
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_loss):
-        grad_h, grad_w = ctx.saved_tensors  # out of place: a second backward (retain_graph) finds them intact
-        grad_h = None if grad_h is None else (grad_h * grad_loss).to(grad_h.dtype)
-        grad_w = None if grad_w is None else grad_w * grad_loss
-        return grad_h, grad_w, None, None, None, None, None

@@ -3,8 +3,10 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning.pytorch import Trainer
 from torch.nn.attention import SDPBackend
 
+from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.generation import generate
 from gpt_lightning.training import module as training_module
 from gpt_lightning.training.attention import training_attention_backends
@@ -49,3 +51,33 @@ def test_the_training_forward_runs_in_the_chosen_order_and_decode_does_not(monke
     orders.clear()
     generate(module.model.eval(), idx[:, :4], 3)  # prefill and decode: SDPA's own order
     assert orders and set(orders) == {default}
+
+
+@pytest.mark.parametrize("cudnn_attention", [True, False])
+def test_cudnn_attention_is_the_module_s_switch(cudnn_attention, monkeypatch, small_text, tmp_path):
+    """A plain Trainer's step on a stood-in Hopper GPU: ``cudnn_attention`` (on by default) puts cuDNN's
+    kernel first; off, the training forward keeps SDPA's own order, as on any other device."""
+    hopper = training_attention_backends("cuda", (9, 0), True)
+    monkeypatch.setattr(training_module, "device_attention_backends", lambda device: hopper)
+    orders, sdpa = [], F.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        orders.append(torch._C._get_sdp_priority_order()[0])
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    default = torch._C._get_sdp_priority_order()[0]
+    module = GPTLightningModule(n_layer=1, n_head=2, n_embd=32, compile=False, cudnn_attention=cudnn_attention)
+    data = TokenStreamDataModule(
+        str(small_text), batch_size=2, block_size=16, val_fraction=0.0, cache_dir=str(tmp_path)
+    )
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, data)
+    assert orders == [int(SDPBackend.CUDNN_ATTENTION) if cudnn_attention else default]

@@ -9,23 +9,27 @@ from lightning.pytorch import Trainer
 
 from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.generation import generate
+from gpt_lightning.loss import chunked_cross_entropy
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.training.module import GPTLightningModule
 
 
 def test_forward_and_loss_have_no_graph_breaks(monkeypatch):
-    import gpt_lightning.model
+    import gpt_lightning.loss
 
-    monkeypatch.setattr(gpt_lightning.model, "LOSS_CHUNK_ROWS", 12)
+    monkeypatch.setattr(gpt_lightning.loss, "LOSS_CHUNK_ROWS", 12)
     model = GPT(GPTConfig(block_size=16, vocab_size=128, n_layer=2, n_head=2, n_embd=32))
     idx = torch.randint(0, 128, (2, 16))
     explanation = torch._dynamo.explain(model)(idx, idx)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
-    # The training loss in chunks (3 of 12 rows: the loop unrolled), under bf16 autocast as it trains.
-    with torch.autocast("cpu", torch.bfloat16):
-        explanation = torch._dynamo.explain(model.head_and_loss)(torch.randn(2, 16, 32), idx, False)
-    assert explanation.graph_break_count == 0, explanation.break_reasons
+    # The training loss in chunks (3 of 12 rows: the loop unrolled), under bf16 autocast as it trains,
+    # and under float16's, whose backward makes the gradients.
+    for dtype in (torch.bfloat16, torch.float16):
+        with torch.autocast("cpu", dtype):
+            explain = torch._dynamo.explain(model.head_and_loss)
+            explanation = explain(torch.randn(2, 16, 32, requires_grad=True), idx, chunked_cross_entropy)
+        assert explanation.graph_break_count == 0, (dtype, explanation.break_reasons)
 
 
 def test_regional_compilation_compiles_the_block_once():

@@ -10,8 +10,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-import gpt_lightning.model
+import gpt_lightning.loss
 import gpt_lightning.scaling.memory
+from gpt_lightning.loss import chunked_cross_entropy
 from gpt_lightning.model import GPT, MODERN_SWITCHES, GPTConfig
 from gpt_lightning.scaling.memory import (
     GPT2_FAMILY,
@@ -43,7 +44,7 @@ def kept_for_backward(model: GPT, x: torch.Tensor, mixed: bool = False, chunked:
         torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
         torch.autocast("cpu", torch.bfloat16, enabled=mixed),
     ):
-        model(x, targets, return_logits=not chunked)
+        model(x, targets, head_loss=chunked_cross_entropy if chunked else None)
     return sum(kept.values())
 
 
@@ -134,7 +135,7 @@ def test_the_loss_peak_is_what_a_step_holds_beyond_what_autograd_keeps(switches,
     guide counted only the float32 log-softmax: 30% low on an H200). In float32, as on CUDA; CPU
     autocast upcasts bf16 logits before the log-softmax where CUDA's takes them as they are, which
     costs the CPU 2 bytes a logit (F.cross_entropy's backward), 4 a chunk's logit (chunked)."""
-    for module in (gpt_lightning.model, gpt_lightning.scaling.memory):
+    for module in (gpt_lightning.loss, gpt_lightning.scaling.memory):
         monkeypatch.setattr(module, "LOSS_CHUNK_ROWS", 256)  # 4 chunks
     B, T, V = 8, 128, 8192
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=V, block_size=T, **switches)
@@ -144,7 +145,7 @@ def test_the_loss_peak_is_what_a_step_holds_beyond_what_autograd_keeps(switches,
         x = torch.randint(0, V, (B, T))
         with LivePeak(model) as held:
             with torch.autocast("cpu", torch.bfloat16, enabled=mixed):
-                loss = model(x, torch.roll(x, -1, dims=1), return_logits=not chunked)[1]
+                loss = model(x, torch.roll(x, -1, dims=1), head_loss=chunked_cross_entropy if chunked else None)[1]
             loss.backward()
         estimate = training_memory(config, B, T, mixed=mixed, chunked_loss=chunked).activations
         cpu_upcast = 0 if "logit_softcap" in switches or not mixed else (4 * 256 if chunked else 2 * B * T) * V

@@ -107,3 +107,25 @@ class ShardWindows(ResumableStream):
 
     def order(self) -> dict[str, Any]:
         return {"block_size": self.block_size, "shuffle": self.shuffle, "seed": self.seed, "rows": self.rows_per_shard}
+
+    def rows_before_row_layout(self, epoch: int, batches: int, counts: list[int]) -> int | None:
+        """Each shard was cut into whole batches of its own then (``counts`` per shard, the rest of its
+        rows unread, a batch never in two shards), read in the epoch's shard order and, within a shard,
+        in the row order of now: batch ``i`` of the epoch is this layout's row where the shard it was in
+        starts, plus the batches read in that shard."""
+        if batches >= sum(counts) // self.accumulate * self.accumulate:  # that epoch had ended
+            return sum(self.rows_per_shard)
+        per_shard = [rows // self.rows_per_batch for rows in self.rows_per_shard]
+        if counts != per_shard:
+            raise UserError(
+                f"The checkpoint counts its data position in batches per shard ({counts}, saved by an older "
+                f"gpt-lightning) that these shards do not hold ({per_shard}): resume it on the shards it was "
+                "saved with, or from a checkpoint saved at an epoch's end."
+            )
+        row = 0
+        for shard in self.segment_order(epoch):
+            if batches < per_shard[shard]:
+                return row + batches * self.rows_per_batch
+            batches -= per_shard[shard]
+            row += self.rows_per_shard[shard]
+        return row

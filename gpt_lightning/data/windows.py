@@ -77,6 +77,12 @@ class ResumableStream(IterableDataset):
     def order(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def rows_before_row_layout(self, epoch: int, batches: int, counts: list[int]) -> int | None:
+        """The row of ``epoch`` where a position saved before positions were counted in rows stands:
+        ``batches`` (whole steps) of that version's batches, ``counts`` the rest of its layout list (a
+        text's tokens, or each shard's batches); None: its batch ``i`` is this version's (a text's)."""
+        return None
+
     @property
     def rows_per_batch(self) -> int:
         """Rows of one micro-batch over all processes."""
@@ -175,19 +181,30 @@ class ResumableStream(IterableDataset):
                     f"{self.block_size}: resume it once with {W} process(es), --data.batch_size {B} and --data.block_size "
                     f"{T}; the checkpoints that run saves resume on any number of processes."
                 )
-            self._restored = restored
+            whole = batches // self.accumulate * self.accumulate  # whole optimizer steps, as the rows count them
+            rows = None if layout is None else self.rows_before_row_layout(epoch, whole, list(layout)[3:])
+            if rows is None:
+                self._restored = restored
+            else:  # the same processes, batch size and accumulation, but that layout's batches were other rows
+                self._restore_at_row(restored, rows, restored["ended"], self.accumulate)
             return
         ended, rows = bool(state_dict["ended"]), int(state_dict["rows"])
         self._check_order(order, rows, ended or rows == 0)
         if layout == self.layout():
             steps = batches // self.accumulate
             restored.update(ended=ended, offset=rows - steps * self.accumulate * self.rows_per_batch)
-        else:  # from row ``rows`` on, in whole steps of this layout; an epoch that had ended stays ended
-            left = 0 if ended else max(0, (sum(self.segment_rows()) - rows) // (self.accumulate * self.rows_per_batch))
-            done = len(self) - left * self.accumulate  # batches of the epoch this layout counts as done
-            restored.update(batches=done, ended=left == 0, offset=rows - done * self.rows_per_batch)
-            if self.moved is not None:
-                self.moved(done, int(layout["accumulate"]), left == 0)
+            self._restored = restored
+        else:
+            self._restore_at_row(restored, rows, ended, int(layout["accumulate"]))
+
+    def _restore_at_row(self, restored: dict[str, Any], rows: int, ended: bool, accumulated: int) -> None:
+        """Go on from row ``rows`` of the restored epoch in whole steps of this layout (an epoch that had
+        ended stays ended), the trainer told the batches this layout counts as done (``moved``)."""
+        left = 0 if ended else max(0, (sum(self.segment_rows()) - rows) // (self.accumulate * self.rows_per_batch))
+        done = len(self) - left * self.accumulate  # batches of the epoch this layout counts as done
+        restored.update(batches=done, ended=left == 0, offset=rows - done * self.rows_per_batch)
+        if self.moved is not None:
+            self.moved(done, accumulated, left == 0)
         self._restored = restored
 
     def _check_order(self, order: dict[str, Any], rows: int, at_epoch_start: bool) -> None:

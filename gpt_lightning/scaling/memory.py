@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt_lightning.model import GPT, LOSS_CHUNK_ROWS, VALUE_GATE_CHANNELS, GPTConfig
+from gpt_lightning.loss import LOSS_CHUNK_ROWS
+from gpt_lightning.model import GPT, VALUE_GATE_CHANNELS, GPTConfig
 
 GIB = 2**30
 
@@ -37,7 +38,8 @@ def activation_bytes_per_token(
             exist at a time while it is recomputed.
         rows: rows per micro-batch, which share the tensors made per position (positions, rotary angles).
         chunked_loss: the training loss by ``chunked_cross_entropy`` (it keeps the gradient of the head's
-            input, no logits) rather than ``F.cross_entropy`` (the head's input and the logits' log-softmax).
+            input, no logits; under 16-mixed the input itself and the targets, 8 bytes a token more, not
+            counted) rather than ``F.cross_entropy`` (the head's input and the logits' log-softmax).
     """
     C, V = config.n_embd, config.vocab_size
     # ids (int64), and the targets F.cross_entropy keeps (the chunked loss does not); positions, one per position

@@ -14,6 +14,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 from torchmetrics.metric import CompositionalMetric
 
+from gpt_lightning.loss import chunked_cross_entropy
 from gpt_lightning.scaling.flops import training_flops
 from gpt_lightning.scaling.sharding import is_empty, materialize, shard_once, sync_at_last_micro_batch
 from gpt_lightning.training import resume
@@ -93,9 +94,13 @@ class GPTLightningModule(LightningModule):
         compile_fullgraph: fail on any graph break instead of falling back to eager.
         compile_eval: compile evaluation too (a second graph, at the first validation); for long evaluations.
         activation_checkpointing: recompute each block's activations in the backward pass: less memory.
-        chunked_loss: the training loss a chunk of rows at a time (``model.chunked_cross_entropy``):
+        chunked_loss: the training loss a chunk of rows at a time (``loss.chunked_cross_entropy``):
             the (B, T, vocab_size) logits never exist whole. False: ``F.cross_entropy`` over all of them,
-            as evaluation computes it (the memory guide counts both; docs/gpu-fast-path.md).
+            as evaluation computes it (the memory guide counts both; docs/gpu-fast-path.md). Unmeasured
+            on a GPU until ``benchmarks/gpu_run.sh``'s levers step runs.
+        cudnn_attention: the training forward tries cuDNN's attention kernel first on GPUs of compute
+            capability >= 9.0 with cuDNN >= 9 (``training/attention.py``); False: SDPA's own order there
+            too (flash first). No effect elsewhere. Unmeasured on a GPU until the levers step runs.
         float32_matmul_precision: set when ``fit`` starts, before the device is set up ("high": TF32 on
             Ampere and newer GPUs); None: left alone.
         val_sample_tokens: tokens the ``ValidationSamples`` callback (the CLI attaches it) samples
@@ -149,6 +154,7 @@ class GPTLightningModule(LightningModule):
         compile_eval: bool = False,
         activation_checkpointing: bool = False,
         chunked_loss: bool = True,
+        cudnn_attention: bool = True,
         float32_matmul_precision: Literal["highest", "high", "medium"] | None = None,
         val_sample_tokens: int = 48,
         val_sample_prompt: str = "\n",
@@ -236,7 +242,7 @@ class GPTLightningModule(LightningModule):
         """The optimizer settings and schedule given now at the (restored) step, for the optimizer
         ``configure_optimizers`` built; a subclass's own is left alone (``resume``)."""
         resume.continue_own_schedule(self.trainer, self._built, group_settings(self.hparams), self.lr_multiplier)
-        self._attention_backends = device_attention_backends(self.device)
+        self._attention_backends = device_attention_backends(self.device) if self.hparams.cudnn_attention else None
         steps = self.trainer.estimated_stepping_batches
         self._final_step = None if steps == float("inf") else int(steps)
 
@@ -250,7 +256,7 @@ class GPTLightningModule(LightningModule):
     def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch  # (B, T), (B, T)
         with attention_context(self._attention_backends):  # outside the compiled regions
-            return self.model(x, y, return_logits=not self.hparams.chunked_loss)[1]
+            return self.model(x, y, head_loss=chunked_cross_entropy if self.hparams.chunked_loss else None)[1]
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
