@@ -75,3 +75,21 @@ class NoGlooInterface(Callback):
 
     def setup(self, trainer, pl_module, stage):
         os.environ["GLOO_SOCKET_IFNAME"] = "nonexistent0"
+
+
+class ForkPool(Callback):
+    """A user's pool, as a library forks one (``datasets.map(num_proc=2)``): a ``fork`` ``Pool(2)`` at the
+    first step (``Preemption``'s handler in place), left by its ``with`` while its workers are busy, which
+    SIGTERMs them (``Pool.terminate``)."""
+
+    def _pool(self) -> None:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            assert pool.map(abs, [-1, -2, -3]) == [1, 2, 3]
+            pool.map_async(time.sleep, [60, 60])
+            time.sleep(0.5)  # both workers asleep in their task
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx == 0:
+            self._pool()

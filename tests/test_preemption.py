@@ -275,6 +275,17 @@ def test_a_sigterm_during_the_sanity_check_exits_143_with_nothing_to_save(tmp_pa
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
+def test_a_user_s_fork_pool_neither_ends_the_run_nor_hangs_it(tmp_path):
+    """A ``fork`` pool in a user's callback (as ``datasets.map(num_proc=2)`` makes one), left while its workers
+    are busy, which SIGTERMs them, at the first step with ``Preemption``'s handler in place. Before, it hung:
+    the workers' copy of our handler only recorded the SIGTERM, and the pool waited for them."""
+    job = [*TINY, "--trainer.max_steps", "1", "--trainer.logger.init_args.save_dir", str(tmp_path)]
+    started = launch([*job, "--trainer.callbacks+=preemption_probe.ForkPool"], cwd=tmp_path)
+    err = finish(started, within=60)
+    assert started.returncode == 0, err[-3000:]
+    assert "gpt-lightning: stopped" not in err
+
+
 # Two DDP processes (gloo), one micro-batch of 2 x 16 tokens per rank and step.
 DDP2 = [
     *TINY,

@@ -63,6 +63,7 @@ class Preemption(Callback):
         self.signum = 0  # the first stop signal this process received during the fit, 0: none
         self._previous: dict[int, Any] = {}  # the handlers ours replaced, put back when the fit ends
         self._armed = False
+        self._pid = os.getpid()  # the process whose fit this is; a process forked during it is not
         self._reset()
 
     def _reset(self) -> None:
@@ -80,13 +81,12 @@ class Preemption(Callback):
     # --- signals ------------------------------------------------------------------------------------
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         """Only records; the loop prints and acts (a write to stderr here can fail when it interrupts tqdm's)."""
-        if not self._armed:  # the fit is over (Lightning put this handler back): the previous one's turn
-            previous = self._previous.get(signum) or signal.SIG_DFL
-            signal.signal(signum, previous)
-            if callable(previous):
-                previous(signum, frame)
-            elif previous == signal.SIG_DFL:
-                os.kill(os.getpid(), signum)
+        forked = os.getpid() != self._pid  # a worker of a pool (a DataLoader's) forked during the fit
+        if forked and signum == signal.SIGINT:
+            return  # Ctrl-C reaches every process of the terminal: a DataLoader worker feeds the step being saved
+        if forked or not self._armed:  # a pool's terminate, or the fit is over (Lightning may put this handler back)
+            signal.signal(signum, self._previous.get(signum) or signal.SIG_DFL)  # as if ours had never been here
+            os.kill(os.getpid(), signum)
             return
         if signum == signal.SIGINT and self.signum == signal.SIGINT:
             raise KeyboardInterrupt  # Ctrl-C twice: stop now, without a checkpoint
@@ -109,6 +109,7 @@ class Preemption(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":  # before the checkpoint's restore
+            self._pid = os.getpid()
             self._reset()
             self._install()
             self._armed = True
