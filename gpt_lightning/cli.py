@@ -5,11 +5,12 @@
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 
 from gpt_lightning.errors import UserError
-from gpt_lightning.scaling.launched_ranks import cli_run, wait_for_launched_ranks
+from gpt_lightning.scaling.launched_ranks import LAUNCHER_PID, LaunchedRanks, die_with_launcher
 
 # Our own commands, each a module of gpt_lightning.commands with a main(argv); imported on use.
 COMMANDS = {
@@ -48,10 +49,10 @@ def main(args: list[str] | None = None) -> None:
     ends at once), and a Ctrl-C while the main thread waits in one long C call (a store, a big
     ``torch.load``) is acted on when the call returns (docs/resume.md, "How a run stops")."""
     argv = sys.argv[1:] if args is None else args
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    launcher, handlers = os.environ.get(LAUNCHER_PID), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    die_with_launcher()  # first: a rank Lightning's launcher started never outlives it
     try:
-        with cli_run():  # first: a rank Lightning's launcher started never outlives it
-            _main(argv, args)
+        _main(argv, args)
     except (KeyboardInterrupt, SystemExit) as stop:
         # Lightning ends a fit it sees a KeyboardInterrupt in with sys.exit(1), in the ``except`` that caught it.
         if isinstance(stop, SystemExit) and not (stop.code == 1 and isinstance(stop.__context__, KeyboardInterrupt)):
@@ -63,6 +64,10 @@ def main(args: list[str] | None = None) -> None:
         for signum, handler in handlers.items():
             if signal.getsignal(signum) is not handler and handler is not None:
                 signal.signal(signum, handler)
+        if launcher is None:
+            os.environ.pop(LAUNCHER_PID, None)
+        else:
+            os.environ[LAUNCHER_PID] = launcher
 
 
 def _main(argv: list[str], args: list[str] | None) -> None:
@@ -74,16 +79,18 @@ def _main(argv: list[str], args: list[str] | None) -> None:
             importlib.import_module(f"gpt_lightning.commands.{argv[0]}").main(argv[1:])
         else:
             from gpt_lightning.lightning_cli import GPTLightningCLI
-            from gpt_lightning.scaling.dead_rank import report_launched_rank_ends
+            from gpt_lightning.lightning_internals import watch_launched_ranks
             from gpt_lightning.training.preemption import Preempted
 
-            with report_launched_rank_ends():
+            ranks = LaunchedRanks()
+            with watch_launched_ranks(ranks.started, ranks.ended):
                 try:
                     GPTLightningCLI(args=args)
-                except Preempted:  # every rank stopped at one step
-                    wait_for_launched_ranks()
+                except Preempted as stop:  # every rank stopped at one step, and ends as this one does
+                    ranks.finish(stop.code)
                     raise
-                wait_for_launched_ranks()
+                if ranks.finish(0):
+                    raise SystemExit(1)
     except (UserError, *_lightning_errors()) as err:  # evaluated only when something was raised
         print(f"gpt-lightning: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -1,8 +1,10 @@
 """How a process of ``gpt-lightning`` ends outside training: a rank Lightning's launcher started dies with
-it, or exits at once where it is already gone (torchrun's ranks are left to torchrun); a Ctrl-C outside
-training is one line and ``SystemExit(130)`` that a caller of ``main()`` catches. Through ``gpt-lightning
-fit`` on 2 processes: tests/test_preemption.py (rank 0 killed) and test_dead_rank.py."""
+it, or exits at once where it is already gone (torchrun's ranks are left to torchrun); rank 0, done, waits
+30 s in all for the ranks it started and says which failed; a Ctrl-C outside training is one line and
+``SystemExit(130)`` that a caller of ``main()`` catches. Through ``gpt-lightning fit`` on 2 processes:
+tests/test_preemption.py (rank 0 killed) and test_dead_rank.py."""
 
+import json
 import os
 import signal
 import subprocess
@@ -92,6 +94,53 @@ def test_torchrun_s_ranks_and_a_launcher_s_own_process_are_left_alone():
     env = {**ENV, "LOCAL_RANK": "1", "GPT_LIGHTNING_LAUNCHER_PID": parent}
     result = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=60)
     assert result.stdout.split() == [str(int(signal.SIGKILL)), "True"], result.stderr  # a launched rank
+
+
+def test_rank_0_waits_30_s_in_all_for_the_ranks_it_started_not_30_s_each(monkeypatch, capsys):
+    """Three ranks that hang after rank 0 finished. Before, rank 0 waited the limit for each in turn (8 ranks:
+    4 minutes) and exited 0."""
+    from gpt_lightning.scaling.launched_ranks import LaunchedRanks
+
+    monkeypatch.setattr("gpt_lightning.scaling.launched_ranks.FINISH_WAIT_S", 2.0)
+    ranks = LaunchedRanks()
+    ranks.started([subprocess.Popen(["sleep", "60"]) for _ in range(3)])
+    started = time.monotonic()
+    assert ranks.finish(0) is True
+    assert time.monotonic() - started < 4  # one 2 s deadline, not three
+    assert all(proc.returncode == -signal.SIGKILL for proc in ranks.procs)
+    pids = [proc.pid for proc in ranks.procs]
+    assert capsys.readouterr().err == (
+        "gpt-lightning: error: this rank finished, but "
+        + "; ".join(f"rank {rank} (pid {pid}) still ran 2 s later and was killed" for rank, pid in enumerate(pids, 1))
+        + ": its log says why.\n"
+    )
+
+
+def test_a_rank_that_fails_after_rank_0_finished_fails_the_job(small_text, tmp_path):
+    """Rank 1 exits 3 a second after rank 0 finished its fit. Before, the job exited 0: rank 0's launcher
+    watcher held back (the run had claimed its end) and its wait did not look at how the rank ended."""
+    fail = {"class_path": "ddp_probe.FailAfterRank0", "init_args": {"out_dir": str(tmp_path / "marks")}}
+    args = [
+        *fit_args(small_text, tmp_path, max_steps=3),
+        "--trainer.devices",
+        "2",
+        f"--trainer.callbacks+={json.dumps(fail)}",
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "gpt_lightning", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])},
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    rank1 = (tmp_path / "marks" / "rank1").read_text()
+    assert (
+        last
+        == f"gpt-lightning: error: this rank finished, but rank 1 (pid {rank1}) ended with exit code 3: its log says why."
+    )
 
 
 def test_a_ctrl_c_outside_training_is_a_system_exit_a_python_caller_catches(small_text, tmp_path):

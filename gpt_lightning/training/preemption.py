@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from gpt_lightning.lightning_internals import process_group_timeout, skip_sigterm_broadcast
 from gpt_lightning.scaling.dead_rank import PROCESS_GROUP_TIMEOUT
-from gpt_lightning.scaling.launched_ranks import claim_the_end
+from gpt_lightning.scaling.launched_ranks import run_ends
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,7 @@ class Preemption(Callback):
             self._release()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        run_ends()  # before Lightning kills the launched ranks on a Ctrl-C: no news for its watcher
         self._release()
 
     def _listen(self, trainer: Trainer) -> None:
@@ -272,7 +273,7 @@ class Preemption(Callback):
         )
 
     def _stop(self, trainer: Trainer, signum: int, save: bool = True) -> None:
-        claim_the_end()  # every rank stops: the launcher's watcher, seeing one exit 143 first, stays quiet
+        run_ends()  # every rank stops: the launcher's watcher, seeing one exit 143 first, stays quiet
         path = self.last_path(trainer) if save else None
         if path is not None and not self._just_saved(trainer):
             trainer.save_checkpoint(path, weights_only=False)  # every rank: a collective under FSDP2
