@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 import importlib
+import os
+import signal
 import sys
 
 from gpt_lightning.errors import UserError
-from gpt_lightning.scaling.launched_ranks import StoppedOutsideTraining, cli_run, wait_for_launched_ranks
+from gpt_lightning.scaling.launched_ranks import LAUNCHER_PID, LaunchedRanks, die_with_launcher
 
 # Our own commands, each a module of gpt_lightning.commands with a main(argv); imported on use.
 COMMANDS = {
@@ -42,14 +44,33 @@ def _lightning_errors() -> tuple[type[Exception], ...]:
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``gpt-lightning`` and ``python -m gpt_lightning``. Called from Python (a notebook),
     it returns, or raises ``SystemExit``: code 2 for a user's mistake, 143 / 130 for a SIGTERM / Ctrl-C
-    (``Preempted`` in training, ``StoppedOutsideTraining`` outside it), never ``KeyboardInterrupt``
-    but for a second Ctrl-C in training."""
-    with cli_run():  # first: a rank Lightning's launcher started never outlives it
-        _main(args)
-
-
-def _main(args: list[str] | None) -> None:
+    during training (``Preempted``), 130 for a Ctrl-C outside it, never ``KeyboardInterrupt``. Outside
+    training it handles no signal: a SIGTERM there takes the process's own action (``gpt-lightning``'s: it
+    ends at once), and a Ctrl-C while the main thread waits in one long C call (a store, a big
+    ``torch.load``) is acted on when the call returns (docs/resume.md, "How a run stops")."""
     argv = sys.argv[1:] if args is None else args
+    launcher, handlers = os.environ.get(LAUNCHER_PID), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    die_with_launcher()  # first: a rank Lightning's launcher started never outlives it
+    try:
+        _main(argv, args)
+    except (KeyboardInterrupt, SystemExit) as stop:
+        # Lightning ends a fit it sees a KeyboardInterrupt in with sys.exit(1), in the ``except`` that caught it.
+        if isinstance(stop, SystemExit) and not (stop.code == 1 and isinstance(stop.__context__, KeyboardInterrupt)):
+            raise
+        fit = " without saving. Run the same command with --ckpt_path last to resume from the last checkpoint, if any"
+        print(f"gpt-lightning: stopped by Ctrl-C (SIGINT){fit if argv[:1] == ['fit'] else ''}.", file=sys.stderr)
+        raise SystemExit(130) from None
+    finally:  # a caller (a notebook) goes on as before: Lightning leaves Ctrl-C ignored after one in its fit
+        for signum, handler in handlers.items():
+            if signal.getsignal(signum) is not handler and handler is not None:
+                signal.signal(signum, handler)
+        if launcher is None:
+            os.environ.pop(LAUNCHER_PID, None)
+        else:
+            os.environ[LAUNCHER_PID] = launcher
+
+
+def _main(argv: list[str], args: list[str] | None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(OVERVIEW, file=sys.stdout if argv else sys.stderr)
         raise SystemExit(0 if argv else 2)
@@ -58,15 +79,18 @@ def _main(args: list[str] | None) -> None:
             importlib.import_module(f"gpt_lightning.commands.{argv[0]}").main(argv[1:])
         else:
             from gpt_lightning.lightning_cli import GPTLightningCLI
-            from gpt_lightning.scaling.dead_rank import report_launched_rank_ends
+            from gpt_lightning.lightning_internals import watch_launched_ranks
+            from gpt_lightning.training.preemption import Preempted
 
-            with report_launched_rank_ends():
-                GPTLightningCLI(args=args)
-                wait_for_launched_ranks()
-    except SystemExit as stop:
-        if stop.code in (130, 143) and not isinstance(stop, StoppedOutsideTraining):  # every rank at one step
-            wait_for_launched_ranks()
-        raise
+            ranks = LaunchedRanks()
+            with watch_launched_ranks(ranks.started, ranks.ended):
+                try:
+                    GPTLightningCLI(args=args)
+                except Preempted as stop:  # every rank stopped at one step, and ends as this one does
+                    ranks.finish(stop.code)
+                    raise
+                if ranks.finish(0):
+                    raise SystemExit(1)
     except (UserError, *_lightning_errors()) as err:  # evaluated only when something was raised
         print(f"gpt-lightning: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -9,7 +9,7 @@ resume), the other ``batch_progress`` counts (a resume on another layout), ``_fo
 and ``strategy._timeout`` (preemption), ``lightning_utilities.core.rank_zero.log`` (CLI log filter),
 ``GradScaler._get_scale_async`` (nonfinite), ``Optimizer._step_supports_amp_scaling`` (fused AdamW),
 ``ArgumentParser._actions`` ("did you mean"), ``Tensor._version`` (generation.py), ``_ChildProcessObserver`` (the launcher's watcher of the ranks it
-started: its ``_terminate_all`` and ``_child_processes``, dead_rank.py), torch Muon's
+started: its ``_terminate_all`` and ``_child_processes``, launched_ranks.py), torch Muon's
 ``_zeropower_via_newtonschulz`` and ``_adjust_lr`` (optimizers.py), ``nn.Module._compiled_call_impl`` and
 inductor's ``default_cache_dir`` (compilation.py).
 """

@@ -135,3 +135,23 @@ class RecordSteps(Callback):
         self.out_dir.mkdir(parents=True, exist_ok=True)
         record = {"batches": self.batches, "epoch": trainer.current_epoch, "world_size": trainer.world_size}
         (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+class FailAfterRank0(Callback):
+    """Rank 1 exits 3 a second after rank 0 has finished its fit (a crash in a rank's own last moments); each
+    rank writes its pid to ``out_dir/rank<r>`` as its fit ends."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def teardown(self, trainer, pl_module, stage):
+        import os
+        import time
+
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / f"rank{trainer.global_rank}").write_text(str(os.getpid()))
+        if trainer.global_rank == 1:
+            while not (self.out_dir / "rank0").exists():
+                time.sleep(0.05)
+            time.sleep(1)
+            os._exit(3)

@@ -75,3 +75,52 @@ class NoGlooInterface(Callback):
 
     def setup(self, trainer, pl_module, stage):
         os.environ["GLOO_SOCKET_IFNAME"] = "nonexistent0"
+
+
+class ForkPool(Callback):
+    """A user's pool, as a library forks one (``datasets.map(num_proc=2)``): a ``fork`` ``Pool(2)`` in the fit's
+    ``setup`` (before ``Preemption`` listens) and again at the first step (its handler in place), each left by its
+    ``with`` while its workers are busy, which SIGTERMs them (``Pool.terminate``)."""
+
+    def _pool(self) -> None:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            assert pool.map(abs, [-1, -2, -3]) == [1, 2, 3]
+            pool.map_async(time.sleep, [60, 60])
+            time.sleep(0.5)  # both workers asleep in their task
+
+    def setup(self, trainer, pl_module, stage):
+        self._pool()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx == 0:
+            self._pool()
+
+
+class SlowInit(Callback):
+    """A user's callback whose ``__init__`` spends ``seconds`` in one C call (a store's wait; a tokenizer's or a
+    big ``torch.load`` alike), with a Ctrl-C to this process ``ctrl_c_after`` seconds into it."""
+
+    def __init__(self, seconds: float = 4.5, ctrl_c_after: float = 0.3) -> None:
+        import signal
+        import threading
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        threading.Timer(ctrl_c_after, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            dist.TCPStore("127.0.0.1", 0, 2, True, timeout=timedelta(seconds=seconds), wait_for_workers=True)
+        except dist.DistStoreError:  # no other rank joins: the call returns at its timeout
+            pass
+
+
+class CtrlCAtSetup(Callback):
+    """A Ctrl-C to this process inside the fit, before ``Preemption`` listens (as in ``prepare_data``)."""
+
+    def setup(self, trainer, pl_module, stage):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)

@@ -299,12 +299,9 @@ def test_when_lightning_s_launcher_notices_first_rank_0_still_says_it_in_one_lin
     last = err.strip().splitlines()[-1]
     assert last.startswith(
         "gpt-lightning: error: another rank of this run went away, and this one (rank 0 of 2) stopped "
-        f"(Lightning's launcher saw rank 1 (pid {rank1}) end: killed by SIGKILL; "
+        f"(Lightning's launcher saw rank 1 (pid {rank1}) end: killed by SIGKILL): "
     ), last
-    error_file = tmp_path / "tb" / "tiny-cpu" / "version_0" / "error-rank0.txt"
-    assert f"the whole error is in {error_file})" in last and "--ckpt_path last" in last
-    report = error_file.read_text()
-    assert f"rank 1 (pid {rank1}) end: killed by SIGKILL" in report and "in _hold" in report  # where rank 0 waited
+    assert "--ckpt_path last" in last
 
 
 def test_a_second_run_in_one_process_still_says_a_launched_rank_ended_and_lightning_s_own_watcher_is_back(

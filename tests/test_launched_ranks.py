@@ -1,17 +1,23 @@
-"""How a process of ``gpt-lightning`` ends outside training, without torch (cheap): a rank Lightning's
-launcher started dies with it, or exits at once where it is already gone; torchrun's ranks are left to
-torchrun; a stop signal before ``Preemption``'s handler ends the CLI in one line, 143 / 130. Through
-``gpt-lightning fit`` on 2 processes: tests/test_preemption.py (rank 0 killed) and test_dead_rank.py."""
+"""How a process of ``gpt-lightning`` ends outside training: a rank Lightning's launcher started dies with
+it, or exits at once where it is already gone (torchrun's ranks are left to torchrun); rank 0, done, waits
+30 s in all for the ranks it started and says which failed; a Ctrl-C outside training is one line and
+``SystemExit(130)`` that a caller of ``main()`` catches. Through ``gpt-lightning fit`` on 2 processes:
+tests/test_preemption.py (rank 0 killed) and test_dead_rank.py."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import REPO
+from test_ddp import fit_args
+
+from gpt_lightning.cli import main
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 RANK = """
@@ -90,94 +96,96 @@ def test_torchrun_s_ranks_and_a_launcher_s_own_process_are_left_alone():
     assert result.stdout.split() == [str(int(signal.SIGKILL)), "True"], result.stderr  # a launched rank
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_stop_signal_before_preemption_s_handler_ends_the_cli_in_one_line(signum):
-    body = (
-        "import sys, time\nfrom gpt_lightning.scaling.launched_ranks import StopSignalsBeforeOurs\n"
-        "with StopSignalsBeforeOurs():\n    print('ready', flush=True)\n    time.sleep(60)\n"
-    )
-    started = subprocess.Popen(
-        [sys.executable, "-c", body], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    assert started.stdout.readline() == "ready\n"
-    os.kill(started.pid, signum)
-    err = started.communicate(timeout=30)[1]
-    assert started.returncode == 128 + signum, err
-    assert err == (
-        f"gpt-lightning: stopped by {signal.Signals(signum).name} outside training (starting or finishing): "
-        "nothing new to save. Run the same command again (with --ckpt_path last) to start or resume.\n"
+def test_rank_0_waits_30_s_in_all_for_the_ranks_it_started_not_30_s_each(monkeypatch, capsys):
+    """Three ranks that hang after rank 0 finished. Before, rank 0 waited the limit for each in turn (8 ranks:
+    4 minutes) and exited 0."""
+    from gpt_lightning.scaling.launched_ranks import LaunchedRanks
+
+    monkeypatch.setattr("gpt_lightning.scaling.launched_ranks.FINISH_WAIT_S", 2.0)
+    ranks = LaunchedRanks()
+    ranks.started([subprocess.Popen(["sleep", "60"]) for _ in range(3)])
+    started = time.monotonic()
+    assert ranks.finish(0) is True
+    assert time.monotonic() - started < 4  # one 2 s deadline, not three
+    assert all(proc.returncode == -signal.SIGKILL for proc in ranks.procs)
+    pids = [proc.pid for proc in ranks.procs]
+    assert capsys.readouterr().err == (
+        "gpt-lightning: error: this rank finished, but "
+        + "; ".join(f"rank {rank} (pid {pid}) still ran 2 s later and was killed" for rank, pid in enumerate(pids, 1))
+        + ": its log says why.\n"
     )
 
 
-def test_a_stop_signal_ends_the_cli_while_its_main_thread_waits_in_a_store():
-    """Rank 0 at startup, in C++ waiting for the others to join its store: Python's handler cannot run
-    there (before, the process waited for the store's timeout); the thread ends it, GRACE_S later."""
-    body = (
-        "from datetime import timedelta\nimport torch.distributed as dist\n"
-        "from gpt_lightning.scaling.launched_ranks import StopSignalsBeforeOurs\n"
-        "with StopSignalsBeforeOurs():\n    print('ready', flush=True)\n"
-        "    dist.TCPStore('127.0.0.1', 0, world_size=2, is_master=True, timeout=timedelta(seconds=120), wait_for_workers=True)\n"
+def test_a_rank_that_fails_after_rank_0_finished_fails_the_job(small_text, tmp_path):
+    """Rank 1 exits 3 a second after rank 0 finished its fit. Before, the job exited 0: rank 0's launcher
+    watcher held back (the run had claimed its end) and its wait did not look at how the rank ended."""
+    fail = {"class_path": "ddp_probe.FailAfterRank0", "init_args": {"out_dir": str(tmp_path / "marks")}}
+    args = [
+        *fit_args(small_text, tmp_path, max_steps=3),
+        "--trainer.devices",
+        "2",
+        f"--trainer.callbacks+={json.dumps(fail)}",
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "gpt_lightning", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])},
     )
-    started = subprocess.Popen(
-        [sys.executable, "-c", body], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    rank1 = (tmp_path / "marks" / "rank1").read_text()
+    assert (
+        last
+        == f"gpt-lightning: error: this rank finished, but rank 1 (pid {rank1}) ended with exit code 3: its log says why."
     )
-    assert started.stdout.readline() == "ready\n"
-    time.sleep(0.5)  # inside the store's wait
-    os.kill(started.pid, signal.SIGTERM)
-    sent = time.monotonic()
-    err = started.communicate(timeout=60)[1]
-    assert started.returncode == 143 and time.monotonic() - sent < 20, err[-2000:]
-    assert err.startswith("gpt-lightning: stopped by SIGTERM outside training"), err[-2000:]
 
 
-def test_a_process_forked_meanwhile_keeps_the_handler_it_had():
-    """A tokenizing pool's worker forked while the CLI starts: Ctrl-C there is its KeyboardInterrupt, not our line."""
-    body = (
-        "import os, signal, sys, time\nfrom gpt_lightning.scaling.launched_ranks import StopSignalsBeforeOurs\n"
-        "with StopSignalsBeforeOurs():\n    pid = os.fork()\n    if pid == 0:\n"
-        "        try:\n            os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n"
-        "        except KeyboardInterrupt:\n            os._exit(7)\n        os._exit(0)\n"
-        "    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)\n"
-    )
-    result = subprocess.run([sys.executable, "-c", body], env=ENV, capture_output=True, text=True, timeout=60)
-    assert (result.returncode, result.stdout, result.stderr) == (0, "7\n", "")
-
-
-def test_a_ctrl_c_while_main_starts_leaves_a_python_caller_running_as_it_was():
-    """A script (a notebook) calling ``main()``: a Ctrl-C as it starts is its SystemExit 130, and the process
-    goes on as before the call. Before, the stop-signal thread ended it ``GRACE_S`` after ``main()`` had
-    returned (``os._exit(130)``: a notebook's kernel died), and the launcher's pid stayed in its environment."""
+def test_a_ctrl_c_outside_training_is_a_system_exit_a_python_caller_catches(small_text, tmp_path):
+    """A script (a notebook) calling ``main()``: a Ctrl-C while a user's callback waits 4.5 s in one C call (a
+    store), and one inside the fit before ``Preemption`` listens (as in ``prepare_data``). Each is one line and
+    ``SystemExit(130)`` that the caller catches; the process goes on with its handlers and no thread of ours.
+    Before, the first ended the process 3 s after the signal (``os._exit(130)``): the caller's ``except`` never
+    ran (a notebook's kernel died)."""
+    fit = fit_args(small_text, tmp_path, max_steps=1)
+    fit[fit.index("--trainer.strategy") + 1] = "auto"
     body = f"""
-import os, signal, threading, time
+import signal, threading
 from gpt_lightning.cli import main
-from gpt_lightning.scaling.launched_ranks import StopSignalsBeforeOurs
 before = signal.getsignal(signal.SIGINT)
-def ctrl_c():  # once main() listens
-    while signal.getsignal(signal.SIGINT) is before:
-        time.sleep(0.001)
-    os.kill(os.getpid(), signal.SIGINT)
-threading.Thread(target=ctrl_c).start()
-try:
-    main(["fit", "--config", {str(REPO / "configs/tiny-cpu.yaml")!r}])
-except SystemExit as stop:
-    print(type(stop).__name__, stop.code, flush=True)
-time.sleep(StopSignalsBeforeOurs.GRACE_S + 1)
-print(signal.getsignal(signal.SIGINT) is before, signal.set_wakeup_fd(-1), os.environ.get("GPT_LIGHTNING_LAUNCHER_PID"),
-      [thread.name for thread in threading.enumerate() if thread is not threading.current_thread()])
+for callback in ("SlowInit", "CtrlCAtSetup"):
+    try:
+        main([*{fit!r}, "--trainer.callbacks+=preemption_probe." + callback])
+    except SystemExit as stop:
+        print("caught", stop.code, flush=True)
+print(signal.getsignal(signal.SIGINT) is before, [t.name for t in threading.enumerate() if t is not threading.current_thread()])
 """
-    result = subprocess.run([sys.executable, "-c", body], env=ENV, capture_output=True, text=True, timeout=60)
-    assert (result.returncode, result.stdout) == (0, "StoppedOutsideTraining 130\nTrue -1 None []\n"), result.stderr
-    assert result.stderr.startswith("gpt-lightning: stopped by SIGINT outside training"), result.stderr
-
-
-def test_a_stopped_cli_that_takes_long_to_unwind_in_python_is_not_cut_short():
-    """The handler ran, so the main thread runs Python: the CLI unwinds at its pace (Lightning's teardown);
-    only a main thread that cannot run the handler, stuck in C++, is ended ``GRACE_S`` after the signal."""
-    body = (
-        "import os, signal, time\nfrom gpt_lightning.scaling.launched_ranks import StopSignalsBeforeOurs, StoppedOutsideTraining\n"
-        "StopSignalsBeforeOurs.GRACE_S = 0.3\nwith StopSignalsBeforeOurs():\n    try:\n"
-        "        os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\n    except StoppedOutsideTraining:\n"
-        "        time.sleep(1)  # unwinding\nprint('unwound', flush=True)\n"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    result = subprocess.run(
+        [sys.executable, "-c", body], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )
-    result = subprocess.run([sys.executable, "-c", body], env=ENV, capture_output=True, text=True, timeout=60)
-    assert (result.returncode, result.stdout) == (0, "unwound\n"), result.stderr
+    assert (result.returncode, result.stdout) == (0, "caught 130\ncaught 130\nTrue []\n"), result.stderr[-3000:]
+    line = (
+        "gpt-lightning: stopped by Ctrl-C (SIGINT) without saving. Run the same command with --ckpt_path last "
+        "to resume from the last checkpoint, if any."
+    )
+    assert [text for text in result.stderr.splitlines() if text.startswith("gpt-lightning:")] == [line, line]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["eval", "tokenize", "sample", "export"])
+def test_a_ctrl_c_in_our_own_commands_says_only_that_it_stopped(command, monkeypatch, capsys):
+    """A real SIGINT while the command runs, ``main()`` called as a notebook calls it. Before, each said "Run
+    the same command again (with --ckpt_path last)", which means nothing there."""
+
+    def runs(argv):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+
+    monkeypatch.setitem(sys.modules, f"gpt_lightning.commands.{command}", SimpleNamespace(main=runs))
+    with pytest.raises(SystemExit) as stopped:
+        main([command])
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err == "gpt-lightning: stopped by Ctrl-C (SIGINT).\n"

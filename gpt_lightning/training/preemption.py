@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from gpt_lightning.lightning_internals import process_group_timeout, skip_sigterm_broadcast
 from gpt_lightning.scaling.dead_rank import PROCESS_GROUP_TIMEOUT
-from gpt_lightning.scaling.launched_ranks import claim_the_end
+from gpt_lightning.scaling.launched_ranks import run_ends
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class Preemption(Callback):
         self.signum = 0  # the first stop signal this process received during the fit, 0: none
         self._previous: dict[int, Any] = {}  # the handlers ours replaced, put back when the fit ends
         self._armed = False
+        self._pid = os.getpid()  # the process whose fit this is; a process forked during it is not
         self._reset()
 
     def _reset(self) -> None:
@@ -80,13 +81,12 @@ class Preemption(Callback):
     # --- signals ------------------------------------------------------------------------------------
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         """Only records; the loop prints and acts (a write to stderr here can fail when it interrupts tqdm's)."""
-        if not self._armed:  # the fit is over (Lightning put this handler back): the previous one's turn
-            previous = self._previous.get(signum) or signal.SIG_DFL
-            signal.signal(signum, previous)
-            if callable(previous):
-                previous(signum, frame)
-            elif previous == signal.SIG_DFL:
-                os.kill(os.getpid(), signum)
+        forked = os.getpid() != self._pid  # a worker of a pool (a DataLoader's) forked during the fit
+        if forked and signum == signal.SIGINT:
+            return  # Ctrl-C reaches every process of the terminal: a DataLoader worker feeds the step being saved
+        if forked or not self._armed:  # a pool's terminate, or the fit is over (Lightning may put this handler back)
+            signal.signal(signum, self._previous.get(signum) or signal.SIG_DFL)  # as if ours had never been here
+            os.kill(os.getpid(), signum)
             return
         if signum == signal.SIGINT and self.signum == signal.SIGINT:
             raise KeyboardInterrupt  # Ctrl-C twice: stop now, without a checkpoint
@@ -109,6 +109,7 @@ class Preemption(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":  # before the checkpoint's restore
+            self._pid = os.getpid()
             self._reset()
             self._install()
             self._armed = True
@@ -118,6 +119,7 @@ class Preemption(Callback):
             self._release()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        run_ends()  # before Lightning kills the launched ranks on a Ctrl-C: no news for its watcher
         self._release()
 
     def _listen(self, trainer: Trainer) -> None:
@@ -271,7 +273,7 @@ class Preemption(Callback):
         )
 
     def _stop(self, trainer: Trainer, signum: int, save: bool = True) -> None:
-        claim_the_end()  # every rank stops: the launcher's watcher, seeing one exit 143 first, stays quiet
+        run_ends()  # every rank stops: the launcher's watcher, seeing one exit 143 first, stays quiet
         path = self.last_path(trainer) if save else None
         if path is not None and not self._just_saved(trainer):
             trainer.save_checkpoint(path, weights_only=False)  # every rank: a collective under FSDP2
