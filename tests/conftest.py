@@ -70,6 +70,7 @@ SLOWEST_FIRST = (
     "test_cli.py",  # 63 s
     "test_preemption.py",  # 54 s: signals to DDP and FSDP2 ranks
     "test_dead_rank.py",  # 46 s, 30 of them waiting on a process-group timeout
+    "test_launched_ranks.py",  # 35 s: ranks ended and waited for, a fork pool, Ctrl-C in a Python caller
     "test_benchmarks.py",  # 46 s
     "test_resume_relayout.py",  # 63 s: four 2-process resumes on another number of processes
 )

@@ -19,7 +19,12 @@ from test_ddp import fit_args
 
 from gpt_lightning.cli import main
 
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+def subprocess_env() -> dict[str, str]:
+    """This process's environment when called (after conftest's private token cache is set), and the repo's path."""
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
 RANK = """
 import os, sys, time
 from gpt_lightning.scaling.launched_ranks import die_with_launcher
@@ -48,7 +53,9 @@ def gone(pid: int) -> bool:
 @linux
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
 def test_a_launched_rank_dies_with_its_launcher(signum):
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], env=ENV, stdout=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER], env=subprocess_env(), stdout=subprocess.PIPE, text=True
+    )
     rank = int(launcher.stdout.readline())  # the rank's print: it is past die_with_launcher
     try:
         os.kill(launcher.pid, signum)
@@ -66,7 +73,7 @@ def test_a_launched_rank_dies_with_its_launcher(signum):
 def test_a_rank_whose_launcher_is_already_gone_exits_at_once():
     ended = subprocess.Popen(["true"])
     ended.wait()  # its pid no longer runs: the launcher died before the rank got this far
-    env = {**ENV, "LOCAL_RANK": "1", "GPT_LIGHTNING_LAUNCHER_PID": str(ended.pid)}
+    env = {**subprocess_env(), "LOCAL_RANK": "1", "GPT_LIGHTNING_LAUNCHER_PID": str(ended.pid)}
     result = subprocess.run([sys.executable, "-c", RANK], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stdout == ""
@@ -88,10 +95,10 @@ def test_torchrun_s_ranks_and_a_launcher_s_own_process_are_left_alone():
     )
     parent = str(os.getpid())  # this process is their parent: only the check of who launched them tells
     for extra in ({"LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "1"}, {"LOCAL_RANK": "0"}, {}):
-        env = {**ENV, **extra, "GPT_LIGHTNING_LAUNCHER_PID": parent}
+        env = {**subprocess_env(), **extra, "GPT_LIGHTNING_LAUNCHER_PID": parent}
         result = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=60)
         assert result.stdout.split() == ["0", "True"], (extra, result.stderr)
-    env = {**ENV, "LOCAL_RANK": "1", "GPT_LIGHTNING_LAUNCHER_PID": parent}
+    env = {**subprocess_env(), "LOCAL_RANK": "1", "GPT_LIGHTNING_LAUNCHER_PID": parent}
     result = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=60)
     assert result.stdout.split() == [str(int(signal.SIGKILL)), "True"], result.stderr  # a launched rank
 

@@ -22,7 +22,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from gpt_lightning import GPTLightningModule, Preempted, Preemption, TokenStreamDataModule
 from gpt_lightning.cli import main
 
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+
+def subprocess_env() -> dict[str, str]:
+    """This process's environment when called (after conftest's private token cache is set), and the repo's path."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+
+
 # configs/tiny-cpu.yaml (bf16-mixed) shrunk in size and steps; 3 micro-batches of 2 x 16 a step.
 TINY = [
     "fit",
@@ -89,7 +94,7 @@ def launch(args: list[str], cwd: Path | None = None) -> subprocess.Popen:
     """The CLI in a session of its own, so that ``finish`` can end it and its DDP children."""
     return subprocess.Popen(
         [sys.executable, "-m", "gpt_lightning", *args],
-        env=ENV,
+        env=subprocess_env(),
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
