@@ -460,8 +460,8 @@ def test_a_stopped_evaluation_resumes_from_its_cache(setup, tmp_path, capsys, mo
         "--use_cache",
         str(tmp_path / "cache"),
     ]
-    with pytest.raises(KeyboardInterrupt):
-        eval_cli(capsys, *argv)
+    code, _, err = eval_cli(capsys, *argv)
+    assert (code, err.strip().splitlines()[-1]) == (130, "gpt-lightning: stopped by Ctrl-C (SIGINT).")
     assert len(scored) == 4  # one batch of the 20 requests (5 examples, 4 choices)
     stop_after.clear()
     code, first, err = eval_cli(capsys, *argv)

@@ -216,3 +216,31 @@ def test_a_fineweb_edu_style_parquet_folder_trains_the_fineweb_recipe(shakespear
     )
     (run,) = (tmp_path / "tb" / "gpt2-124m-fineweb").iterdir()
     assert (run / "checkpoints" / "last.ckpt").is_file()
+
+
+POOL_STOPPED_AT_ONCE = """
+import signal, time
+from gpt_lightning.data import encode
+signal.signal(signal.SIGTERM, lambda signum, frame: None)  # records and returns, as Lightning's left behind by a fit
+start = encode._default_sigterm
+encode._default_sigterm = lambda: (time.sleep(1), start())  # a worker still starting when the pool is stopped
+
+
+def items():
+    raise RuntimeError("the input ends the run at once")
+    yield
+
+
+try:
+    list(encode.encode_items(items(), 2))
+except RuntimeError as err:
+    print(err)
+"""
+
+
+def test_a_pool_stopped_while_its_workers_start_ends_whatever_sigterm_handler_they_inherit():
+    """``Pool.terminate`` SIGTERMs workers that may not have run their initializer yet: they must still die."""
+    done = subprocess.run(
+        [sys.executable, "-c", POOL_STOPPED_AT_ONCE], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "the input ends the run at once"), done.stderr[-2000:]

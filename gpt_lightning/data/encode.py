@@ -11,6 +11,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -61,8 +62,23 @@ def encode_pieces_without_separators(item: WorkItem) -> np.ndarray:
 
 
 def _default_sigterm() -> None:
-    """In each pool worker: die on ``Pool.terminate``'s SIGTERM, whatever handler the parent left."""
+    """In each pool worker, forked with SIGTERM blocked: die on ``Pool.terminate``'s SIGTERM, whatever
+    handler the parent had, even one sent before this ran (it waited, blocked, until now)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+def _start_pool(context: Any, workers: int) -> Any:
+    """A pool of ``workers`` whose forked workers start with SIGTERM blocked until ``_default_sigterm``
+    makes it fatal: a terminate right after the start cannot reach a handler that records and returns
+    (Lightning's, left behind by a fit in this process) and leave the pool waiting for that worker."""
+    fork = context.get_start_method() == "fork"
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}) if fork else None
+    try:
+        return context.Pool(workers, initializer=_default_sigterm if fork else None)
+    finally:
+        if fork:  # a SIGTERM that came meanwhile reaches this process's handler now
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def encode_items(
@@ -78,7 +94,7 @@ def encode_items(
     # fork where it is the default (Linux): workers start at once with the encoding already loaded.
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
     gpt2_encoding()
-    with context.Pool(workers, initializer=_default_sigterm) as pool:
+    with _start_pool(context, workers) as pool:
         pending: deque = deque()  # (position, result), oldest first: results leave in order
         for item in items:
             pending.append((item.position, pool.apply_async(encode, (item,))))
