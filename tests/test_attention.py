@@ -1,5 +1,9 @@
 """The training forward's attention kernel: cuDNN's first where the GPU has it, decode never on it."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -81,3 +85,38 @@ def test_cudnn_attention_is_the_module_s_switch(cudnn_attention, monkeypatch, sm
     )
     trainer.fit(module, data)
     assert orders == [int(SDPBackend.CUDNN_ATTENTION) if cudnn_attention else default]
+
+
+COMPILED_ATTENTION = """
+import sys
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+from torch.nn.attention import SDPBackend
+from gpt_lightning.training.attention import attention_context
+
+q = torch.randn(1, 2, 8, 16, requires_grad=True)
+step = torch.compile(lambda q: F.scaled_dot_product_attention(q, q, q, is_causal=True).sum())
+with attention_context([SDPBackend.MATH] if sys.argv[1] == "math" else None):
+    loss = step(q)
+loss.backward()
+print(counters["aot_autograd"]["autograd_cache_saved"], counters["aot_autograd"]["autograd_cache_hit"])
+"""
+
+
+def test_a_warm_compile_cache_does_not_replay_another_attention_choice(tmp_path):
+    """inductor's caches do not key on SDPA's backends: the choice is in the key through our tag, so a
+    run with the module's default order never reuses a graph compiled under another (and back)."""
+
+    def compiled(choice: str) -> tuple[int, int]:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+        done = subprocess.run(
+            [sys.executable, "-c", COMPILED_ATTENTION, choice], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        saved, hit = map(int, done.stdout.split())
+        return saved, hit
+
+    assert compiled("math") == (1, 0)  # compiled and saved under math attention
+    assert compiled("default") == (1, 0)  # SDPA's own order: compiled again, not math's graph replayed
+    assert compiled("default") == (0, 1)  # the cache itself works

@@ -33,5 +33,15 @@ def device_attention_backends(device: torch.device) -> list[SDPBackend] | None:
 def attention_context(backends: list[SDPBackend] | None) -> AbstractContextManager:
     """The context the training forward runs in: ``sdpa_kernel(backends)`` in that priority, or nothing.
     Entered outside the compiled regions (one inside a compiled graph bypasses AOTAutograd's cache,
-    pytorch#194007); the kernel is chosen when the graph is traced, in the first step."""
-    return sdpa_kernel(backends, set_priority=True) if backends else contextlib.nullcontext()
+    pytorch#194007); the kernel is chosen when the graph is traced, in the first step. The order is also
+    written into torch.compile's cache key (``torch.compiler.config.cache_key_tag``), which does not
+    hold it otherwise: a warm cache would replay the kernel another run's choice compiled in."""
+    if not backends:
+        return contextlib.nullcontext()
+    order = ",".join(backend.name for backend in backends)
+    context = contextlib.ExitStack()
+    context.enter_context(sdpa_kernel(backends, set_priority=True))
+    context.enter_context(
+        torch.compiler.config.patch(cache_key_tag=f"{torch.compiler.config.cache_key_tag}sdpa:{order}")
+    )
+    return context
