@@ -57,7 +57,7 @@ def main(args: list[str] | None = None) -> None:
         # Lightning ends a fit it sees a KeyboardInterrupt in with sys.exit(1), in the ``except`` that caught it.
         if isinstance(stop, SystemExit) and not (stop.code == 1 and isinstance(stop.__context__, KeyboardInterrupt)):
             raise
-        fit = " without saving. Run the same command with --ckpt_path last to resume from the last checkpoint, if any"
+        fit = ". Run the same command with --ckpt_path last to resume from the last checkpoint saved, if any"
         print(f"gpt-lightning: stopped by Ctrl-C (SIGINT){fit if argv[:1] == ['fit'] else ''}.", file=sys.stderr)
         raise SystemExit(130) from None
     finally:  # a caller (a notebook) goes on as before: Lightning leaves Ctrl-C ignored after one in its fit

@@ -148,10 +148,10 @@ def add_configure_optimizers(cli: LightningCLI, subcommand: str | None) -> None:
 
 
 @contextmanager
-def watch_launched_ranks(on_start: Callable[[list[Any]], None], on_end: Callable[[list[Any]], bool]) -> Iterator[None]:
+def watch_launched_ranks(on_start: Callable[[list[Any]], None], on_end: Callable[[list[Any]], None]) -> Iterator[None]:
     """Lightning's launcher polls the ranks it started (a thread, every 5 s) and SIGKILLs every process once one
     ended non-zero. Of a launch in the ``with``, ``on_start(procs)`` hears of them, and ``on_end(procs)`` runs
-    before that SIGKILL, which follows only where it returns True. After it, Lightning's watcher is back."""
+    in place of that SIGKILL. After the ``with``, Lightning's watcher is back."""
     from lightning.fabric.strategies.launchers import subprocess_script
 
     lightnings = subprocess_script._ChildProcessObserver
@@ -162,8 +162,7 @@ def watch_launched_ranks(on_start: Callable[[list[Any]], None], on_end: Callable
             on_start(child_processes)
 
         def _terminate_all(self) -> None:
-            if on_end(self._child_processes):
-                super()._terminate_all()
+            on_end(self._child_processes)
 
     subprocess_script._ChildProcessObserver = Watcher
     try:

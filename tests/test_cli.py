@@ -117,7 +117,7 @@ def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
     assert (
         f"{memory.total / GIB:.2f} GiB per device, estimated (eager; the memory guide, docs/multi-gpu.md): "
         f"{memory.weights_grads_adamw / GIB:.2f} weights, gradients and AdamW + "
-        + (f"{memory.bf16_weight_copies / GIB:.2f} bf16 weight copies + " if mixed else "")
+        + (f"{memory.bf16_weight_copies / GIB:.2f} half-precision weight copies (autocast's) + " if mixed else "")
         + f"{memory.activations / GIB:.2f} activations of 64 tokens"
     ) in console
     # The docs quote the estimate of the quick start as written: 4 x 128 model, 8 x 128 tokens.

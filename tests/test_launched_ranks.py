@@ -175,8 +175,8 @@ print(signal.getsignal(signal.SIGINT) is before, [t.name for t in threading.enum
     )
     assert (result.returncode, result.stdout) == (0, "caught 130\ncaught 130\nTrue []\n"), result.stderr[-3000:]
     line = (
-        "gpt-lightning: stopped by Ctrl-C (SIGINT) without saving. Run the same command with --ckpt_path last "
-        "to resume from the last checkpoint, if any."
+        "gpt-lightning: stopped by Ctrl-C (SIGINT). Run the same command with --ckpt_path last "
+        "to resume from the last checkpoint saved, if any."
     )
     assert [text for text in result.stderr.splitlines() if text.startswith("gpt-lightning:")] == [line, line]
     assert "Traceback" not in result.stderr

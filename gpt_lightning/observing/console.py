@@ -121,7 +121,7 @@ class TrainingFlopsSummary(ModelSummary):
         parts = [
             (estimate.weights_grads_adamw, "weights, gradients and AdamW"),
             (estimate.ddp_buckets, "DDP buckets"),
-            (estimate.bf16_weight_copies, "bf16 weight copies"),
+            (estimate.bf16_weight_copies, "half-precision weight copies (autocast's)"),
             (estimate.activations, f"activations of {estimate.tokens:,} tokens"),
         ]
         rank_zero_info(

@@ -79,11 +79,11 @@ class LaunchedRanks:
     def started(self, procs: list[subprocess.Popen]) -> None:
         self.procs = procs
 
-    def ended(self, procs: list[subprocess.Popen]) -> bool:
+    def ended(self, procs: list[subprocess.Popen]) -> None:
         """In Lightning's watcher (it polls every 5 s), a rank seen ended non-zero: our line, the other ranks killed
-        and exit 1, where Lightning's own SIGKILL gave 137. False once this run ends by its own flow: no news."""
+        and exit 1, where Lightning's own SIGKILL gave 137. Nothing once this run ends by its own flow: no news."""
         if self.ending:
-            return False
+            return
         rank, proc = next((i, p) for i, p in enumerate(procs, 1) if p.returncode)
         what = f"Lightning's launcher saw rank {rank} (pid {proc.pid}) end: {_how(proc.returncode)}"
         print(f"gpt-lightning: error: {went_away_message(what)}", file=sys.stderr, flush=True)
