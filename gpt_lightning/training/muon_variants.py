@@ -30,7 +30,7 @@ def polar_express(update: torch.Tensor, steps: int) -> torch.Tensor:
     Newton-Schulz runs, and nanochat on a GPU): nanochat's normalization X / (||X||_F x 1.01 + 1e-6),
     then the Gram matrix of the shorter side, X^T X multiplied from the right on a tall matrix,
     X X^T from the left on a wide or square one. Singular values end near 1 (0.85 to 1.15 on a
-    random 64 x 32), where the quintic Newton-Schulz leaves them in about (0.7, 1.1)."""
+    random 64 x 32), where the quintic Newton-Schulz leaves them between about 0.68 and 1.13."""
     X = update.bfloat16()
     X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.01 + 1e-6)
     if update.size(-2) > update.size(-1):  # tall
