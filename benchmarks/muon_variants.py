@@ -20,7 +20,7 @@ AdamW run's final validation loss at the same seed (interpolated between evaluat
 of the budget), each as its mean and spread (sample standard deviation, min and max). Writes
 ``muon_variants.json`` (every curve) and ``muon_variants.md`` (the table) to ``--out``.
 
-    OMP_NUM_THREADS=1 python benchmarks/muon_variants.py --out benchmarks/results/cpu-2core
+    OMP_NUM_THREADS=1 python benchmarks/muon_variants.py --jobs 2 --out benchmarks/results/cpu-2core
 
 ``--fit_args`` adds options to every run (e.g. ``"--trainer.accelerator cuda"``), ``--runs`` picks runs.
 """
@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import lockstep
@@ -168,16 +169,22 @@ def main() -> None:
         help="the decay cautious weight decay masks (and its baseline's)",
     )
     parser.add_argument("--runs", nargs="+", default=None, help="run only these (names as in the table)")
+    parser.add_argument("--jobs", type=int, default=1, help="fits run at once (give each OMP_NUM_THREADS=1)")
     parser.add_argument("--fit_args", default="", help="more gpt-lightning fit options for every run, shell-quoted")
     args = parser.parse_args()
     chosen = runs(args)
     if not any(name.startswith("adamw") for name in chosen):
         raise SystemExit("--runs: include an AdamW run, the target of the others")
-    curves = {name: {} for name in chosen}
-    for seed in args.seeds:  # every run of a seed, then the next seed: a stopped benchmark has whole seeds
-        for name, flags in chosen.items():
-            curves[name][seed] = train(args, flags, seed)
-            print(f"seed {seed} {name}: final val loss {curves[name][seed][-1][1]:.4f}", flush=True)
+    curves: dict[str, dict[int, list]] = {name: {} for name in chosen}
+
+    def run(seed: int, name: str) -> None:
+        curves[name][seed] = train(args, chosen[name], seed)
+        print(f"seed {seed} {name}: final val loss {curves[name][seed][-1][1]:.4f}", flush=True)
+
+    # Losses do not depend on timing: --jobs fits side by side (each with OMP_NUM_THREADS threads) give the same curves.
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for done in [pool.submit(run, seed, name) for seed in args.seeds for name in chosen]:
+            done.result()
     summary = summarize(curves, args.steps * args.batch_size * args.block_size)
     report = {
         "what": "validation loss against tokens through gpt-lightning fit: AdamW, Muon, Muon's newer steps "
