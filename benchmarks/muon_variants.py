@@ -13,7 +13,9 @@ weights and other windows. The runs (``RUNS``):
 - GPT-2 + Muon at configs/modern-tiny-cpu.yaml's rates (Muon 0.02, the AdamW part 0.01), switches off;
 - the same + Polar Express, + NorMuon;
 - the same + Muon weight decay ``--muon_weight_decay``, without and with cautious weight decay (which
-  masks a decay: the decayed run is its baseline, not plain Muon).
+  masks a decay: the decayed run is its baseline, not plain Muon);
+- configs/modern-tiny-cpu.yaml as written (its switches and rates) at the same shape, and with Polar
+  Express, NorMuon and both: whether a step enters the preset.
 
 For each run, over the seeds: the final validation loss and the tokens it needed to reach the best
 AdamW run's final validation loss at the same seed (interpolated between evaluations, as a fraction
@@ -22,7 +24,8 @@ of the budget), each as its mean and spread (sample standard deviation, min and 
 
     OMP_NUM_THREADS=1 python benchmarks/muon_variants.py --jobs 2 --out benchmarks/results/cpu-2core
 
-``--fit_args`` adds options to every run (e.g. ``"--trainer.accelerator cuda"``), ``--runs`` picks runs.
+``--fit_args`` adds options to every run (e.g. ``"--trainer.accelerator cuda"``), ``--runs`` picks runs,
+``--reuse`` takes the curves of an earlier ``muon_variants.json`` at the same shape instead of training them again.
 """
 
 from __future__ import annotations
@@ -42,27 +45,39 @@ import lockstep
 from architectures import preset_model
 
 REPO = Path(__file__).resolve().parents[1]
-MUON = preset_model(Path("configs/modern-tiny-cpu.yaml"))  # its Muon and AdamW-part rates
+TINY, PRESET = "configs/tiny-cpu.yaml", "configs/modern-tiny-cpu.yaml"
+MUON = preset_model(Path(PRESET))  # its Muon and AdamW-part rates
 MUON_BASE = ["--model.optimizer", "muon", "--model.muon_learning_rate", str(MUON["muon_learning_rate"])]
 MUON_BASE += ["--model.learning_rate", str(MUON["learning_rate"])]
 
 
-def runs(args: argparse.Namespace) -> dict[str, list[str]]:
-    """Each run's name and the ``fit`` options that make it what it is."""
+def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
+    """Each run's name, its config and the ``fit`` options that make it what it is."""
     decayed = [*MUON_BASE, "--model.muon_weight_decay", str(args.muon_weight_decay)]
-    every = {
+    polar_express, normuon = ["--model.muon_orthogonalizer", "polar_express"], ["--model.muon_normuon", "true"]
+    gpt2 = {
         **{f"adamw lr={lr:g}": ["--model.learning_rate", str(lr)] for lr in args.adamw_lrs},
         "muon": MUON_BASE,
-        "muon + polar_express": [*MUON_BASE, "--model.muon_orthogonalizer", "polar_express"],
-        "muon + normuon": [*MUON_BASE, "--model.muon_normuon", "true"],
+        "muon + polar_express": [*MUON_BASE, *polar_express],
+        "muon + normuon": [*MUON_BASE, *normuon],
         f"muon wd={args.muon_weight_decay:g}": decayed,
         f"muon wd={args.muon_weight_decay:g} + cautious": [*decayed, "--model.muon_cautious_weight_decay", "true"],
     }
-    return {name: flags for name, flags in every.items() if args.runs is None or name in args.runs}
+    modern = {  # the preset as written (its switches and rates), at this shape
+        "modern preset": [],
+        "modern preset + polar_express": polar_express,
+        "modern preset + normuon": normuon,
+        "modern preset + polar_express + normuon": [*polar_express, *normuon],
+    }
+    every = {
+        **{name: (TINY, flags) for name, flags in gpt2.items()},
+        **{name: (PRESET, flags) for name, flags in modern.items()},
+    }
+    return {name: run for name, run in every.items() if args.runs is None or name in args.runs}
 
 
-def fit_options(args: argparse.Namespace, seed: int) -> list[str]:
-    """What every run of ``seed`` shares."""
+def fit_options(args: argparse.Namespace, seed: int, config: str = TINY) -> list[str]:
+    """What every run of ``seed`` shares, over ``config``."""
     shared = {
         "trainer.max_steps": args.steps,
         "trainer.val_check_interval": args.eval_every,
@@ -80,16 +95,17 @@ def fit_options(args: argparse.Namespace, seed: int) -> list[str]:
         "model.decay_fraction": MUON["decay_fraction"],
         "model.min_lr_ratio": MUON["min_lr_ratio"],
     }
-    options = ["--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--seed_everything", str(seed)]
+    options = ["--config", str(REPO / config), "--seed_everything", str(seed)]
     return options + [word for key, value in shared.items() for word in (f"--{key}", str(value))]
 
 
-def train(args: argparse.Namespace, flags: list[str], seed: int) -> list[list[float]]:
+def train(args: argparse.Namespace, run: tuple[str, list[str]], seed: int) -> list[list[float]]:
     """One ``gpt-lightning fit``; its validation curve, [tokens, val/loss] at each evaluation."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     with tempfile.TemporaryDirectory() as scratch:  # its checkpoints, and the logs read here
-        command = [sys.executable, "-m", "gpt_lightning", "fit", *fit_options(args, seed), *flags]
+        config, flags = run
+        command = [sys.executable, "-m", "gpt_lightning", "fit", *fit_options(args, seed, config), *flags]
         command += [*shlex.split(args.fit_args), "--trainer.logger.init_args.save_dir", scratch]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
         child = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True)
@@ -169,6 +185,13 @@ def main() -> None:
         help="the decay cautious weight decay masks (and its baseline's)",
     )
     parser.add_argument("--runs", nargs="+", default=None, help="run only these (names as in the table)")
+    parser.add_argument(
+        "--reuse",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="earlier muon_variants.json files: their runs are not trained again",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="fits run at once (give each OMP_NUM_THREADS=1)")
     parser.add_argument("--fit_args", default="", help="more gpt-lightning fit options for every run, shell-quoted")
     args = parser.parse_args()
@@ -176,6 +199,15 @@ def main() -> None:
     if not any(name.startswith("adamw") for name in chosen):
         raise SystemExit("--runs: include an AdamW run, the target of the others")
     curves: dict[str, dict[int, list]] = {name: {} for name in chosen}
+    shape = {k: getattr(args, k) for k in ("steps", "batch_size", "block_size", "eval_every")}
+    for path in args.reuse:  # curves trained before at this shape: not trained again
+        earlier = json.loads(path.read_text())
+        if {k: earlier["shape"][k] for k in shape} != shape:
+            raise SystemExit(f"--reuse {path}: another shape ({earlier['shape']}) than this run's ({shape})")
+        for name, by_seed in earlier["curves"].items():
+            for seed, curve in by_seed.items():
+                if name in curves and int(seed) in args.seeds:
+                    curves[name][int(seed)] = curve
 
     def run(seed: int, name: str) -> None:
         curves[name][seed] = train(args, chosen[name], seed)
@@ -183,13 +215,14 @@ def main() -> None:
 
     # Losses do not depend on timing: --jobs fits side by side (each with OMP_NUM_THREADS threads) give the same curves.
     with ThreadPoolExecutor(args.jobs) as pool:
-        for done in [pool.submit(run, seed, name) for seed in args.seeds for name in chosen]:
+        todo = [(seed, name) for seed in args.seeds for name in chosen if seed not in curves[name]]
+        for done in [pool.submit(run, seed, name) for seed, name in todo]:
             done.result()
     summary = summarize(curves, args.steps * args.batch_size * args.block_size)
     report = {
         "what": "validation loss against tokens through gpt-lightning fit: AdamW, Muon, Muon's newer steps "
         "one at a time (benchmarks/muon_variants.py)",
-        "shape": {k: getattr(args, k) for k in ("steps", "batch_size", "block_size", "eval_every", "seeds")},
+        "shape": {**shape, "seeds": args.seeds},
         "muon_weight_decay": args.muon_weight_decay,
         "fit_options_first_seed": [
             word.replace(f"{REPO}{os.sep}", "")

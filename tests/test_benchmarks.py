@@ -374,16 +374,28 @@ def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_s
     sys.path.insert(0, str(REPO / "benchmarks"))  # its lockstep and architectures modules, as when run as a script
     bench = load_benchmark("muon_variants")
     chosen = bench.runs(argparse.Namespace(adamw_lrs=[1.5e-3, 3e-3], muon_weight_decay=0.1, runs=None))
-    base = chosen["muon"]
+    assert {config for config, _ in chosen.values()} == {"configs/tiny-cpu.yaml", "configs/modern-tiny-cpu.yaml"}
+    assert {name: flags for name, (config, flags) in chosen.items() if "modern" in config} == {
+        "modern preset": [],  # the preset as written
+        "modern preset + polar_express": ["--model.muon_orthogonalizer", "polar_express"],
+        "modern preset + normuon": ["--model.muon_normuon", "true"],
+        "modern preset + polar_express + normuon": [
+            "--model.muon_orthogonalizer",
+            "polar_express",
+            "--model.muon_normuon",
+            "true",
+        ],
+    }
+    base = chosen["muon"][1]
     assert base == ["--model.optimizer", "muon", "--model.muon_learning_rate", "0.02", "--model.learning_rate", "0.01"]
-    assert {name: flags[len(base) :] for name, flags in chosen.items() if flags[: len(base)] == base} == {
+    assert {name: flags[len(base) :] for name, (_, flags) in chosen.items() if flags[: len(base)] == base} == {
         "muon": [],
         "muon + polar_express": ["--model.muon_orthogonalizer", "polar_express"],
         "muon + normuon": ["--model.muon_normuon", "true"],
         "muon wd=0.1": ["--model.muon_weight_decay", "0.1"],
         "muon wd=0.1 + cautious": ["--model.muon_weight_decay", "0.1", "--model.muon_cautious_weight_decay", "true"],
     }
-    assert chosen["adamw lr=0.0015"] == ["--model.learning_rate", "0.0015"]
+    assert chosen["adamw lr=0.0015"] == ("configs/tiny-cpu.yaml", ["--model.learning_rate", "0.0015"])
     curves = {
         "adamw lr=0.0015": {0: [[100, 5.0], [200, 4.0]], 1: [[100, 5.0], [200, 4.4]]},
         "adamw lr=0.003": {0: [[100, 5.0], [200, 4.3]], 1: [[100, 5.0], [200, 4.2]]},
