@@ -1,8 +1,7 @@
 """Muon's newer steps, each a switch of its own and off by default (then the step is torch's Muon):
 Polar Express in place of the quintic Newton-Schulz, NorMuon's per-neuron second moment after it,
-and cautious weight decay. Each as nanochat's ``nanochat/optim.py`` (``muon_step_fused``, at its commit
-92d63d4) takes it
-(docs/optimizers.md); ``optimizers.muon_matrix_step`` calls them in nanochat's order."""
+and cautious weight decay. Each as nanochat's ``nanochat/optim.py`` (``muon_step_fused``, commit 92d63d4)
+takes it (docs/optimizers.md); ``optimizers.muon_matrix_step`` calls them in nanochat's order."""
 
 from __future__ import annotations
 
