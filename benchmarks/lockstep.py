@@ -174,7 +174,9 @@ def train_in_lockstep(runs: list[Run], data: Data, args: argparse.Namespace) -> 
 
 def tokens_to_reach(curve: list[tuple[int, float]], target: float) -> float | None:
     """The tokens at which ``curve`` first reaches ``target``, interpolated linearly between evaluations."""
+    if curve and curve[0][1] <= target:  # at the first evaluation (a curve without one before training)
+        return curve[0][0]
     for (t0, l0), (t1, l1) in zip(curve, curve[1:]):
         if l1 <= target:
-            return t1 if l0 <= target else t0 + (t1 - t0) * (l0 - target) / (l0 - l1)
+            return t0 + (t1 - t0) * (l0 - target) / (l0 - l1)
     return None

@@ -363,3 +363,51 @@ def test_the_evaluation_benchmark_sets_both_backends_against_the_bound_of_the_le
         assert 0 < result["fraction_of_bound"][name] < 1
     row = evaluation.table({"tiny/bfloat16": result}).splitlines()[-1]
     assert f"| {bound['requests_per_s']:.2f} | {result['requests_per_s']['hf']:.2f} (" in row
+
+
+def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_spread_over_seeds():
+    """benchmarks/muon_variants.py (its CLI runs are the lead's to make): each run is plain Muon at the
+    modern preset's rates plus one switch (cautious weight decay beside the decay it masks), and
+    each run's tokens to the best AdamW run's final loss at the same seed, then the mean and spread."""
+    import argparse
+
+    sys.path.insert(0, str(REPO / "benchmarks"))  # its lockstep and architectures modules, as when run as a script
+    bench = load_benchmark("muon_variants")
+    chosen = bench.runs(argparse.Namespace(adamw_lrs=[1.5e-3, 3e-3], muon_weight_decay=0.1, runs=None))
+    assert {config for config, _ in chosen.values()} == {"configs/tiny-cpu.yaml", "configs/modern-tiny-cpu.yaml"}
+    assert {name: flags for name, (config, flags) in chosen.items() if "modern" in config} == {
+        "modern preset": [],  # the preset as written
+        "modern preset + polar_express": ["--model.muon_orthogonalizer", "polar_express"],
+        "modern preset + normuon": ["--model.muon_normuon", "true"],
+        "modern preset + polar_express + normuon": [
+            "--model.muon_orthogonalizer",
+            "polar_express",
+            "--model.muon_normuon",
+            "true",
+        ],
+    }
+    base = chosen["muon"][1]
+    assert base == ["--model.optimizer", "muon", "--model.muon_learning_rate", "0.02", "--model.learning_rate", "0.01"]
+    assert {name: flags[len(base) :] for name, (_, flags) in chosen.items() if flags[: len(base)] == base} == {
+        "muon": [],
+        "muon + polar_express": ["--model.muon_orthogonalizer", "polar_express"],
+        "muon + normuon": ["--model.muon_normuon", "true"],
+        "muon wd=0.1": ["--model.muon_weight_decay", "0.1"],
+        "muon wd=0.1 + cautious": ["--model.muon_weight_decay", "0.1", "--model.muon_cautious_weight_decay", "true"],
+    }
+    assert chosen["adamw lr=0.0015"] == ("configs/tiny-cpu.yaml", ["--model.learning_rate", "0.0015"])
+    curves = {
+        "adamw lr=0.0015": {0: [[100, 5.0], [200, 4.0]], 1: [[100, 5.0], [200, 4.4]]},
+        "adamw lr=0.003": {0: [[100, 5.0], [200, 4.3]], 1: [[100, 5.0], [200, 4.2]]},
+        "muon": {0: [[100, 3.9], [200, 3.0]], 1: [[100, 4.6], [200, 4.0]]},
+    }
+    summary = bench.summarize(curves, budget=200)
+    assert summary["best_adamw_final_val_loss"] == {0: 4.0, 1: 4.2}  # each seed's own best AdamW run
+    muon = summary["runs"]["muon"]
+    assert muon["tokens_ratio_to_best_adamw"] == pytest.approx(
+        [0.5, (100 + 100 * 0.4 / 0.6) / 200]
+    )  # at the first evaluation
+    assert muon["tokens_ratio_spread"]["mean"] == pytest.approx((0.5 + 5 / 6) / 2)
+    assert muon["final_val_loss_spread"] == pytest.approx({"mean": 3.5, "sd": 0.5**0.5, "min": 3.0, "max": 4.0})
+    assert summary["runs"]["adamw lr=0.003"]["reached"] == "1/2"  # not at seed 0
+    assert "| muon | 3.500 ± 0.707 (3.000 to 4.000) | 0.67x ± 0.24 (0.50 to 0.83) | 2/2 |" in bench.table(summary)

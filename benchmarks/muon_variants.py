@@ -1,0 +1,243 @@
+"""Tokens to a given loss through the CLI: GPT-2 with AdamW, with Muon, and with each of Muon's newer
+steps alone (``--model.muon_orthogonalizer polar_express``, ``--model.muon_normuon``,
+``--model.muon_cautious_weight_decay``; docs/optimizers.md), over several seeds.
+
+Every run is ``gpt-lightning fit`` in a process of its own, as a user runs it: configs/tiny-cpu.yaml's
+model (4 layers x 128, GPT-2's architecture and vocabulary), B=16, T=64, 240 steps, windows shuffled,
+float32, eager, WSD (decay over the last 30%, to 0), betas (0.9, 0.95), no AdamW weight decay (the
+settings configs/modern-tiny-cpu.yaml trains with), the CLI's validation (the config's 4 batches)
+every ``--eval_every`` steps. At each seed ``--seed_everything N --data.seed N``: other initial
+weights and other windows. The runs (``RUNS``):
+
+- GPT-2 + AdamW at each of ``--adamw_lrs`` (1.5e-3, 3e-3): the best one at a seed is its target;
+- GPT-2 + Muon at configs/modern-tiny-cpu.yaml's rates (Muon 0.02, the AdamW part 0.01), switches off;
+- the same + Polar Express, + NorMuon;
+- the same + Muon weight decay ``--muon_weight_decay``, without and with cautious weight decay (which
+  masks a decay: the decayed run is its baseline, not plain Muon);
+- configs/modern-tiny-cpu.yaml as written (its switches and rates) at the same shape, and with Polar
+  Express, NorMuon and both: whether a step enters the preset.
+
+For each run, over the seeds: the final validation loss and the tokens it needed to reach the best
+AdamW run's final validation loss at the same seed (interpolated between evaluations, as a fraction
+of the budget), each as its mean and spread (sample standard deviation, min and max). Writes
+``muon_variants.json`` (every curve) and ``muon_variants.md`` (the table) to ``--out``.
+
+    OMP_NUM_THREADS=1 python benchmarks/muon_variants.py --jobs 2 --out benchmarks/results/cpu-2core
+
+``--fit_args`` adds options to every run (e.g. ``"--trainer.accelerator cuda"``), ``--runs`` picks runs,
+``--reuse`` takes the curves of an earlier ``muon_variants.json`` at the same shape instead of training them again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import lockstep
+from architectures import preset_model
+
+REPO = Path(__file__).resolve().parents[1]
+TINY, PRESET = "configs/tiny-cpu.yaml", "configs/modern-tiny-cpu.yaml"
+MUON = preset_model(Path(PRESET))  # its Muon and AdamW-part rates
+MUON_BASE = ["--model.optimizer", "muon", "--model.muon_learning_rate", str(MUON["muon_learning_rate"])]
+MUON_BASE += ["--model.learning_rate", str(MUON["learning_rate"])]
+
+
+def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
+    """Each run's name, its config and the ``fit`` options that make it what it is."""
+    decayed = [*MUON_BASE, "--model.muon_weight_decay", str(args.muon_weight_decay)]
+    polar_express, normuon = ["--model.muon_orthogonalizer", "polar_express"], ["--model.muon_normuon", "true"]
+    gpt2 = {
+        **{f"adamw lr={lr:g}": ["--model.learning_rate", str(lr)] for lr in args.adamw_lrs},
+        "muon": MUON_BASE,
+        "muon + polar_express": [*MUON_BASE, *polar_express],
+        "muon + normuon": [*MUON_BASE, *normuon],
+        f"muon wd={args.muon_weight_decay:g}": decayed,
+        f"muon wd={args.muon_weight_decay:g} + cautious": [*decayed, "--model.muon_cautious_weight_decay", "true"],
+    }
+    modern = {  # the preset as written (its switches and rates), at this shape
+        "modern preset": [],
+        "modern preset + polar_express": polar_express,
+        "modern preset + normuon": normuon,
+        "modern preset + polar_express + normuon": [*polar_express, *normuon],
+    }
+    every = {
+        **{name: (TINY, flags) for name, flags in gpt2.items()},
+        **{name: (PRESET, flags) for name, flags in modern.items()},
+    }
+    return {name: run for name, run in every.items() if args.runs is None or name in args.runs}
+
+
+def fit_options(args: argparse.Namespace, seed: int, config: str = TINY) -> list[str]:
+    """What every run of ``seed`` shares, over ``config``."""
+    shared = {
+        "trainer.max_steps": args.steps,
+        "trainer.val_check_interval": args.eval_every,
+        "trainer.precision": "32-true",
+        "trainer.enable_progress_bar": "false",
+        "data.batch_size": args.batch_size,
+        "data.block_size": args.block_size,
+        "data.shuffle": "true",
+        "data.seed": seed,
+        "model.compile": "false",
+        "model.val_sample_tokens": 0,
+        "model.betas": "[0.9,0.95]",
+        "model.weight_decay": MUON["weight_decay"],
+        "model.lr_schedule": MUON["lr_schedule"],
+        "model.decay_fraction": MUON["decay_fraction"],
+        "model.min_lr_ratio": MUON["min_lr_ratio"],
+    }
+    options = ["--config", str(REPO / config), "--seed_everything", str(seed)]
+    return options + [word for key, value in shared.items() for word in (f"--{key}", str(value))]
+
+
+def train(args: argparse.Namespace, run: tuple[str, list[str]], seed: int) -> list[list[float]]:
+    """One ``gpt-lightning fit``; its validation curve, [tokens, val/loss] at each evaluation."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with tempfile.TemporaryDirectory() as scratch:  # its checkpoints, and the logs read here
+        config, flags = run
+        command = [sys.executable, "-m", "gpt_lightning", "fit", *fit_options(args, seed, config), *flags]
+        command += [*shlex.split(args.fit_args), "--trainer.logger.init_args.save_dir", scratch]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+        child = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True)
+        if child.returncode != 0:
+            raise SystemExit(
+                f"run failed (exit code {child.returncode}): {shlex.join(command)}\n{child.stderr[-4000:]}"
+            )
+        (run_dir,) = Path(scratch).glob("*/version_0")
+        events = EventAccumulator(str(run_dir))
+        events.Reload()
+        tokens_a_step = args.batch_size * args.block_size
+        return [[e.step * tokens_a_step, e.value] for e in events.Scalars("val/loss")]
+
+
+def spread(values: list[float]) -> dict:
+    """Mean, sample standard deviation (None for one value), min and max."""
+    sd = statistics.stdev(values) if len(values) > 1 else None
+    return {"mean": statistics.fmean(values), "sd": sd, "min": min(values), "max": max(values)}
+
+
+def summarize(curves: dict[str, dict[int, list]], budget: int) -> dict:
+    """Per seed, the best AdamW run's final loss (the target); per run, over the seeds, its final loss
+    and its tokens to that target (a fraction of ``budget``; None at a seed where it is not reached)."""
+    seeds = sorted({seed for by_seed in curves.values() for seed in by_seed})
+    adamw = [name for name in curves if name.startswith("adamw")]
+    targets = {seed: min(curves[name][seed][-1][1] for name in adamw) for seed in seeds}
+    rows = {}
+    for name, by_seed in curves.items():
+        final = [by_seed[seed][-1][1] for seed in seeds]
+        reached = [lockstep.tokens_to_reach(by_seed[seed], targets[seed]) for seed in seeds]
+        ratios = [None if r is None else r / budget for r in reached]
+        got = [r for r in ratios if r is not None]
+        rows[name] = {
+            "final_val_loss": final,
+            "final_val_loss_spread": spread(final),
+            "tokens_ratio_to_best_adamw": ratios,
+            "tokens_ratio_spread": spread(got) if got else None,
+            "reached": f"{len(got)}/{len(seeds)}",
+        }
+    return {"seeds": seeds, "best_adamw_final_val_loss": targets, "runs": rows}
+
+
+def table(summary: dict) -> str:
+    """The markdown table of ``summarize``'s runs."""
+
+    def shown(s: dict | None, digits: int, unit: str = "") -> str:
+        if s is None:
+            return "not reached"
+        sd = "" if s["sd"] is None else f" ± {s['sd']:.{digits}f}"
+        return f"{s['mean']:.{digits}f}{unit}{sd} ({s['min']:.{digits}f} to {s['max']:.{digits}f})"
+
+    lines = [
+        "| run | final val loss, mean ± sd (min to max) | tokens to the best AdamW's final, mean ± sd (min to max) | reached |",
+        "|---|---|---|---|",
+    ]
+    for name, row in summary["runs"].items():
+        lines.append(
+            f"| {name} | {shown(row['final_val_loss_spread'], 3)} | "
+            f"{shown(row['tokens_ratio_spread'], 2, 'x')} | {row['reached']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu-2core"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=240)
+    parser.add_argument("--batch_size", type=int, default=16)
+    parser.add_argument("--block_size", type=int, default=64)
+    parser.add_argument("--eval_every", type=int, default=20)
+    parser.add_argument("--adamw_lrs", type=float, nargs="+", default=[1.5e-3, 3e-3])
+    parser.add_argument(
+        "--muon_weight_decay",
+        type=float,
+        default=0.1,
+        help="the decay cautious weight decay masks (and its baseline's)",
+    )
+    parser.add_argument("--runs", nargs="+", default=None, help="run only these (names as in the table)")
+    parser.add_argument(
+        "--reuse",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="earlier muon_variants.json files: their runs are not trained again",
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="fits run at once (give each OMP_NUM_THREADS=1)")
+    parser.add_argument("--fit_args", default="", help="more gpt-lightning fit options for every run, shell-quoted")
+    args = parser.parse_args()
+    chosen = runs(args)
+    if not any(name.startswith("adamw") for name in chosen):
+        raise SystemExit("--runs: include an AdamW run, the target of the others")
+    curves: dict[str, dict[int, list]] = {name: {} for name in chosen}
+    shape = {k: getattr(args, k) for k in ("steps", "batch_size", "block_size", "eval_every")}
+    for path in args.reuse:  # curves trained before at this shape: not trained again
+        earlier = json.loads(path.read_text())
+        if {k: earlier["shape"][k] for k in shape} != shape:
+            raise SystemExit(f"--reuse {path}: another shape ({earlier['shape']}) than this run's ({shape})")
+        for name, by_seed in earlier["curves"].items():
+            for seed, curve in by_seed.items():
+                if name in curves and int(seed) in args.seeds:
+                    curves[name][int(seed)] = curve
+
+    def run(seed: int, name: str) -> None:
+        curves[name][seed] = train(args, chosen[name], seed)
+        print(f"seed {seed} {name}: final val loss {curves[name][seed][-1][1]:.4f}", flush=True)
+
+    # Losses do not depend on timing: --jobs fits side by side (each with OMP_NUM_THREADS threads) give the same curves.
+    with ThreadPoolExecutor(args.jobs) as pool:
+        todo = [(seed, name) for seed in args.seeds for name in chosen if seed not in curves[name]]
+        for done in [pool.submit(run, seed, name) for seed, name in todo]:
+            done.result()
+    summary = summarize(curves, args.steps * args.batch_size * args.block_size)
+    report = {
+        "what": "validation loss against tokens through gpt-lightning fit: AdamW, Muon, Muon's newer steps "
+        "one at a time (benchmarks/muon_variants.py)",
+        "shape": {**shape, "seeds": args.seeds},
+        "muon_weight_decay": args.muon_weight_decay,
+        "fit_options_first_seed": [
+            word.replace(f"{REPO}{os.sep}", "")
+            for word in fit_options(args, args.seeds[0]) + shlex.split(args.fit_args)
+        ],
+        "run_options": chosen,
+        "loadavg": Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None,
+        **summary,
+        "curves": curves,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "muon_variants.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / "muon_variants.md").write_text(table(summary))
+    print(table(summary))
+
+
+if __name__ == "__main__":
+    main()
