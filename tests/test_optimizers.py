@@ -93,9 +93,16 @@ def test_its_state_dict_resumes_the_very_same_steps():
         assert torch.equal(a, b), name
 
 
-def test_a_set_found_inf_leaves_weights_and_moments_untouched():
+# Every newer Muon step on (docs/optimizers.md): a skipped step must leave NorMuon's second moment too.
+MUON_SWITCHES_ON = dict(
+    muon_weight_decay=0.1, muon_orthogonalizer="polar_express", muon_normuon=True, muon_cautious_weight_decay=True
+)
+
+
+@pytest.mark.parametrize("switches", [{}, MUON_SWITCHES_ON], ids=["torch-muon", "every-switch-on"])
+def test_a_set_found_inf_leaves_weights_and_moments_untouched(switches):
     torch.manual_seed(0)
-    module = GPTLightningModule(**TINY_MODEL, optimizer="muon")
+    module = GPTLightningModule(**TINY_MODEL, optimizer="muon", **switches)
     optimizer = built(module)
     x = torch.randint(0, 50257, (2, 16))
     module(x, x)[1].backward()
@@ -107,7 +114,9 @@ def test_a_set_found_inf_leaves_weights_and_moments_untouched():
     optimizer.step()
     after = (module.state_dict(), optimizer.state_dict()["state"])
     assert all(torch.equal(a, b) for a, b in zip(before[0].values(), after[0].values()))
+    assert sum("second_momentum_buffer" in state for state in before[1].values()) == (8 if switches else 0)
     for key, state in before[1].items():
+        assert state.keys() == after[1][key].keys(), key
         assert all(torch.equal(v, after[1][key][k]) for k, v in state.items()), key
 
 
