@@ -110,6 +110,9 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
         (4, ["--trainer.accumulate_grad_batches", "3", "--trainer.limit_train_batches", "7"]),  # rounded to 6: 3+3
         (5, ["--data.tokens_per_step", "96", "--data.shuffle", "true"]),  # accumulation 3, shuffled
         (4, ["--data.tokens_per_step", "96", "--data.shuffle", "true", "shards"]),  # 3 shards of 3 batches
+        # 4 steps of 1 micro-batch, then of 4 (epochs of 8: 1+1+1+1+4 | 4 ...), shuffled: stopped at step 3,
+        # the resumed run crosses the stage boundary and an epoch end
+        (3, ["--data.tokens_per_step_schedule", "[[0, 32], [4, 128]]", "--data.shuffle", "true"]),
         (
             4,
             [
@@ -142,7 +145,16 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
             ],
         ),  # the modern model's groups
     ],
-    ids=["epoch-end", "accumulation", "limit_train_batches", "shuffled", "shuffled-shards", "muon-wsd", "modern"],
+    ids=[
+        "epoch-end",
+        "accumulation",
+        "limit_train_batches",
+        "shuffled",
+        "shuffled-shards",
+        "tokens_per_step_schedule",
+        "muon-wsd",
+        "modern",
+    ],
 )
 def test_resumed_run_ends_with_the_weights_of_the_uninterrupted_one(tmp_path, corpus, stop, flags):
     if flags and flags[-1] == "shards":  # the corpus's tokens as a shard folder: the shard order is shuffled too
