@@ -103,3 +103,21 @@ def test_a_bad_schedule_is_refused_in_one_line(small_text, tmp_path, capsys, fla
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_mid_epoch_resume_under_another_schedule_is_refused():
+    import numpy as np
+
+    from gpt_lightning.data.windows import TokenWindows
+    from gpt_lightning.errors import UserError
+
+    tokens = np.arange(20 * 32 + 1, dtype=np.uint16)
+    saved = TokenWindows(tokens, 2, 16, accumulate=4, schedule=[(0, 64), (2, 128)])
+    batches = saved.__iter__()
+    for _ in range(4):
+        next(batches)
+    state = saved.state_dict()
+    other = TokenWindows(tokens, 2, 16, accumulate=4, schedule=[(0, 64), (4, 128)])
+    with pytest.raises(UserError, match="stopped mid-epoch with data.tokens_per_step_schedule"):
+        other.load_state_dict(state)
+    TokenWindows(tokens, 2, 16, accumulate=4, schedule=[(0, 64), (2, 128)]).load_state_dict(state)  # its own: goes on
