@@ -15,7 +15,9 @@ weights and other windows. The runs (``RUNS``):
 - the same + Muon weight decay ``--muon_weight_decay``, without and with cautious weight decay (which
   masks a decay: the decayed run is its baseline, not plain Muon);
 - configs/modern-tiny-cpu.yaml as written (its switches and rates) at the same shape, and with Polar
-  Express, NorMuon and both: whether a step enters the preset.
+  Express, NorMuon and both: whether a step enters the preset;
+- plain Muon and the preset, each with a weight EMA (``EMA``: Lightning's ``EMAWeightAveraging`` at
+  decay 0.95, docs/optimizers.md): validated, so compared, from the averaged weights.
 
 For each run, over the seeds: the final validation loss and the tokens it needed to reach the best
 AdamW run's final validation loss at the same seed (interpolated between evaluations, as a fraction
@@ -49,6 +51,10 @@ TINY, PRESET = "configs/tiny-cpu.yaml", "configs/modern-tiny-cpu.yaml"
 MUON = preset_model(Path(PRESET))  # its Muon and AdamW-part rates
 MUON_BASE = ["--model.optimizer", "muon", "--model.muon_learning_rate", str(MUON["muon_learning_rate"])]
 MUON_BASE += ["--model.learning_rate", str(MUON["learning_rate"])]
+# Lightning's weight EMA, as a user adds it. Decay 0.95: a horizon of 1 / (1 - 0.95) = 20 steps, 1/12 of the
+# 240-step run; modded-nanogpt's Tail-EMA (track 3, records #45-46) averages over 150 steps of 2,720 (1/18),
+# the schedule's own timescale at its end. Updated from the first step, so every validation reads an average.
+EMA = ["--trainer.callbacks+=EMAWeightAveraging", "--trainer.callbacks.decay", "0.95"]
 
 
 def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
@@ -60,6 +66,7 @@ def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
         "muon": MUON_BASE,
         "muon + polar_express": [*MUON_BASE, *polar_express],
         "muon + normuon": [*MUON_BASE, *normuon],
+        "muon + ema": [*MUON_BASE, *EMA],
         f"muon wd={args.muon_weight_decay:g}": decayed,
         f"muon wd={args.muon_weight_decay:g} + cautious": [*decayed, "--model.muon_cautious_weight_decay", "true"],
     }
@@ -68,6 +75,7 @@ def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
         "modern preset + polar_express": polar_express,
         "modern preset + normuon": normuon,
         "modern preset + polar_express + normuon": [*polar_express, *normuon],
+        "modern preset + ema": EMA,
     }
     every = {
         **{name: (TINY, flags) for name, flags in gpt2.items()},

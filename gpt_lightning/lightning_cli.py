@@ -67,6 +67,8 @@ def quiet_lightning_console() -> None:
         r".*is smaller than the logging interval.*",  # logging counts optimizer steps across epochs
         r".*Your `IterableDataset` has `__len__` defined.*",
         r".*Total length of `list` across ranks is zero.*",
+        # EMAWeightAveraging: our configure_model shards only under FSDP2, which refuses the callback
+        r".*WeightAveraging callback with a model that overrides the configure_model.*",
     ):
         warnings.filterwarnings("ignore", message=message)
 

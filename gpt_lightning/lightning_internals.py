@@ -11,7 +11,9 @@ and ``strategy._timeout`` (preemption), ``lightning_utilities.core.rank_zero.log
 ``ArgumentParser._actions`` ("did you mean"), ``Tensor._version`` (generation.py), ``_ChildProcessObserver`` (the launcher's watcher of the ranks it
 started: its ``_terminate_all`` and ``_child_processes``, launched_ranks.py), torch Muon's
 ``_zeropower_via_newtonschulz`` and ``_adjust_lr`` (optimizers.py), ``nn.Module._compiled_call_impl`` and
-inductor's ``default_cache_dir`` (compilation.py).
+inductor's ``default_cache_dir`` (compilation.py), ``WeightAveraging._average_model``, ``_swap_models`` and
+``_device`` (the averaged model, swapped in for our samples and evaluations, and where it lives:
+training/averaging.py).
 """
 
 from __future__ import annotations
@@ -82,6 +84,21 @@ def inductor_default_cache_dir() -> str | None:
         except ImportError:
             return None
     return default_cache_dir()
+
+
+def averaged_model(callback: Any) -> torch.nn.Module | None:
+    """A ``WeightAveraging`` callback's ``AveragedModel``; None outside ``fit`` (made in its ``setup``)."""
+    return getattr(callback, "_average_model", None)
+
+
+def swap_averaged_weights(callback: Any, module: torch.nn.Module) -> None:
+    """Swap the values of ``module``'s weights and of the callback's averaged ones, as it does for validation."""
+    callback._swap_models(module)
+
+
+def averaging_device(callback: Any) -> torch.device | int | None:
+    """The device a ``WeightAveraging`` callback was given for its copy (None: the model's)."""
+    return getattr(callback, "_device", None)
 
 
 def format_summary_table(*args: Any) -> str:
@@ -228,6 +245,15 @@ def _calls_sigterm_broadcast() -> bool:
     )
 
 
+def _weight_averaging_has(name: str) -> bool:
+    from lightning.pytorch.callbacks import EMAWeightAveraging
+
+    callback = EMAWeightAveraging(device="cpu")
+    if name == "_swap_models":
+        return callable(getattr(callback, name, None))
+    return name in vars(callback)
+
+
 def _compile_sets_compiled_call_impl() -> bool:
     module = torch.nn.Linear(1, 1)
     before = compiled_in_place(module)
@@ -277,6 +303,9 @@ CHECKS: dict[str, Callable[[], bool]] = {
         not hasattr(torch.optim, "Muon") or all(callable(f) for f in muon_math())
     ),
     "nn.Module._compiled_call_impl": lambda: _compile_sets_compiled_call_impl(),
+    "WeightAveraging._average_model": lambda: _weight_averaging_has("_average_model"),
+    "WeightAveraging._swap_models": lambda: _weight_averaging_has("_swap_models"),
+    "WeightAveraging._device": lambda: _weight_averaging_has("_device"),
     "torch._inductor.runtime.cache_dir_utils.default_cache_dir": lambda: isinstance(inductor_default_cache_dir(), str),
 }
 

@@ -385,13 +385,16 @@ def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_s
             "--model.muon_normuon",
             "true",
         ],
+        "modern preset + ema": bench.EMA,
     }
+    assert bench.EMA == ["--trainer.callbacks+=EMAWeightAveraging", "--trainer.callbacks.decay", "0.95"]
     base = chosen["muon"][1]
     assert base == ["--model.optimizer", "muon", "--model.muon_learning_rate", "0.02", "--model.learning_rate", "0.01"]
     assert {name: flags[len(base) :] for name, (_, flags) in chosen.items() if flags[: len(base)] == base} == {
         "muon": [],
         "muon + polar_express": ["--model.muon_orthogonalizer", "polar_express"],
         "muon + normuon": ["--model.muon_normuon", "true"],
+        "muon + ema": bench.EMA,
         "muon wd=0.1": ["--model.muon_weight_decay", "0.1"],
         "muon wd=0.1 + cautious": ["--model.muon_weight_decay", "0.1", "--model.muon_cautious_weight_decay", "true"],
     }

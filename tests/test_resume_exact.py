@@ -1,7 +1,7 @@
 """A run stopped at a checkpoint and resumed through the CLI ends with the very weights of the run that
 was never stopped (torch.equal), across epoch ends: with and without gradient accumulation (an epoch
 is trimmed to whole optimizer steps), with limit_train_batches (rounded to whole steps), and with
-shuffling."""
+shuffling, and with Lightning's weight EMA (the average and the trained weights both)."""
 
 from pathlib import Path
 
@@ -69,7 +69,10 @@ def shard_folder(corpus: Path, folder: Path) -> Path:
 
 
 def weights(ckpt: Path) -> dict[str, torch.Tensor]:
-    return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    """``state_dict``; with a weight EMA (the average) also the trained weights and the EMA's count."""
+    saved = torch.load(ckpt, map_location="cpu", weights_only=False)
+    trained = {f"current_model_state/{k}": v for k, v in saved.get("current_model_state", {}).items()}
+    return {**saved["state_dict"], **trained, **saved.get("averaging_state", {})}
 
 
 def schedules(ckpt: Path) -> list[dict]:
@@ -144,6 +147,18 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
                 *MODERN_FLAGS,
             ],
         ),  # the modern model's groups
+        (
+            4,
+            [
+                "--trainer.precision",
+                "32-true",
+                "--model.optimizer",
+                "muon",
+                "--trainer.callbacks+=EMAWeightAveraging",
+                "--trainer.callbacks.decay",
+                "0.5",
+            ],
+        ),  # Lightning's weight EMA: the average (state_dict), the trained weights and the count
     ],
     ids=[
         "epoch-end",
@@ -154,6 +169,7 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
         "tokens_per_step_schedule",
         "muon-wsd",
         "modern",
+        "ema",
     ],
 )
 def test_resumed_run_ends_with_the_weights_of_the_uninterrupted_one(tmp_path, corpus, stop, flags):
@@ -173,6 +189,10 @@ def test_resumed_run_ends_with_the_weights_of_the_uninterrupted_one(tmp_path, co
     expected, got = weights(whole / "last.ckpt"), weights(resumed / "last.ckpt")
     assert schedules(resumed / "last.ckpt") == schedules(whole / "last.ckpt")
     assert expected.keys() == got.keys()
+    if "--trainer.callbacks+=EMAWeightAveraging" in flags:
+        assert expected["n_averaged"] == 2 * stop and not torch.equal(
+            expected["model.transformer.wte.weight"], expected["current_model_state/model.transformer.wte.weight"]
+        )
     differ = [k for k in expected if not torch.equal(expected[k], got[k])]
     assert not differ, (
         f"{len(differ)} tensors differ, e.g. {differ[0]}: max |diff| "

@@ -9,11 +9,15 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from gpt_lightning.training.averaging import averaged_weights
+
 
 class PeriodicEvaluation(Callback):
     """Run ``evaluate`` as step 0 starts, every ``every_n_steps`` optimizer steps and at the end of
-    training; once a step, however many micro-batches it has. Each pass's wall seconds go to
-    ``durations``, which ``ThroughputMonitor`` takes out of the step they ran in.
+    training; once a step, however many micro-batches it has, on the averaged weights where a
+    weight-averaging callback keeps them (``EMAWeightAveraging``: what validation and the checkpoint
+    hold). Each pass's wall seconds go to ``durations``, which ``ThroughputMonitor`` takes out of the
+    step they ran in.
 
     Args:
         every_n_steps: optimizer steps between evaluations.
@@ -36,12 +40,12 @@ class PeriodicEvaluation(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if trainer.global_step % self.every_n_steps == 0:
-            self._timed_evaluation(trainer, pl_module)
+            self._timed_evaluation(trainer, pl_module, "on_train_batch_start")
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._timed_evaluation(trainer, pl_module)
+        self._timed_evaluation(trainer, pl_module, "on_train_end")
 
-    def _timed_evaluation(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def _timed_evaluation(self, trainer: Trainer, pl_module: LightningModule, hook: str) -> None:
         step = trainer.global_step
         if not self.enabled or self._evaluated_at == step:  # once a step, not once per micro-batch
             return
@@ -49,5 +53,6 @@ class PeriodicEvaluation(Callback):
         if pl_module.device.type == "cuda":  # the pass's time starts once the queued training work is done
             torch.cuda.synchronize(pl_module.device)
         began = time.perf_counter()
-        self.evaluate(trainer, pl_module)
+        with averaged_weights(trainer, pl_module, self, hook):
+            self.evaluate(trainer, pl_module)
         self.durations.append(time.perf_counter() - began)

@@ -18,6 +18,7 @@ from gpt_lightning.lightning_internals import format_summary_table
 from gpt_lightning.model import GPTConfig
 from gpt_lightning.scaling.memory import GIB, TrainingMemory, fit_warning, training_memory
 from gpt_lightning.scaling.sharding import shard_count
+from gpt_lightning.training.averaging import averages_on_device
 
 # Shown on the bar under short names, so the line fits a terminal. The first two are logged without
 # prog_bar (Lightning converts every prog_bar value to a Python number after every batch, one host
@@ -123,6 +124,7 @@ class TrainingFlopsSummary(ModelSummary):
             (estimate.ddp_buckets, "DDP buckets"),
             (estimate.bf16_weight_copies, "half-precision weight copies (autocast's)"),
             (estimate.activations, f"activations of {estimate.tokens:,} tokens"),
+            (estimate.weight_average, "the averaged weights (EMAWeightAveraging)"),
         ]
         rank_zero_info(
             f"{estimate.total / GIB:.2f} GiB per device, estimated (eager; the memory guide, docs/multi-gpu.md): "
@@ -178,6 +180,7 @@ def run_memory(trainer: Trainer, pl_module: LightningModule) -> TrainingMemory |
         activation_checkpointing=bool(getattr(getattr(pl_module, "model", None), "activation_checkpointing", False)),
         ddp=trainer.world_size > 1,
         chunked_loss=bool(getattr(pl_module, "hparams", {}).get("chunked_loss", True)),
+        weight_average=averages_on_device(trainer, getattr(pl_module, "device", None)),
     )
 
 

@@ -17,6 +17,7 @@ from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.errors import UserError
 from gpt_lightning.generation import generate
 from gpt_lightning.model import GPT
+from gpt_lightning.training.averaging import averaged_weights
 
 TAG = "samples"
 FILENAME = "samples.txt"  # in the run's folder, for loggers that take no text (CSVLogger) or none
@@ -24,7 +25,8 @@ FILENAME = "samples.txt"  # in the run's folder, for loggers that take no text (
 
 class ValidationSamples(Callback):
     """Text sampled after each validation (not the sanity check) under ``samples``, at the step of
-    ``val/*``: same seed every time, in the run's precision. Each logger that takes text gets it
+    ``val/*``: same seed every time, in the run's precision, from the weights validated (the averaged
+    ones under ``EMAWeightAveraging``). Each logger that takes text gets it
     (TensorBoard's ``add_text``, W&B's ``log_text``, MLflow's ``log_text`` artifacts); with none
     such, ``samples.txt`` in ``trainer.log_dir``, said once. Works with any module whose ``model``
     is a gpt-lightning ``GPT``.
@@ -66,8 +68,13 @@ class ValidationSamples(Callback):
         if self._writers is None:
             self._writers = text_writers(trainer)  # every rank: trainer.log_dir is a collective
         # In the run's precision, as validation itself (bf16 autocast under bf16-mixed): what the
-        # model computes in training, at the speed of a bf16 GPU; float32 only when the run is.
-        with torch.compiler.set_stance("force_eager"), trainer.precision_plugin.forward_context():
+        # model computes in training, at the speed of a bf16 GPU; float32 only when the run is. From the
+        # averaged weights, as validation, where a weight-averaging callback keeps them.
+        with (
+            averaged_weights(trainer, pl_module, self, "on_validation_epoch_end"),
+            torch.compiler.set_stance("force_eager"),
+            trainer.precision_plugin.forward_context(),
+        ):
             text = self.sample(pl_module, tokens, self._setting(pl_module, "prompt") or "")
         if trainer.is_global_zero:
             for write in self._writers:

@@ -99,10 +99,17 @@ class TrainingMemory:
     bf16_weight_copies: float  # autocast's bf16 copies of the weights, kept for the backward: 2 B a parameter
     activations: float  # what autograd keeps, and the loss's peak beyond it (``loss_peak_bytes``)
     tokens: int  # per micro-batch, per device
+    weight_average: float = 0.0  # EMAWeightAveraging's copy of the module: 4 B a parameter (float32 weights)
 
     @property
     def total(self) -> float:
-        return self.weights_grads_adamw + self.ddp_buckets + self.bf16_weight_copies + self.activations
+        return (
+            self.weights_grads_adamw
+            + self.ddp_buckets
+            + self.bf16_weight_copies
+            + self.activations
+            + self.weight_average
+        )
 
 
 def loss_peak_bytes(config: GPTConfig, tokens: int, mixed: bool = True, chunked_loss: bool = True) -> float:
@@ -125,6 +132,7 @@ def training_memory(
     activation_checkpointing: bool = False,
     ddp: bool = True,
     chunked_loss: bool = True,
+    weight_average: bool = False,
 ) -> TrainingMemory:
     """Memory per GPU of one training step.
 
@@ -137,6 +145,8 @@ def training_memory(
         activation_checkpointing: see ``activation_bytes_per_token``.
         ddp: with ``shards`` 1, whether DDP keeps gradient buckets (several processes) or not (one).
         chunked_loss: the module's ``chunked_loss`` (``loss_peak_bytes``).
+        weight_average: a weight-averaging callback (``EMAWeightAveraging``) keeps its copy of the
+            weights on this device (not under FSDP2, which refuses it).
     """
     n = parameter_count(config)
     tokens = micro_batch_size * (seq_len or config.block_size)
@@ -149,6 +159,7 @@ def training_memory(
         * activation_bytes_per_token(config, mixed, activation_checkpointing, micro_batch_size, chunked_loss)
         + loss_peak_bytes(config, tokens, mixed, chunked_loss),
         tokens=tokens,
+        weight_average=4 * n if weight_average else 0.0,
     )
 
 

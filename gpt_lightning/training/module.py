@@ -20,6 +20,11 @@ from gpt_lightning.scaling.sharding import is_empty, materialize, shard_once, sy
 from gpt_lightning.training import resume
 from gpt_lightning.training.architecture import DEFAULT_CONFIG, build_gpt
 from gpt_lightning.training.attention import attention_context, device_attention_backends
+from gpt_lightning.training.averaging import (
+    TrainedWeightsAtEnd,
+    check_weight_averaging,
+    train_on_from_trained_weights,
+)
 from gpt_lightning.training.bits_per_byte import BitsPerByte, bits_and_bytes, token_byte_lengths
 from gpt_lightning.training.checkpoint_io import use_atomic_checkpoints
 from gpt_lightning.training.checks import (
@@ -208,10 +213,14 @@ class GPTLightningModule(LightningModule):
             None  # by configure_optimizers: resume's to set
         )
         self._attention_backends = None  # the training forward's SDPA backends (``attention``), set at train start
+        self._trained_at_end = TrainedWeightsAtEnd()  # for a last.ckpt written after weight averaging's end
 
     def configure_callbacks(self) -> list:
-        """None; applies ``float32_matmul_precision`` in this first hook, before the device is set up."""
+        """None; applies ``float32_matmul_precision`` in this first hook, before the device is set up, and
+        refuses a weight-averaging callback where it cannot run (before its ``setup`` copies the model)."""
         self._apply_matmul_precision()
+        if self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING:
+            check_weight_averaging(self._trainer)
         return []
 
     def _apply_matmul_precision(self) -> None:
@@ -230,9 +239,12 @@ class GPTLightningModule(LightningModule):
         warn_if_bf16_is_emulated(trainer)  # here, so a plain Trainer's and a stock LightningCLI's runs are told too
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint of another architecture or optimizer (``resume``)."""
+        """Refuse a checkpoint of another architecture or optimizer (``resume``); without weight averaging,
+        train on from the trained weights of a checkpoint written with it (``averaging``)."""
         resume.refuse_other_architecture(checkpoint, self.config)
         resume.refuse_other_optimizer(checkpoint, self.hparams.optimizer)
+        if self._trainer is not None:
+            train_on_from_trained_weights(checkpoint, self._trainer)
 
     def configure_model(self) -> None:
         """Shard under ``ModelParallelStrategy`` (FSDP2), give a meta-device build its memory and
@@ -315,8 +327,13 @@ class GPTLightningModule(LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._nonfinite.raise_if_found(self.global_step)  # no checkpoint is written after a bad step
+        self._trained_at_end.put_in(checkpoint)
+
+    def on_train_epoch_end(self) -> None:
+        self._trained_at_end.keep(self.trainer, self)
 
     def on_train_end(self) -> None:
+        self._trained_at_end.drop()
         self._nonfinite.raise_if_found(self.global_step)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
