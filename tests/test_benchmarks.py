@@ -385,6 +385,7 @@ def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_s
             "--model.muon_normuon",
             "true",
         ],
+        "modern preset + sliding_window": ["--model.window_pattern", "SSSL"],
     }
     base = chosen["muon"][1]
     assert base == ["--model.optimizer", "muon", "--model.muon_learning_rate", "0.02", "--model.learning_rate", "0.01"]
@@ -392,6 +393,7 @@ def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_s
         "muon": [],
         "muon + polar_express": ["--model.muon_orthogonalizer", "polar_express"],
         "muon + normuon": ["--model.muon_normuon", "true"],
+        "muon + sliding_window": ["--model.window_pattern", "SSSL"],
         "muon wd=0.1": ["--model.muon_weight_decay", "0.1"],
         "muon wd=0.1 + cautious": ["--model.muon_weight_decay", "0.1", "--model.muon_cautious_weight_decay", "true"],
     }
