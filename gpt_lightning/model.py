@@ -115,7 +115,7 @@ class GPTConfig:
         causal context (an L block, the last block, or a window that reaches back to position 0 anyway)."""
         if layer == self.n_layer - 1 or self.window_pattern[layer % len(self.window_pattern)] == "L":
             return None
-        window = math.ceil(self.short_window_fraction * self.block_size)
+        window = math.ceil(self.short_window_fraction * self.block_size - 1e-9)  # 0.1 x 30 is 3.0000000000000004
         return window if window < self.block_size - 1 else None
 
 
