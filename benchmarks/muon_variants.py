@@ -17,7 +17,9 @@ weights and other windows. The runs (``RUNS``):
 - configs/modern-tiny-cpu.yaml as written (its switches and rates) at the same shape, and with Polar
   Express, NorMuon and both: whether a step enters the preset;
 - plain Muon and the preset, each with a weight EMA (``EMA``: Lightning's ``EMAWeightAveraging`` at
-  decay 0.95, docs/optimizers.md): validated, so compared, from the averaged weights.
+  decay 0.95, docs/optimizers.md): validated, so compared, from the averaged weights;
+- GPT-2 + Muon and the preset, each with nanochat's sliding-window attention (``--model.window_pattern
+  SSSL``, docs/modern.md): blocks 0 to 2 see 16 positions back at T=64 (a quarter), block 3 all of them.
 
 For each run, over the seeds: the final validation loss and the tokens it needed to reach the best
 AdamW run's final validation loss at the same seed (interpolated between evaluations, as a fraction
@@ -61,12 +63,14 @@ def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
     """Each run's name, its config and the ``fit`` options that make it what it is."""
     decayed = [*MUON_BASE, "--model.muon_weight_decay", str(args.muon_weight_decay)]
     polar_express, normuon = ["--model.muon_orthogonalizer", "polar_express"], ["--model.muon_normuon", "true"]
+    sliding_window = ["--model.window_pattern", "SSSL"]  # nanochat's pattern, its quarter-context short window
     gpt2 = {
         **{f"adamw lr={lr:g}": ["--model.learning_rate", str(lr)] for lr in args.adamw_lrs},
         "muon": MUON_BASE,
         "muon + polar_express": [*MUON_BASE, *polar_express],
         "muon + normuon": [*MUON_BASE, *normuon],
         "muon + ema": [*MUON_BASE, *EMA],
+        "muon + sliding_window": [*MUON_BASE, *sliding_window],
         f"muon wd={args.muon_weight_decay:g}": decayed,
         f"muon wd={args.muon_weight_decay:g} + cautious": [*decayed, "--model.muon_cautious_weight_decay", "true"],
     }
@@ -76,6 +80,7 @@ def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
         "modern preset + normuon": normuon,
         "modern preset + polar_express + normuon": [*polar_express, *normuon],
         "modern preset + ema": EMA,
+        "modern preset + sliding_window": sliding_window,
     }
     every = {
         **{name: (TINY, flags) for name, flags in gpt2.items()},

@@ -4,6 +4,7 @@ parameter names; ``forward_cached`` runs tokens through one ``KVCache`` per bloc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -12,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from torch.utils.checkpoint import checkpoint
 
 # The value-embedding gate reads the first this many channels of the attention's input (nanochat's 12).
@@ -64,6 +66,13 @@ class GPTConfig:
     # nanochat's value embeddings (ResFormer): every other block, the last included, adds a token-indexed
     # table to its attention values through a per-head gate; extra parameters for a lower loss per token.
     value_embeddings: bool = False
+    # Sliding-window attention, nanochat's window_pattern (nanochat/gpt.py at commit 92d63d4e8bb4,
+    # GPTConfig.window_pattern and GPT._compute_window_sizes): one letter a block, the string tiled over
+    # the blocks, S a short window, L the whole context, the last block always L. "L": GPT-2's attention.
+    window_pattern: str = "L"
+    # An S block's window W as a fraction of block_size, rounded up (nanochat's quarter, without its round
+    # up to a 128-token tile): a query at position i sees the keys at i - W to i; W = 16 at T = 64, 32 at 128.
+    short_window_fraction: float = 0.25
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -92,10 +101,22 @@ class GPTConfig:
                 f"GPTConfig.value_embeddings needs n_embd >= {VALUE_GATE_CHANNELS} (the gate reads that "
                 f"many channels), got {self.n_embd}."
             )
+        if not self.window_pattern or set(self.window_pattern) - {"S", "L"}:
+            raise ValueError(f"GPTConfig.window_pattern must be letters S and L, got {self.window_pattern!r}.")
+        if not 0.0 < self.short_window_fraction <= 1.0:
+            raise ValueError(f"GPTConfig.short_window_fraction must be in (0, 1], got {self.short_window_fraction}.")
 
     def has_value_embedding(self, layer: int) -> bool:
         """Whether block ``layer`` gets a value embedding: every other block, counted back from the last (nanochat)."""
         return self.value_embeddings and layer % 2 == (self.n_layer - 1) % 2
+
+    def attention_window(self, layer: int) -> int | None:
+        """Block ``layer``'s window W (a query at position i sees the keys at i - W to i), or None: the whole
+        causal context (an L block, the last block, or a window that reaches back to position 0 anyway)."""
+        if layer == self.n_layer - 1 or self.window_pattern[layer % len(self.window_pattern)] == "L":
+            return None
+        window = math.ceil(self.short_window_fraction * self.block_size - 1e-9)  # 0.1 x 30 is 3.0000000000000004
+        return window if window < self.block_size - 1 else None
 
 
 MODERN_SWITCHES = (
@@ -108,6 +129,7 @@ MODERN_SWITCHES = (
     "zero_init_proj",
     "logit_softcap",
     "value_embeddings",
+    "window_pattern",
 )
 
 
@@ -116,7 +138,10 @@ def modern_switches_on(config: GPTConfig) -> list[str]:
     hold (``zero_init_proj`` changes only the starting weights, not the layout: not one of them)."""
     default = GPTConfig()
     return [
-        name for name in MODERN_SWITCHES if name != "zero_init_proj" and getattr(config, name) != getattr(default, name)
+        name
+        for name in MODERN_SWITCHES
+        if name != "zero_init_proj" and getattr(config, name) != getattr(default, name)
+        if name != "window_pattern" or "S" in config.window_pattern  # "LL" is GPT-2's attention too
     ]
 
 
@@ -183,6 +208,33 @@ def rotate(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (B, nh, T, hs)
 
 
+def in_window(query: torch.Tensor, key: torch.Tensor, window: int) -> torch.Tensor:
+    """Whether a query at position ``query`` sees a key at ``key`` (broadcast): at or before it, at most
+    ``window`` back (FlashAttention's ``window_size=(window, 0)``, as nanochat's SDPA fallback masks)."""
+    return (key <= query) & (key >= query - window)
+
+
+def windowed_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, dropout_p: float
+) -> torch.Tensor:
+    """Causal attention of q, k, v (B, nh, T, hs) from position 0, each query seeing its last ``window`` + 1
+    keys: (B, nh, T, hs). Compiled on CUDA, flex attention with a block mask (it skips the blocks outside
+    the band; SDPA given a mask loses flash attention); elsewhere SDPA with the (T, T) boolean band."""
+    T = q.size(-2)
+    if q.is_cuda and torch.compiler.is_compiling() and dropout_p == 0.0:
+        return flex_window(q, k, v, window)
+    pos = torch.arange(T, device=q.device)  # (T,)
+    band = in_window(pos[:, None], pos, window)  # (T, T)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=band, dropout_p=dropout_p)
+
+
+def flex_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
+    """``windowed_attention`` by ``flex_attention`` (fast compiled; eager it runs an unfused reference)."""
+    T = q.size(-2)
+    block_mask = create_block_mask(lambda b, h, qi, ki: in_window(qi, ki, window), None, None, T, T, device=q.device)
+    return flex_attention(q, k, v, block_mask=block_mask)  # (B, nh, T, hs)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer: int) -> None:
         super().__init__()
@@ -190,6 +242,7 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.rotary_base = config.rotary_base if config.rotary else None
         self.qk_norm = config.qk_norm
+        self.window = config.attention_window(layer)  # None: the whole causal context
         # query, key and value projections for all heads in one matmul
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
@@ -224,9 +277,11 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.heads(x, idx, torch.arange(T, device=x.device))  # 3 x (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-        )  # (B, nh, T, hs)
+        dropout_p = self.dropout if self.training else 0.0
+        if self.window is None:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # (B, nh, T, hs)
+        else:
+            y = windowed_attention(q, k, v, self.window, dropout_p)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
         return self.resid_dropout(self.c_proj(y))
 
@@ -235,16 +290,22 @@ class CausalSelfAttention(nn.Module):
     ) -> torch.Tensor:
         """Attention for generation of ``x`` (B, T, C), tokens ``idx`` (B, T) at ``pos`` (T,): T > 1 is a causal
         prefill from position 0; T == 1 attends to the cache's first ``length`` positions (None: all of
-        them, those after ``pos`` masked, static shapes for a compiled step)."""
+        them, those after ``pos`` masked, static shapes for a compiled step); a windowed block to the last
+        ``window`` + 1 of them."""
         B, T, C = x.shape
         q, k, v = self.heads(x, idx, pos)  # 3 x (B, nh, T, hs): the cache holds rotated keys, gated values
         cache.store(k, v, pos)
-        if T > 1:
+        if T > 1 and self.window is not None:
+            y = windowed_attention(q, k, v, self.window, 0.0)  # (B, nh, T, hs)
+        elif T > 1:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
         elif length is not None:
-            y = F.scaled_dot_product_attention(q, cache.k[:, :, :length], cache.v[:, :, :length])  # (B, nh, 1, hs)
+            start = 0 if self.window is None else max(0, length - 1 - self.window)  # the query is at length - 1
+            y = F.scaled_dot_product_attention(q, cache.k[:, :, start:length], cache.v[:, :, start:length])
         else:
-            visible = (torch.arange(cache.max_len, device=x.device) <= pos).view(1, -1)  # (1, max_len)
+            cached = torch.arange(cache.max_len, device=x.device)  # (max_len,)
+            visible = cached <= pos if self.window is None else in_window(pos, cached, self.window)
+            visible = visible.view(1, -1)  # (1, max_len)
             y = F.scaled_dot_product_attention(q, cache.k, cache.v, attn_mask=visible)  # (B, nh, 1, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
         return self.c_proj(y)

@@ -386,6 +386,7 @@ def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_s
             "true",
         ],
         "modern preset + ema": bench.EMA,
+        "modern preset + sliding_window": ["--model.window_pattern", "SSSL"],
     }
     assert bench.EMA == ["--trainer.callbacks+=EMAWeightAveraging", "--trainer.callbacks.decay", "0.95"]
     base = chosen["muon"][1]
@@ -395,6 +396,7 @@ def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_s
         "muon + polar_express": ["--model.muon_orthogonalizer", "polar_express"],
         "muon + normuon": ["--model.muon_normuon", "true"],
         "muon + ema": bench.EMA,
+        "muon + sliding_window": ["--model.window_pattern", "SSSL"],
         "muon wd=0.1": ["--model.muon_weight_decay", "0.1"],
         "muon wd=0.1 + cautious": ["--model.muon_weight_decay", "0.1", "--model.muon_cautious_weight_decay", "true"],
     }

@@ -2,6 +2,8 @@
 generate, reproducible sampling, top-k, top-p, temperature 0, a padded vocabulary, past block_size, batched,
 sharded, and a compiled decode step."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -192,7 +194,8 @@ def test_the_compiled_decode_step_gives_the_eager_tokens(monkeypatch):
 
     monkeypatch.setattr(generation, "KVCache", Counted)
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=8, vocab_size=256, n_layer=1, n_head=2, n_embd=16)).eval()
+    # Block 0 attends to 2 positions back (sliding-window attention, block_size 8 / 4): the step masks its window too.
+    model = GPT(GPTConfig(block_size=8, vocab_size=256, n_layer=2, n_head=2, n_embd=16, window_pattern="SL")).eval()
     idx = prompt(length=3, vocab=256)
     eager = generate(model, idx, 12, temperature=0)  # past block_size: slides once
     made.clear()
@@ -201,7 +204,7 @@ def test_the_compiled_decode_step_gives_the_eager_tokens(monkeypatch):
     assert torch.equal(
         generate(model, other, 12, temperature=0, compile=True), generate(model, other, 12, temperature=0)
     )
-    assert len(made) == model.config.n_layer + 1  # compiled: one set for both calls; +1: the eager call's
+    assert len(made) == 2 * model.config.n_layer  # compiled: one set for both calls; and the eager call's
     prompts = [prompt(length=length, vocab=256, seed=length) for length in range(1, 21)]  # 9 to 20 past block_size
     eager = [generate(model, idx, 4, temperature=0) for idx in prompts]
     made.clear()
@@ -209,6 +212,22 @@ def test_the_compiled_decode_step_gives_the_eager_tokens(monkeypatch):
     for idx, expected in zip(prompts, eager):
         assert torch.equal(generate(model, idx, 4, temperature=0, compile=True), expected), idx.shape
     assert made == [] and counters["stats"]["unique_graphs"] == 0  # memory flat, no recompilation
+
+
+def test_a_windowed_model_decodes_from_its_cache_what_its_forward_gives():
+    """Windows of 4 positions back (block_size 16 / 4) in blocks 0 and 1, a prompt of 9 longer than them:
+    the prefill through the band, each decode step over the cache's last 5 positions, eager (a slice) and
+    compiled (the whole static cache, masked: the compiled-decode test's model is windowed too), the greedy
+    tokens of the uncached forward up to block_size."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=3, n_head=2, n_embd=16, window_pattern="SSL")).eval()
+    assert [block.attn.window for block in model.transformer.h] == [4, 4, None]
+    idx = prompt(length=9, vocab=256)
+    uncached = generate(model, idx, 7, temperature=0, use_cache=False)
+    assert torch.equal(generate(model, idx, 7, temperature=0), uncached)
+    full = GPT(dataclasses.replace(model.config, window_pattern="L")).eval()
+    full.load_state_dict(model.state_dict())
+    assert not torch.allclose(full(uncached)[0][:, 5:], model(uncached)[0][:, 5:])  # the windows cut something
 
 
 def test_on_a_cpu_the_decode_step_is_frozen_and_compiled_again_after_training():

@@ -251,3 +251,41 @@ def test_the_training_forward_takes_cudnn_attention_on_hopper_and_decode_does_no
     with AttentionOps() as seen, torch.autocast("cuda", torch.bfloat16):
         generate(model.eval(), idx[:, :8], 4, temperature=0)
     assert seen.ops and not any("cudnn" in op for op in seen.ops), seen.ops
+
+
+def test_windowed_attention_compiled_on_cuda_is_flex_attention_and_equals_the_masked_sdpa(monkeypatch):
+    """Sliding-window attention: eager (SDPA with the band) and compiled (flex attention with a block
+    mask, blocks of 128 positions: the band skips some) give the same loss and gradients; the compiled
+    decode step (CUDA graphs, the static cache masked) gives the eager cache's greedy tokens."""
+    import gpt_lightning.model as model_module
+    from gpt_lightning.generation import generate
+
+    flex_calls = []
+    flex_attention = model_module.flex_attention
+
+    def counted(*args, **kwargs):
+        flex_calls.append(1)  # at trace time
+        return flex_attention(*args, **kwargs)
+
+    monkeypatch.setattr(model_module, "flex_attention", counted)
+    torch.manual_seed(0)
+    config = GPTConfig(block_size=512, vocab_size=512, n_layer=2, n_head=2, n_embd=64, window_pattern="SL")
+    model = model_module.GPT(config).cuda()
+    assert model.transformer.h[0].attn.window == 128
+    idx = torch.randint(0, 512, (2, 512), device="cuda")
+    losses, grads = [], []
+    for run in (model, torch.compile(model, fullgraph=True)):
+        model.zero_grad()
+        loss = run(idx, idx.roll(-1, 1))[1]
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert flex_calls  # compiled: block 0 took flex attention
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-4)
+    for compiled, eager in zip(grads[1], grads[0]):
+        torch.testing.assert_close(compiled, eager, rtol=1e-3, atol=1e-4)
+    model.eval()
+    prompt = idx[:, :200]  # longer than the window
+    assert torch.equal(
+        generate(model, prompt, 40, temperature=0, compile=True), generate(model, prompt, 40, temperature=0)
+    )

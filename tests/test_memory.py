@@ -80,7 +80,7 @@ MODERN = preset_switches("modern-124m-fineweb.yaml")
 
 @pytest.mark.parametrize(
     "switches",
-    [{}, *({key: value} for key, value in MODERN.items()), MODERN],
+    [{}, *({key: value} for key, value in MODERN.items()), MODERN, {"window_pattern": "SSL"}],  # (windows: not in it)
     ids=lambda switches: ",".join(switches) if len(switches) < 2 else "all",
 )
 def test_activation_count_of_each_switch_is_what_autograd_keeps_under_bf16_autocast(switches):

@@ -4,6 +4,8 @@ groups its parameters for Muon (value embeddings with the embeddings) and export
 
 import dataclasses
 import hashlib
+import math
+import warnings
 
 import pytest
 import torch
@@ -18,7 +20,7 @@ from gpt_lightning.generation import generate
 from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.interop.pretrained import export_hf
 from gpt_lightning.interop.weights import load_gpt
-from gpt_lightning.model import GPT, VALUE_GATE_CHANNELS, GPTConfig
+from gpt_lightning.model import GPT, VALUE_GATE_CHANNELS, GPTConfig, flex_window, modern_switches_on
 from gpt_lightning.scaling.flops import training_flops
 from gpt_lightning.training.optimizers import build_optimizer, group_settings
 
@@ -35,6 +37,7 @@ MODERN = GPTConfig(
     zero_init_proj=True,
     logit_softcap=15.0,
     value_embeddings=True,
+    window_pattern="SL",  # block 0 sees 4 positions back (block_size 16 / 4), block 1 (the last) all
 )
 
 
@@ -110,13 +113,49 @@ def test_value_embeddings_are_in_every_other_block_counting_back_from_the_last(n
     assert not torch.allclose(model(idx)[0], before)
 
 
+def test_windowed_attention_is_a_loop_over_each_query_s_last_positions():
+    """nanochat's semantics: the pattern tiled over the blocks, the last block long, W = ceil(fraction x
+    block_size), a query at i seeing the keys at i - W to i; SDPA with the band (the CPU's path) and flex
+    attention's block mask (CUDA's, compiled; run here unfused) both equal a loop over the queries."""
+    config = GPTConfig(**{**SHAPE, "n_layer": 5}, window_pattern="SSL")
+    assert [config.attention_window(i) for i in range(5)] == [4, 4, None, 4, None]
+    windows = [GPTConfig(block_size=T, window_pattern="SSSL").attention_window(0) for T in (64, 128, 1024)]
+    assert windows == [16, 32, 256]
+    assert GPTConfig(**SHAPE, window_pattern="S", short_window_fraction=0.95).attention_window(0) is None  # reaches 0
+    model = trained_modern()
+    attn = model.transformer.h[0].attn
+    assert attn.window == 4 and model.transformer.h[1].attn.window is None
+    x, idx = torch.randn(2, 16, 32), torch.randint(0, 128, (2, 16))
+    with torch.no_grad():
+        q, k, v = attn.heads(x, idx, torch.arange(16))  # 3 x (B, nh, T, hs)
+        rows = []
+        for i in range(16):
+            seen = slice(max(0, i - 4), i + 1)
+            weights = torch.softmax(q[:, :, i : i + 1] @ k[:, :, seen].mT / math.sqrt(16), dim=-1)  # (B, nh, 1, <=5)
+            rows.append(weights @ v[:, :, seen])  # (B, nh, 1, hs)
+        loop = torch.cat(rows, dim=2)  # (B, nh, T, hs)
+        torch.testing.assert_close(attn(x, idx), attn.c_proj(loop.transpose(1, 2).reshape(2, 16, 32)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # flex attention's "called without torch.compile"
+            torch.testing.assert_close(flex_window(q, k, v, 4), loop)
+        causal = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert not torch.allclose(causal[:, :, 5:], loop[:, :, 5:]) and torch.allclose(causal[:, :, :5], loop[:, :, :5])
+    # Hugging Face GPT-2 has no window: refused; a pattern of long blocks only is GPT-2's attention.
+    assert modern_switches_on(GPTConfig(window_pattern="SSSL")) == ["window_pattern"]
+    assert modern_switches_on(GPTConfig(window_pattern="LL")) == []
+    with pytest.raises(ValueError, match="window_pattern must be letters S and L"):
+        GPTConfig(window_pattern="sssl")
+    with pytest.raises(ValueError, match="short_window_fraction must be in"):
+        GPTConfig(short_window_fraction=0.0)
+
+
 def test_the_modern_model_compiles_without_graph_breaks():
     model = GPT(MODERN)
     idx = torch.randint(0, 128, (2, 16))
     explanation = torch._dynamo.explain(model)(idx, idx)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
-    # compile_scope blocks: each block alone, with a value embedding (block 1) and without (block 0).
+    # compile_scope blocks: each block alone, with a value embedding (block 1) and without (block 0, windowed).
     x = torch.randn(2, 16, 32)
     for block in model.transformer.h:
         explanation = torch._dynamo.explain(block)(x, idx)
@@ -206,6 +245,10 @@ def test_the_preset_trains_exports_to_safetensors_and_refuses_hf(tmp_path, small
             "1",
             "--model.val_sample_tokens",
             "0",
+            "--model.window_pattern",  # not in the preset: carried by the checkpoint and the export all the same
+            "S",
+            "--model.short_window_fraction",
+            "0.5",
             "--data.data_path",
             str(small_text),
             "--data.cache_dir",
@@ -222,6 +265,7 @@ def test_the_preset_trains_exports_to_safetensors_and_refuses_hf(tmp_path, small
     assert "`/muon`, `/embedding`, `/head`, `/adamw_no_decay`" in README  # its TensorBoard table
     model = gpt_from_checkpoint(ckpt).eval()
     assert model.config.rotary and not model.config.tie_embeddings  # recorded in the checkpoint
+    assert (model.config.window_pattern, model.config.short_window_fraction) == ("S", 0.5)
     assert (
         model.config.value_embeddings and model.transformer.h[0].attn.value_embedding is not None
     )  # 1 layer: the last

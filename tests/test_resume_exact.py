@@ -145,8 +145,12 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
                 "--model.head_learning_rate",
                 "0.004",
                 *MODERN_FLAGS,
+                "--model.n_layer",
+                "2",
+                "--model.window_pattern",
+                "SL",
             ],
-        ),  # the modern model's groups
+        ),  # the modern model's groups, and a windowed block (sliding-window attention)
         (
             4,
             [

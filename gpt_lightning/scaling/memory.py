@@ -27,6 +27,7 @@ def activation_bytes_per_token(
     activation_checkpointing: bool = False,
     rows: int = 1,
     chunked_loss: bool = True,
+    seq_len: int | None = None,
 ) -> float:
     """Bytes autograd keeps per token of a micro-batch until the backward pass, every switch counted.
 
@@ -40,6 +41,7 @@ def activation_bytes_per_token(
         chunked_loss: the training loss by ``chunked_cross_entropy`` (it keeps the gradient of the head's
             input, no logits; under 16-mixed the input itself and the targets, 8 bytes a token more, not
             counted) rather than ``F.cross_entropy`` (the head's input and the logits' log-softmax).
+        seq_len: tokens per row (a windowed block keeps a (T, T) mask); the model's block_size if None.
     """
     C, V = config.n_embd, config.vocab_size
     # ids (int64), and the targets F.cross_entropy keeps (the chunked loss does not); positions, one per position
@@ -49,7 +51,7 @@ def activation_bytes_per_token(
         0 if chunked_loss else 4 * V * (2 if config.logit_softcap is not None else 1)
     )  # float32 log-softmax (and tanh)
     head = ids + embedding + norm_bytes_per_token(config) + (2 if mixed else 4) * C + logits
-    blocks = [block_activation_bytes_per_token(config, mixed, layer, rows) for layer in range(config.n_layer)]
+    blocks = [block_activation_bytes_per_token(config, mixed, layer, rows, seq_len) for layer in range(config.n_layer)]
     if activation_checkpointing:
         return config.n_layer * 4 * C + max(blocks) + head  # the blocks' inputs, and one block recomputed
     return sum(blocks) + head
@@ -65,13 +67,13 @@ def norm_bytes_per_token(config: GPTConfig) -> int:
 
 
 def block_activation_bytes_per_token(
-    config: GPTConfig, mixed: bool = True, layer: int | None = None, rows: int = 1
+    config: GPTConfig, mixed: bool = True, layer: int | None = None, rows: int = 1, seq_len: int | None = None
 ) -> float:
     """Bytes ``Block`` number ``layer`` (None: the largest) keeps per token, counted from the
     tensors its backward reads: matmul and attention inputs in ``a`` bytes a value (bfloat16 copies
-    under bf16-mixed), norms' inputs and statistics in float32. ``rows`` as in ``activation_bytes_per_token``."""
+    under bf16-mixed), norms' inputs and statistics in float32. ``rows``, ``seq_len`` as in ``activation_bytes_per_token``."""
     if layer is None:
-        return max(block_activation_bytes_per_token(config, mixed, i, rows) for i in range(config.n_layer))
+        return max(block_activation_bytes_per_token(config, mixed, i, rows, seq_len) for i in range(config.n_layer))
     C, nh = config.n_embd, config.n_head
     hs, a = C // nh, 2 if mixed else 4
     value_embedding = config.has_value_embedding(layer)
@@ -84,6 +86,8 @@ def block_activation_bytes_per_token(
         attention += 2 * 4 * nh + (2 * 4 * C if mixed or config.rotary else 0)  # (else views of qkv)
     if value_embedding:  # the table's rows and the gated values; the gate's sigmoid, scaled, and bf16 input
         attention += 2 * a * C + 2 * a * nh + (2 * VALUE_GATE_CHANNELS if mixed else 0)
+    if config.attention_window(layer) is not None:  # SDPA's additive (T, T) band mask, shared by the rows
+        attention += a * (seq_len or config.block_size) / rows  # (flex attention's, compiled on CUDA: a few bytes)
     if not value_embedding or not config.rotary and not (config.qk_norm and mixed):
         attention += 3 * a * C  # c_attn's output, while SDPA or a float32 rms_norm reads a view of it
     mlp = a * C + 2 * 4 * a * C  # c_fc's input; the activation's input and output
@@ -156,7 +160,7 @@ def training_memory(
         ddp_buckets=4 * n if unsharded and ddp else 0.0,
         bf16_weight_copies=2 * n if unsharded and mixed else 0.0,
         activations=tokens
-        * activation_bytes_per_token(config, mixed, activation_checkpointing, micro_batch_size, chunked_loss)
+        * activation_bytes_per_token(config, mixed, activation_checkpointing, micro_batch_size, chunked_loss, seq_len)
         + loss_peak_bytes(config, tokens, mixed, chunked_loss),
         tokens=tokens,
         weight_average=4 * n if weight_average else 0.0,

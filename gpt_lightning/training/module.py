@@ -68,6 +68,8 @@ class GPTLightningModule(LightningModule):
         rotary, rotary_base, norm, norm_affine, qk_norm, activation, tie_embeddings, zero_init_proj,
             logit_softcap, value_embeddings: the modern switches, each GPT-2's by default (``GPTConfig`` says what each does
             and why; docs/modern.md; ``configs/modern-tiny-cpu.yaml`` turns them on).
+        window_pattern, short_window_fraction: sliding-window attention, a window per block (nanochat's
+            ``window_pattern``, e.g. "SSSL"; off by default, "L"; not in the presets; docs/modern.md).
         optimizer: "adamw": AdamW on every weight. "muon": ``torch.optim.Muon`` (torch >= 2.9) on the
             blocks' 2-D matrices (attention and MLP weights), AdamW (``learning_rate``, ...) on the
             embeddings, the tied head, LayerNorms and biases: fewer tokens to the same loss
@@ -148,6 +150,8 @@ class GPTLightningModule(LightningModule):
         zero_init_proj: bool = DEFAULT_CONFIG.zero_init_proj,
         logit_softcap: float | None = DEFAULT_CONFIG.logit_softcap,
         value_embeddings: bool = DEFAULT_CONFIG.value_embeddings,
+        window_pattern: str = DEFAULT_CONFIG.window_pattern,
+        short_window_fraction: float = DEFAULT_CONFIG.short_window_fraction,
         optimizer: Literal["adamw", "muon"] = "adamw",
         learning_rate: float = 1e-3,
         weight_decay: float = 0.01,
