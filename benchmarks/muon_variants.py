@@ -19,7 +19,9 @@ weights and other windows. The runs (``RUNS``):
 - plain Muon and the preset, each with a weight EMA (``EMA``: Lightning's ``EMAWeightAveraging`` at
   decay 0.95, docs/optimizers.md): validated, so compared, from the averaged weights;
 - GPT-2 + Muon and the preset, each with nanochat's sliding-window attention (``--model.window_pattern
-  SSSL``, docs/modern.md): blocks 0 to 2 see 16 positions back at T=64 (a quarter), block 3 all of them.
+  SSSL``, docs/modern.md): blocks 0 to 2 see 16 positions back at T=64 (a quarter), block 3 all of them;
+- GPT-2 + Muon and the preset, each with tokens per step growing in thirds (``growing_batch``, as
+  modded-nanogpt's record #89: ``data.tokens_per_step_schedule``), over the same tokens.
 
 For each run, over the seeds: the final validation loss and the tokens it needed to reach the best
 AdamW run's final validation loss at the same seed (interpolated between evaluations, as a fraction
@@ -42,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -57,6 +60,45 @@ MUON_BASE += ["--model.learning_rate", str(MUON["learning_rate"])]
 # 240-step run; modded-nanogpt's Tail-EMA (track 3, records #45-46) averages over 150 steps of 2,720 (1/18),
 # the schedule's own timescale at its end. Updated from the first step, so every validation reads an average.
 EMA = ["--trainer.callbacks+=EMAWeightAveraging", "--trainer.callbacks.decay", "0.95"]
+SCHEDULE = "--data.tokens_per_step_schedule"
+
+
+def growing_batch(args: argparse.Namespace) -> list[str]:
+    """Tokens per step growing in thirds as modded-nanogpt's record #89 grows them (8, 16, 24 sequences a
+    step): 0.5x, 1x and 1.5x the other runs' B x T, from micro-batches of B/2 sequences (1, 2 and 3 a
+    step), over as many tokens as the others (``args.steps`` x B x T; the last stage takes what is left).
+    Stages start where ``data.tokens_per_step_schedule`` allows (multiples of 6 and 3 steps), and the
+    validation interval counts blocks of 6 micro-batches: every ``eval_every`` x 2 / 6 of them."""
+    micro = args.batch_size // 2 * args.block_size
+    third = args.steps // 3
+    first, second = third // 6 * 6, round(third / 3) * 3
+    last, left = divmod(2 * args.steps - first - 2 * second, 3)
+    if left or args.batch_size % 2:
+        raise SystemExit("the growing-batch run needs an even --batch_size and --steps divisible by 3")
+    schedule = [[0, micro], [first, 2 * micro], [first + second, 3 * micro]]
+    return [
+        "--data.batch_size",
+        str(args.batch_size // 2),
+        SCHEDULE,
+        json.dumps(schedule).replace(" ", ""),
+        "--trainer.max_steps",
+        str(first + second + last),
+        "--trainer.val_check_interval",
+        str(max(1, round(args.eval_every * 2 / 6))),
+    ]
+
+
+def tokens_through(flags: list[str], args: argparse.Namespace) -> Callable[[int], int]:
+    """Tokens trained by an optimizer step of a run with ``flags``: its schedule's, or B x T a step."""
+    if SCHEDULE not in flags:
+        return lambda step: step * args.batch_size * args.block_size
+    stages = json.loads(flags[flags.index(SCHEDULE) + 1])
+
+    def through(step: int) -> int:
+        ends = [start for start, _ in stages[1:]] + [step]
+        return sum(max(0, min(end, step) - start) * tokens for (start, tokens), end in zip(stages, ends))
+
+    return through
 
 
 def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
@@ -70,6 +112,7 @@ def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
         "muon + polar_express": [*MUON_BASE, *polar_express],
         "muon + normuon": [*MUON_BASE, *normuon],
         "muon + ema": [*MUON_BASE, *EMA],
+        "muon + growing batch": [*MUON_BASE, *growing_batch(args)],
         "muon + sliding_window": [*MUON_BASE, *sliding_window],
         f"muon wd={args.muon_weight_decay:g}": decayed,
         f"muon wd={args.muon_weight_decay:g} + cautious": [*decayed, "--model.muon_cautious_weight_decay", "true"],
@@ -80,6 +123,7 @@ def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
         "modern preset + normuon": normuon,
         "modern preset + polar_express + normuon": [*polar_express, *normuon],
         "modern preset + ema": EMA,
+        "modern preset + growing batch": growing_batch(args),
         "modern preset + sliding_window": sliding_window,
     }
     every = {
@@ -129,8 +173,8 @@ def train(args: argparse.Namespace, run: tuple[str, list[str]], seed: int) -> li
         (run_dir,) = Path(scratch).glob("*/version_0")
         events = EventAccumulator(str(run_dir))
         events.Reload()
-        tokens_a_step = args.batch_size * args.block_size
-        return [[e.step * tokens_a_step, e.value] for e in events.Scalars("val/loss")]
+        tokens = tokens_through(flags, args)
+        return [[tokens(e.step), e.value] for e in events.Scalars("val/loss")]
 
 
 def spread(values: list[float]) -> dict:
