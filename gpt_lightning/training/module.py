@@ -63,6 +63,9 @@ class GPTLightningModule(LightningModule):
         rotary, rotary_base, norm, norm_affine, qk_norm, activation, tie_embeddings, zero_init_proj,
             logit_softcap, value_embeddings: the modern switches, each GPT-2's by default (``GPTConfig`` says what each does
             and why; docs/modern.md; ``configs/modern-tiny-cpu.yaml`` turns them on).
+        residual_scalars, smear, backout, unet_skips: nanochat's and modded-nanogpt's learned scalars between the
+            blocks, each off by default and in no preset yet (``GPTConfig``; docs/modern.md). Their scalars train
+            with AdamW at ``learning_rate``, without weight decay.
         optimizer: "adamw": AdamW on every weight. "muon": ``torch.optim.Muon`` (torch >= 2.9) on the
             blocks' 2-D matrices (attention and MLP weights), AdamW (``learning_rate``, ...) on the
             embeddings, the tied head, LayerNorms and biases: fewer tokens to the same loss
@@ -143,6 +146,10 @@ class GPTLightningModule(LightningModule):
         zero_init_proj: bool = DEFAULT_CONFIG.zero_init_proj,
         logit_softcap: float | None = DEFAULT_CONFIG.logit_softcap,
         value_embeddings: bool = DEFAULT_CONFIG.value_embeddings,
+        residual_scalars: bool = DEFAULT_CONFIG.residual_scalars,
+        smear: bool = DEFAULT_CONFIG.smear,
+        backout: bool = DEFAULT_CONFIG.backout,
+        unet_skips: bool = DEFAULT_CONFIG.unet_skips,
         optimizer: Literal["adamw", "muon"] = "adamw",
         learning_rate: float = 1e-3,
         weight_decay: float = 0.01,
