@@ -15,7 +15,10 @@ weights and other windows. The runs (``RUNS``):
 - the same + Muon weight decay ``--muon_weight_decay``, without and with cautious weight decay (which
   masks a decay: the decayed run is its baseline, not plain Muon);
 - configs/modern-tiny-cpu.yaml as written (its switches and rates) at the same shape, and with Polar
-  Express, NorMuon and both: whether a step enters the preset.
+  Express, NorMuon and both: whether a step enters the preset;
+- the switches between the blocks (``ARCH_SWITCHES``: nanochat's residual scalars, smear and backout,
+  modded-nanogpt's U-net skips; docs/modern.md), each alone on GPT-2 + Muon ("muon + <switch>") and on
+  the preset ("modern preset + <switch>"): whether one enters the preset.
 
 For each run, over the seeds: the final validation loss and the tokens it needed to reach the best
 AdamW run's final validation loss at the same seed (interpolated between evaluations, as a fraction
@@ -49,6 +52,8 @@ TINY, PRESET = "configs/tiny-cpu.yaml", "configs/modern-tiny-cpu.yaml"
 MUON = preset_model(Path(PRESET))  # its Muon and AdamW-part rates
 MUON_BASE = ["--model.optimizer", "muon", "--model.muon_learning_rate", str(MUON["muon_learning_rate"])]
 MUON_BASE += ["--model.learning_rate", str(MUON["learning_rate"])]
+# The model's switches between the blocks, off in both configs: each run adds one.
+ARCH_SWITCHES = ("residual_scalars", "smear", "backout", "unet_skips")
 
 
 def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
@@ -62,12 +67,14 @@ def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
         "muon + normuon": [*MUON_BASE, *normuon],
         f"muon wd={args.muon_weight_decay:g}": decayed,
         f"muon wd={args.muon_weight_decay:g} + cautious": [*decayed, "--model.muon_cautious_weight_decay", "true"],
+        **{f"muon + {switch}": [*MUON_BASE, f"--model.{switch}", "true"] for switch in ARCH_SWITCHES},
     }
     modern = {  # the preset as written (its switches and rates), at this shape
         "modern preset": [],
         "modern preset + polar_express": polar_express,
         "modern preset + normuon": normuon,
         "modern preset + polar_express + normuon": [*polar_express, *normuon],
+        **{f"modern preset + {switch}": [f"--model.{switch}", "true"] for switch in ARCH_SWITCHES},
     }
     every = {
         **{name: (TINY, flags) for name, flags in gpt2.items()},

@@ -385,7 +385,9 @@ def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_s
             "--model.muon_normuon",
             "true",
         ],
+        **{f"modern preset + {s}": [f"--model.{s}", "true"] for s in bench.ARCH_SWITCHES},
     }
+    assert bench.ARCH_SWITCHES == ("residual_scalars", "smear", "backout", "unet_skips")
     base = chosen["muon"][1]
     assert base == ["--model.optimizer", "muon", "--model.muon_learning_rate", "0.02", "--model.learning_rate", "0.01"]
     assert {name: flags[len(base) :] for name, (_, flags) in chosen.items() if flags[: len(base)] == base} == {
@@ -394,6 +396,7 @@ def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_s
         "muon + normuon": ["--model.muon_normuon", "true"],
         "muon wd=0.1": ["--model.muon_weight_decay", "0.1"],
         "muon wd=0.1 + cautious": ["--model.muon_weight_decay", "0.1", "--model.muon_cautious_weight_decay", "true"],
+        **{f"muon + {s}": [f"--model.{s}", "true"] for s in bench.ARCH_SWITCHES},
     }
     assert chosen["adamw lr=0.0015"] == ("configs/tiny-cpu.yaml", ["--model.learning_rate", "0.0015"])
     curves = {

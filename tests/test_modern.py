@@ -291,6 +291,9 @@ def test_each_switch_between_the_blocks_starts_as_its_source_and_reaches_the_log
         gate = scalars["smear_gate.weight"]
         assert gate.shape == (1, 24) and 0 <= gate.min() and gate.max() <= 0.02 and gate.std() > 0
     assert modern_switches_on(model.config) == [switch]  # Hugging Face GPT-2 has none of them
+    # FLOPs: the smear gate is a matmul (24 -> 1, every position but the first); the scalars multiply elementwise.
+    gate = 6 * 2 * 15 * 24 if switch == "smear" else 0
+    assert training_flops(model.config, 2, 16) == training_flops(gpt2.config, 2, 16) + gate
     if switch in ("smear", "unet_skips"):  # the gate reads 24 channels; the skips need two halves
         with pytest.raises(ValueError, match=switch):
             GPTConfig(**{**ARCH_SHAPE, "n_layer": 1, "n_embd": 16}, **{switch: True})
