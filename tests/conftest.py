@@ -56,7 +56,7 @@ MODERN_FLAGS = [
     "true",
 ]
 # The switches between the blocks (nanochat's residual scalars, smear, backout; modded-nanogpt's U-net skips):
-# in no preset yet, added to the modern runs of the tests that cover every path (resume, DDP and FSDP2).
+# in no preset yet, added to the modern run of the exact-resume test (the FSDP2 plan tests set them in-process).
 ARCH_FLAGS = [
     "--model.residual_scalars",
     "true",

@@ -18,7 +18,7 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import ARCH_FLAGS, MODERN_FLAGS, REPO, TINY_MODEL
+from conftest import MODERN_FLAGS, REPO, TINY_MODEL
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.strategies import ModelParallelStrategy
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -77,7 +77,6 @@ VALIDATE = [
 RATES = {"embedding": 0.1, "head": 0.004, "rest": 1e-3}  # the last: model.learning_rate's default
 MODERN = [
     *MODERN_FLAGS,
-    *ARCH_FLAGS,  # the scalars between the blocks: sharded with the root, replicated by DDP
     "--model.embedding_learning_rate",
     str(RATES["embedding"]),
     "--model.head_learning_rate",
