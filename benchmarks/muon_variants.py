@@ -22,6 +22,9 @@ weights and other windows. The runs (``RUNS``):
   SSSL``, docs/modern.md): blocks 0 to 2 see 16 positions back at T=64 (a quarter), block 3 all of them;
 - GPT-2 + Muon and the preset, each with tokens per step growing in thirds (``growing_batch``, as
   modded-nanogpt's record #89: ``data.tokens_per_step_schedule``), over the same tokens.
+- the switches between the blocks (``ARCH_SWITCHES``: nanochat's residual scalars, smear and backout,
+  modded-nanogpt's U-net skips; docs/modern.md), each alone on GPT-2 + Muon ("muon + <switch>") and on
+  the preset ("modern preset + <switch>"): whether one enters the preset.
 
 For each run, over the seeds: the final validation loss and the tokens it needed to reach the best
 AdamW run's final validation loss at the same seed (interpolated between evaluations, as a fraction
@@ -101,6 +104,10 @@ def tokens_through(flags: list[str], args: argparse.Namespace) -> Callable[[int]
     return through
 
 
+# The model's switches between the blocks, off in both configs: each run adds one.
+ARCH_SWITCHES = ("residual_scalars", "smear", "backout", "unet_skips")
+
+
 def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
     """Each run's name, its config and the ``fit`` options that make it what it is."""
     decayed = [*MUON_BASE, "--model.muon_weight_decay", str(args.muon_weight_decay)]
@@ -116,6 +123,7 @@ def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
         "muon + sliding_window": [*MUON_BASE, *sliding_window],
         f"muon wd={args.muon_weight_decay:g}": decayed,
         f"muon wd={args.muon_weight_decay:g} + cautious": [*decayed, "--model.muon_cautious_weight_decay", "true"],
+        **{f"muon + {switch}": [*MUON_BASE, f"--model.{switch}", "true"] for switch in ARCH_SWITCHES},
     }
     modern = {  # the preset as written (its switches and rates), at this shape
         "modern preset": [],
@@ -125,6 +133,7 @@ def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
         "modern preset + ema": EMA,
         "modern preset + growing batch": growing_batch(args),
         "modern preset + sliding_window": sliding_window,
+        **{f"modern preset + {switch}": [f"--model.{switch}", "true"] for switch in ARCH_SWITCHES},
     }
     every = {
         **{name: (TINY, flags) for name, flags in gpt2.items()},

@@ -115,11 +115,10 @@ def _generate_cached(
     start = max(0, T - block_size)  # the window: out[:, start:end] is in the cache
     logits = model.forward_cached(out[:, start:T], caches, positions[: T - start])  # prefill
     if compile and idx.is_cuda:  # the caches exist now and stay where they are: CUDA graphs keep their addresses
-        for cache in caches:
-            torch._dynamo.mark_static_address(cache.k)
-            torch._dynamo.mark_static_address(cache.v)
+        for tensor in (t for cache in caches for t in cache.tensors()):  # keys, values (and smear's embedding)
+            torch._dynamo.mark_static_address(tensor)
     elif compile and B > 1:  # one CPU graph for every batch size above 1 (see compiled_decoding)
-        for tensor in (token, *(cache.k for cache in caches), *(cache.v for cache in caches)):
+        for tensor in (token, *(t for cache in caches for t in cache.tensors())):
             torch._dynamo.mark_dynamic(tensor, 0)
     # On a CPU, inductor freezes the weights while it compiles (at the first step); the option must be
     # on while dynamo traces too, so torch.compile(options=...) cannot do it.

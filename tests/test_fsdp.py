@@ -219,6 +219,10 @@ MODERN_SWITCHES = dict(
     zero_init_proj=True,
     logit_softcap=15.0,
     value_embeddings=True,
+    residual_scalars=True,
+    smear=True,
+    backout=True,
+    unet_skips=True,
 )
 
 

@@ -76,12 +76,20 @@ def preset_switches(name: str) -> dict:
 
 
 MODERN = preset_switches("modern-124m-fineweb.yaml")
+ARCH = ("residual_scalars", "smear", "backout", "unet_skips")  # between the blocks; in no preset yet
 
 
 @pytest.mark.parametrize(
     "switches",
-    [{}, *({key: value} for key, value in MODERN.items()), MODERN, {"window_pattern": "SSL"}],  # (windows: not in it)
-    ids=lambda switches: ",".join(switches) if len(switches) < 2 else "all",
+    [
+        {},
+        *({key: value} for key, value in MODERN.items()),
+        MODERN,
+        *({key: True} for key in ARCH),
+        {**MODERN, **dict.fromkeys(ARCH, True)},
+        {"window_pattern": "SSL"},  # (windows: not in MODERN)
+    ],
+    ids=lambda switches: ",".join(switches) if len(switches) < 2 else "all+arch" if "smear" in switches else "all",
 )
 def test_activation_count_of_each_switch_is_what_autograd_keeps_under_bf16_autocast(switches):
     """Each switch of the modern preset alone (RMSNorm alone has gains) and all of them, as
@@ -92,14 +100,14 @@ def test_activation_count_of_each_switch_is_what_autograd_keeps_under_bf16_autoc
     model = GPT(config)
     x = torch.randint(0, 512, (2, 32))
     for mixed in (True, False):
-        estimate = x.numel() * activation_bytes_per_token(config, mixed=mixed, rows=2, chunked_loss=False)
+        estimate = x.numel() * activation_bytes_per_token(config, mixed=mixed, rows=2, chunked_loss=False, seq_len=32)
         assert kept_for_backward(model, x, mixed) == pytest.approx(estimate, abs=16), mixed
         # The chunked training loss keeps no logits: the head input's gradient, and its weight's (float32).
-        estimate = x.numel() * activation_bytes_per_token(config, mixed=mixed, rows=2) + 4 * 512 * 32
+        estimate = x.numel() * activation_bytes_per_token(config, mixed=mixed, rows=2, seq_len=32) + 4 * 512 * 32
         assert kept_for_backward(model, x, mixed, chunked=True) == pytest.approx(estimate, abs=16), mixed
     model.activation_checkpointing = True
     checkpointed = activation_bytes_per_token(
-        config, activation_checkpointing=True, rows=2, chunked_loss=False
+        config, activation_checkpointing=True, rows=2, chunked_loss=False, seq_len=32
     ) - block_activation_bytes_per_token(config, rows=2)  # the recomputed block: in the backward
     assert kept_for_backward(model, x, mixed=True) == pytest.approx(x.numel() * checkpointed, abs=16)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import MODERN_FLAGS, REPO
+from conftest import ARCH_FLAGS, MODERN_FLAGS, REPO
 
 from gpt_lightning.cli import main
 
@@ -145,12 +145,13 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
                 "--model.head_learning_rate",
                 "0.004",
                 *MODERN_FLAGS,
+                *ARCH_FLAGS,
                 "--model.n_layer",
-                "2",
+                "2",  # the U-net skips need a first and a second half
                 "--model.window_pattern",
                 "SL",
             ],
-        ),  # the modern model's groups, and a windowed block (sliding-window attention)
+        ),  # the modern model's groups, and a windowed block (sliding-window attention), the scalars between its blocks
         (
             4,
             [

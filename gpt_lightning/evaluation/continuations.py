@@ -68,9 +68,9 @@ def scoring_flops(config: GPTConfig, requests: list[tuple[list[int], list[int]]]
     def blocks(idx: torch.Tensor, pos: torch.Tensor, prefix=None, visible=None) -> tuple[float, list]:
         with FlopCounterMode(display=False) as counter:
             x, kv = model.embed(idx, pos), []  # (1, T, C)
-            for layer, block in enumerate(model.transformer.h):
-                x, keys_values = _block(block, x, idx, pos, None if prefix is None else prefix[layer], visible)
-                kv.append(keys_values)
+            if config.smear:  # the token's smear gate, as for a token with one before it
+                x = model.smear(x, torch.zeros_like(x))
+            _trunk(model, x, idx, pos, prefix, visible, kv)
         return float(counter.get_total_flops()), kv
 
     with torch.device("meta"):
@@ -99,11 +99,9 @@ def _score_batch(model, batch, requests, answers, device, on_batch=None) -> None
     lengths = torch.tensor([len(c) for c in contexts], device=device)  # (G,)
     width = max(len(c) for c in contexts)
     ctx = torch.tensor([c + [pad] * (width - len(c)) for c in contexts], device=device)  # (G, P)
-    x = model.embed(ctx, torch.arange(width, device=device))  # (G, P, C)
-    kv = []
-    for block in model.transformer.h:
-        x, keys_values = _block(block, x, ctx, torch.arange(width, device=device), None, None)
-        kv.append(keys_values)
+    embedded = model.embed(ctx, torch.arange(width, device=device))  # (G, P, C)
+    x, kv = model.smear(embedded) if model.config.smear else embedded, []  # (G, P, C)
+    x = _trunk(model, x, ctx, torch.arange(width, device=device), None, None, kv)  # (G, P, C)
     last = x[torch.arange(len(contexts), device=device), lengths - 1]  # (G, C): predicts each first token
 
     # The endings: every continuation token but the last, on top of its context.
@@ -128,8 +126,10 @@ def _score_batch(model, batch, requests, answers, device, on_batch=None) -> None
             dim=2,
         )[:, None]  # (R, 1, T, P + T)
         y = model.embed(ends, pos)  # (R, T, C)
-        for block, (k, v) in zip(model.transformer.h, kv):
-            y, _ = _block(block, y, ends, pos, (k.index_select(0, owner), v.index_select(0, owner)), visible)
+        if model.config.smear:  # an ending's first token smears in its context's last
+            y = model.smear(y, embedded[owner, lengths[owner] - 1].unsqueeze(1))  # (R, T, C)
+        prefix = [(k.index_select(0, owner), v.index_select(0, owner)) for k, v in kv]
+        y = _trunk(model, y, ends, pos, prefix, visible, [])  # (R, T, C)
         hidden = torch.cat((last, y.reshape(-1, y.size(-1))))  # (G + R*T, C)
 
     # Each request's scored positions in `hidden`, and the tokens they predict.
@@ -153,6 +153,20 @@ def _score_batch(model, batch, requests, answers, device, on_batch=None) -> None
         answers[i] = (float(lp.sum()), bool(ok.all()))
     if on_batch is not None:
         on_batch(members, answers)
+
+
+def _trunk(
+    model: GPT, x: torch.Tensor, idx: torch.Tensor, pos: torch.Tensor, prefix, visible, kv: list
+) -> torch.Tensor:
+    """The blocks on ``x`` (B, T, C) as ``_block`` runs them (``prefix``: a (keys, values) per block, or
+    None), with the switches between them (``GPT.trunk``); each block's keys and values appended to ``kv``."""
+
+    def run(i: int, x: torch.Tensor) -> torch.Tensor:
+        x, keys_values = _block(model.transformer.h[i], x, idx, pos, None if prefix is None else prefix[i], visible)
+        kv.append(keys_values)
+        return x
+
+    return model.trunk(x, run)
 
 
 def _block(block: Block, x: torch.Tensor, idx: torch.Tensor, pos: torch.Tensor, prefix, visible):

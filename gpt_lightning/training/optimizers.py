@@ -12,6 +12,7 @@ from torch import nn
 
 from gpt_lightning.errors import UserError
 from gpt_lightning.lightning_internals import muon_math
+from gpt_lightning.model import SCALAR_PARAMETERS
 from gpt_lightning.training.muon_variants import (
     NORMUON_BETA2,
     NORMUON_STATE,
@@ -41,6 +42,12 @@ def is_embedding(name: str) -> bool:
 def is_head(name: str) -> bool:
     """Whether ``name`` is the LM head's weight (its own Parameter only when the head is untied)."""
     return name.startswith("lm_head.")
+
+
+def is_scalar(name: str, param: torch.Tensor) -> bool:
+    """Whether AdamW updates ``param`` without weight decay: a vector (biases, norm gains) or one of the
+    GPT's own scalars and gates (``SCALAR_PARAMETERS``: the smear gate is a 1 x 24 matrix, AdamW's in nanochat)."""
+    return param.dim() < 2 or name in SCALAR_PARAMETERS
 
 
 def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
@@ -223,9 +230,9 @@ def build_optimizer(
     rest = [(name, p) for name, p in named if not (untied and (is_embedding(name) or is_head(name)))]
     if kind == "adamw":
         groups = [
-            {"params": [p for _, p in rest if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for name, p in rest if not is_scalar(name, p)], "weight_decay": weight_decay},
             *own,
-            {"params": [p for _, p in rest if p.dim() < 2], "weight_decay": 0.0},
+            {"params": [p for name, p in rest if is_scalar(name, p)], "weight_decay": 0.0},
         ]
         return torch.optim.AdamW(groups, lr=learning_rate, **adamw)
     require_muon()
@@ -244,12 +251,12 @@ def build_optimizer(
             or [
                 {
                     "name": "adamw",
-                    "params": [p for name, p in rest if not is_hidden_matrix(name, p) and p.dim() >= 2],
+                    "params": [p for name, p in rest if not is_hidden_matrix(name, p) and not is_scalar(name, p)],
                     "weight_decay": weight_decay,
                 }
             ]
         ),
-        {"name": "adamw_no_decay", "params": [p for _, p in rest if p.dim() < 2], "weight_decay": 0.0},
+        {"name": "adamw_no_decay", "params": [p for name, p in rest if is_scalar(name, p)], "weight_decay": 0.0},
     ]
     muon = dict(
         lr=muon_learning_rate,
