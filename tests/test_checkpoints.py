@@ -123,15 +123,22 @@ def test_sample_in_bfloat16_reads_bf16_weights_and_cache(eager_ckpt, monkeypatch
         sample(ckpt, dtype="float8")
 
 
-def test_sample_defaults_to_bfloat16_on_a_cuda_gpu_with_it(monkeypatch):
-    """``--dtype auto`` (the default): the configs' training precision on a bf16 GPU, float32 on a CPU
-    or an older GPU. (The GPU is stood in for: no CUDA here.)"""
+def test_sample_defaults_to_bfloat16_where_the_device_runs_it_natively(monkeypatch, capsys):
+    """``--dtype auto`` (the default): bfloat16 on a bf16 GPU and on a CPU whose bf16 matmul is measured
+    native, float32 on a CPU that emulates it or an older GPU, said on stderr. (The GPU and both kinds
+    of CPU are stood in for.)"""
     import inspect
 
     from gpt_lightning.commands.sample import resolve_dtype, sample
+    from gpt_lightning.training import precision
 
     assert inspect.signature(sample).parameters["dtype"].default == "auto"
+    monkeypatch.setattr(precision, "cpu_bf16_slowdown", lambda: 0.6)
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.bfloat16
+    assert "--dtype auto: bfloat16 (this CPU runs bf16 natively" in capsys.readouterr().err
+    monkeypatch.setattr(precision, "cpu_bf16_slowdown", lambda: 30.0)
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert "--dtype auto: float32 (this CPU emulates bf16" in capsys.readouterr().err
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)

@@ -192,6 +192,8 @@ def test_eval_tasks_from_the_command_line_scores_a_modern_checkpoint(setup):
             "3",
             "--device",
             "cpu",
+            "--dtype",
+            "float32",  # its log-likelihoods are compared with float32's own forward pass
             "--output_path",
             str(out),
             "--log_samples",
@@ -488,3 +490,20 @@ def test_eval_help_is_quick():
     )
     assert result.returncode == 0 and "--gen_kwargs" in result.stdout, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_eval_runs_in_bfloat16_by_default_where_the_cpu_runs_it_natively(monkeypatch, capsys):
+    """``--dtype auto`` (the default): bfloat16 autocast on a CPU whose bf16 matmul is measured native, the
+    checkpoint's own float32 where it is emulated, said on stderr; a dtype given is taken as it is."""
+    import argparse
+
+    from gpt_lightning.commands.eval import device_and_dtype
+    from gpt_lightning.training import precision
+
+    monkeypatch.setattr(precision, "cpu_bf16_slowdown", lambda: 0.6)
+    assert device_and_dtype(argparse.Namespace(device="cpu", dtype="auto")) == (torch.device("cpu"), torch.bfloat16)
+    assert "--dtype auto: bfloat16 (this CPU runs bf16 natively" in capsys.readouterr().err
+    monkeypatch.setattr(precision, "cpu_bf16_slowdown", lambda: 30.0)
+    assert device_and_dtype(argparse.Namespace(device="cpu", dtype="auto")) == (torch.device("cpu"), None)
+    assert "--dtype auto: float32 (this CPU emulates bf16" in capsys.readouterr().err
+    assert device_and_dtype(argparse.Namespace(device="cpu", dtype="float32")) == (torch.device("cpu"), torch.float32)

@@ -138,8 +138,8 @@ def parser() -> argparse.ArgumentParser:
         "--dtype",
         choices=["auto", *DTYPES],
         default="auto",
-        help="--tasks, --text_file: bfloat16/float16 run under autocast; auto: bfloat16 on a CUDA GPU that has it, "
-        "else the checkpoint's own (default: %(default)s)",
+        help="--tasks, --text_file: bfloat16/float16 run under autocast; auto: bfloat16 where the GPU or CPU runs "
+        "it natively (measured on a CPU), else the checkpoint's own (default: %(default)s)",
     )
     parser.add_argument(
         "--output_path",
@@ -218,16 +218,17 @@ def main(argv: list[str]) -> None:
 
 
 def device_and_dtype(args: argparse.Namespace):
-    """``--device`` and ``--dtype`` (torch's); ``auto`` is bfloat16 on a CUDA GPU that has it, else the model's own."""
+    """``--device`` and ``--dtype`` (torch's); ``auto`` is bfloat16 where the device runs it natively (said on
+    stderr), else None: the model's own."""
     import torch
 
-    from gpt_lightning.commands.sample import resolve_device
+    from gpt_lightning.commands.sample import resolve_device, resolve_dtype
 
     device = resolve_device(args.device)
-    dtype = getattr(torch, args.dtype) if args.dtype in DTYPES else None
-    if args.dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
-        dtype = torch.bfloat16
-    return device, dtype
+    if args.dtype != "auto":
+        return device, getattr(torch, args.dtype)
+    dtype = resolve_dtype("auto", device)
+    return device, dtype if dtype == torch.bfloat16 else None
 
 
 def text_bits_per_byte_of(args: argparse.Namespace) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
@@ -39,10 +40,15 @@ SAMPLE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto``: bfloat16 on a CUDA GPU that has it, else float32; any other name as given."""
-    if dtype == "auto":
-        dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    return getattr(torch, dtype)
+    """``auto``: bfloat16 where the device runs it natively (a CUDA GPU with it, a CPU whose bf16 matmul is
+    measured native), said on stderr, else float32; any other name as given."""
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    from gpt_lightning.training.precision import fast_dtype
+
+    chosen, why = fast_dtype(device)
+    print(f"--dtype auto: {str(chosen).removeprefix('torch.')} ({why}).", file=sys.stderr)
+    return chosen
 
 
 def sample(
@@ -58,8 +64,8 @@ def sample(
     dtype: str = "auto",
 ) -> list[str]:
     """Continuations of ``prompt`` from a ``gpt-lightning`` checkpoint, ``num_samples`` in one batch;
-    ``dtype`` is the weights' and cache's while sampling (``auto``: bfloat16 on a CUDA GPU with it, else
-    float32; docs/sampling.md)."""
+    ``dtype`` is the weights' and cache's while sampling (``auto``: bfloat16 where the GPU or CPU runs it
+    natively, else float32; docs/sampling.md)."""
     for name, value, least in (
         ("max_new_tokens", max_new_tokens, 0),
         ("num_samples", num_samples, 1),
@@ -123,7 +129,7 @@ def main(argv: list[str]) -> None:
         default="auto",
         choices=SAMPLE_DTYPES,
         help="weights' type while sampling: bfloat16 reads half the bytes per token; auto: bfloat16 "
-        "on a CUDA GPU with it, else float32 (default: %(default)s)",
+        "where the GPU or CPU runs it natively (measured on a CPU), else float32 (default: %(default)s)",
     )
     args = parser.parse_args(argv)
     texts = sample(**vars(args))

@@ -79,6 +79,13 @@ def fast_precision(accelerator: str | Accelerator = "auto") -> tuple[str, str]:
     return "bf16-mixed", f"this CPU runs bf16 natively: a bf16 matmul takes {slowdown:.1f}x float32's time, measured"
 
 
+def fast_dtype(device: torch.device) -> tuple[torch.dtype, str]:
+    """``(dtype, why)``: bfloat16 where ``device`` runs it natively (as ``fast_precision`` decides), else
+    float32; what ``auto`` means to ``eval`` and ``sample``."""
+    precision, why = fast_precision(device.type)
+    return (torch.bfloat16 if precision == "bf16-mixed" else torch.float32), why
+
+
 class AutoPrecisionTrainer(Trainer):
     """Customize every aspect of training via flags; precision also takes auto.
 
