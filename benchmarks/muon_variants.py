@@ -64,6 +64,7 @@ MUON_BASE += ["--model.learning_rate", str(MUON["learning_rate"])]
 # the schedule's own timescale at its end. Updated from the first step, so every validation reads an average.
 EMA = ["--trainer.callbacks+=EMAWeightAveraging", "--trainer.callbacks.decay", "0.95"]
 SCHEDULE = "--data.tokens_per_step_schedule"
+VAL_BATCHES = 4  # configs/tiny-cpu.yaml's trainer.limit_val_batches: validation batches of every other run
 
 
 def growing_batch(args: argparse.Namespace) -> list[str]:
@@ -88,6 +89,8 @@ def growing_batch(args: argparse.Namespace) -> list[str]:
         str(first + second + last),
         "--trainer.val_check_interval",
         str(max(1, round(args.eval_every * 2 / 6))),
+        "--trainer.limit_val_batches",
+        str(2 * VAL_BATCHES),  # of B/2 sequences: the same validation windows as the other runs'
     ]
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from conftest import REPO
 
 
@@ -376,7 +377,7 @@ def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_s
     shape = dict(steps=240, batch_size=16, block_size=64, eval_every=20)
     chosen = bench.runs(argparse.Namespace(adamw_lrs=[1.5e-3, 3e-3], muon_weight_decay=0.1, runs=None, **shape))
     growing = ["--data.batch_size", "8", "--data.tokens_per_step_schedule", "[[0,512],[78,1024],[159,1536]]"]
-    growing += ["--trainer.max_steps", "239", "--trainer.val_check_interval", "7"]
+    growing += ["--trainer.max_steps", "239", "--trainer.val_check_interval", "7", "--trainer.limit_val_batches", "8"]
     assert {config for config, _ in chosen.values()} == {"configs/tiny-cpu.yaml", "configs/modern-tiny-cpu.yaml"}
     assert {name: flags for name, (config, flags) in chosen.items() if "modern" in config} == {
         "modern preset": [],  # the preset as written
@@ -398,6 +399,10 @@ def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_s
     tokens = bench.tokens_through(growing, argparse.Namespace(**shape))
     assert tokens(239) == 240 * 16 * 64 and (tokens(78), tokens(159)) == (78 * 512, 78 * 512 + 81 * 1024)
     assert bench.tokens_through([], argparse.Namespace(**shape))(10) == 10 * 16 * 64
+    assert (
+        bench.VAL_BATCHES
+        == yaml.safe_load((REPO / "configs/tiny-cpu.yaml").read_text())["trainer"]["limit_val_batches"]
+    )
     assert bench.ARCH_SWITCHES == ("residual_scalars", "smear", "backout", "unet_skips")
     base = chosen["muon"][1]
     assert base == ["--model.optimizer", "muon", "--model.muon_learning_rate", "0.02", "--model.learning_rate", "0.01"]
