@@ -11,6 +11,11 @@ Both are set against the bound this machine puts on that least work: its FLOPs (
 over the matmul FLOP/s measured here in the run's dtype, before and after the timed passes.
 
     OMP_NUM_THREADS=1 python benchmarks/evaluation.py     # benchmarks/results/cpu-2core/evaluation.json and .md
+
+``--simple_evaluate N`` times the whole of ``lm_eval.simple_evaluate`` instead, as a user runs it: N
+HellaSwag-shaped examples as text in a local multiple-choice task (``dataset_path: json``), GPT-2 124M
+in float32, both backends interleaved, medians; the accuracies must be equal. Writes
+``evaluation_simple_evaluate.json`` beside ``--out``.
 """
 
 from __future__ import annotations
@@ -113,6 +118,70 @@ def measure(config: GPTConfig, dtype: str, requests, batch_size: int, repeats: i
     }
 
 
+def through_harness(examples: int, batch_size: int, repeats: int) -> dict:
+    """Seconds of the whole ``simple_evaluate`` (task building, tokenizing, scoring, metrics) for ours and
+    the ``hf`` model on ``examples`` HellaSwag-shaped examples as a local task; GPT-2 124M, float32."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    decode = gpt2_encoding().decode
+    rng = random.Random(0)
+    requests = hellaswag_shaped(examples)
+    docs = [
+        {
+            "ctx": decode(requests[i][1]),
+            "endings": [decode(r[2]) for r in requests[i : i + 4]],
+            "label": rng.randrange(4),
+        }
+        for i in range(0, len(requests), 4)
+    ]
+    torch.manual_seed(0)
+    model = GPT(SHAPES["gpt2-124m"]).eval()
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        (root / "data.jsonl").write_text("".join(json.dumps(doc) + "\n" for doc in docs))
+        (root / "hs_shaped.yaml").write_text(
+            f"task: hs_shaped\ndataset_path: json\ndataset_kwargs:\n  data_files: {root / 'data.jsonl'}\n"
+            "test_split: train\noutput_type: multiple_choice\ndoc_to_text: '{{ctx}}'\n"
+            "doc_to_choice: '{{endings}}'\ndoc_to_target: '{{label}}'\nmetric_list:\n  - metric: acc\n"
+            "    aggregation: mean\n    higher_is_better: true\n"
+        )
+        export_hf(model, root / "hf")
+        tasks = TaskManager(include_path=str(root))
+        backends = {
+            "ours": lambda: GPTHarnessLM(model, batch_size=batch_size, device="cpu", dtype=torch.float32),
+            "hf": lambda: "hf",
+        }
+        hf_args = f"pretrained={root / 'hf'},dtype=float32"
+        seconds: dict[str, list[float]] = {name: [] for name in backends}
+        accuracy = {}
+        for repeat in range(repeats + 1):  # the first round warms up (imports, the dataset's cache): not timed
+            for name in ("hf", "ours") if repeat % 2 == 0 else ("ours", "hf"):
+                start = time.perf_counter()
+                result = simple_evaluate(
+                    model=backends[name](),
+                    model_args=hf_args if name == "hf" else None,
+                    tasks=["hs_shaped"],
+                    task_manager=tasks,
+                    batch_size=batch_size,
+                    device="cpu",
+                    bootstrap_iters=0,
+                )
+                if repeat:
+                    seconds[name].append(time.perf_counter() - start)
+                accuracy[name] = result["results"]["hs_shaped"]["acc,none"]
+    median = {name: statistics.median(s) for name, s in seconds.items()}
+    return {
+        "examples": examples,
+        "batch_size": batch_size,
+        "seconds": seconds,
+        "median_seconds": median,
+        "speedup": median["hf"] / median["ours"],
+        "accuracy": accuracy,
+        "accuracy_equal": accuracy["hf"] == accuracy["ours"],
+    }
+
+
 def difference(r: dict) -> str:
     if "max_abs_difference_from_float32_hf" in r:
         return f"hf {r['max_abs_difference_from_float32_hf']:.1e}, ours {r['max_abs_difference_from_float32_ours']:.1e}"
@@ -147,7 +216,16 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5, help="timed passes per backend, alternating (median)")
     parser.add_argument("--out", default="benchmarks/results/cpu-2core/evaluation.json")
+    parser.add_argument("--simple_evaluate", type=int, metavar="N", help="time the whole harness on N examples")
     args = parser.parse_args()
+    if args.simple_evaluate:
+        result = through_harness(args.simple_evaluate, args.batch_size, args.repeats)
+        result["machine"] = {"processor": platform.processor(), "cpus": os.cpu_count(), "torch": torch.__version__}
+        result["machine"] |= {"torch_threads": torch.get_num_threads(), "loadavg_at_end": os.getloadavg()}
+        out = Path(args.out).with_name("evaluation_simple_evaluate.json")
+        atomic_write_bytes(out, (json.dumps(result, indent=2) + "\n").encode())
+        print(json.dumps({k: result[k] for k in ("median_seconds", "speedup", "accuracy")}))
+        return
     results = {}
     for run in args.runs:
         key, examples = run.split(":")
