@@ -162,3 +162,14 @@ def test_a_plain_trainer_in_bf16_on_such_a_cpu_is_told_once_per_run(monkeypatch,
         enable_model_summary=False,
     ).validate(module, DataLoader(batches, batch_size=None), verbose=False)
     assert len([w for w in recwarn if "emulates bf16" in str(w.message)]) == 1  # float32: nothing to say
+
+
+def test_the_bf16_probe_leaves_the_global_random_state_alone():
+    """The probe behind precision auto (and the bf16 warning) runs in setup, after a user's seed: drawing its
+    matrices from the global generator gave the first fit in a process other dropout masks than the next."""
+    from gpt_lightning.training import precision
+
+    precision.cpu_bf16_slowdown.cache_clear()
+    state = torch.get_rng_state()
+    precision.cpu_bf16_slowdown()
+    assert torch.equal(torch.get_rng_state(), state)
