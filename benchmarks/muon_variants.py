@@ -40,6 +40,7 @@ of the budget), each as its mean and spread (sample standard deviation, min and 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -53,6 +54,8 @@ from pathlib import Path
 
 import lockstep
 from architectures import preset_model
+
+from gpt_lightning.data import step_schedule
 
 REPO = Path(__file__).resolve().parents[1]
 TINY, PRESET = "configs/tiny-cpu.yaml", "configs/modern-tiny-cpu.yaml"
@@ -99,12 +102,7 @@ def tokens_through(flags: list[str], args: argparse.Namespace) -> Callable[[int]
     if SCHEDULE not in flags:
         return lambda step: step * args.batch_size * args.block_size
     stages = json.loads(flags[flags.index(SCHEDULE) + 1])
-
-    def through(step: int) -> int:
-        ends = [start for start, _ in stages[1:]] + [step]
-        return sum(max(0, min(end, step) - start) * tokens for (start, tokens), end in zip(stages, ends))
-
-    return through
+    return functools.partial(step_schedule.tokens_through, stages)
 
 
 # The model's switches between the blocks, off in both configs: each run adds one.

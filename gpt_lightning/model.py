@@ -180,7 +180,7 @@ def modern_switches_on(config: GPTConfig) -> list[str]:
         name
         for name in MODERN_SWITCHES
         if name != "zero_init_proj" and getattr(config, name) != getattr(default, name)
-        if name != "window_pattern" or "S" in config.window_pattern  # "LL" is GPT-2's attention too
+        if name != "window_pattern" or any(config.attention_window(i) is not None for i in range(config.n_layer))
     ]
 
 

@@ -343,7 +343,11 @@ def test_each_switch_between_the_blocks_starts_as_its_source_and_reaches_the_log
             GPTConfig(**{**ARCH_SHAPE, "n_layer": 1, "n_embd": 16}, **{switch: True})
 
 
-@pytest.mark.parametrize("switches", [{s: True} for s in ARCH] + [dict.fromkeys(ARCH, True)], ids=[*ARCH, "all"])
+@pytest.mark.parametrize(
+    "switches",
+    [{s: True} for s in ARCH] + [dict.fromkeys(ARCH, True), {"window_pattern": "SL"}],
+    ids=[*ARCH, "all", "window"],  # the window: blocks 0 of 3 sees 4 positions back, its scored tokens 4 to 11
+)
 def test_cached_decoding_logits_at_and_the_harness_scorer_equal_the_forward(switches):
     model = arch_model(switches)
     gpt2_like = arch_model({})

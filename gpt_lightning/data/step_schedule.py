@@ -50,6 +50,12 @@ def check_schedule(schedule: object) -> list[tuple[int, int]]:
     return stages
 
 
+def tokens_through(stages: list[tuple[int, int]], steps: int) -> int:
+    """Tokens trained by the first ``steps`` optimizer steps of ``[(first step, tokens per step), ...]``."""
+    ends = [start for start, _ in stages[1:]] + [steps]
+    return sum(max(0, min(end, steps) - start) * tokens for (start, tokens), end in zip(stages, ends))
+
+
 class AccumulationSchedule:
     """Micro-batches accumulated per optimizer step, by step: ``accumulations[i]`` from ``starts[i]`` on."""
 
@@ -92,11 +98,7 @@ class AccumulationSchedule:
 
     def tokens_through(self, steps: int) -> int:
         """Tokens trained by the first ``steps`` optimizer steps."""
-        total = 0
-        for i, start in enumerate(self.starts):
-            end = self.starts[i + 1] if i + 1 < len(self.starts) else steps
-            total += max(0, min(end, steps) - start) * self.tokens[i]
-        return total
+        return tokens_through(list(zip(self.starts, self.tokens)), steps)
 
     def describe(self) -> str:
         """``64 (x 2 micro-batches) from step 0, 128 (x 4) from step 2``."""

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from gpt_lightning.model import GPT, Block, GPTConfig
+from gpt_lightning.model import GPT, Block, GPTConfig, in_window, windowed_attention
 
 
 def score_continuations(
@@ -174,11 +174,18 @@ def _block(block: Block, x: torch.Tensor, idx: torch.Tensor, pos: torch.Tensor, 
     attention within ``x``, or, with ``prefix`` (keys, values of a context, (B, nh, P, hs)), over
     the context and ``x`` as ``visible`` (B, 1, T, P + T) allows."""
     B, T, C = x.shape
+    window = block.attn.window  # None: the whole causal context
     q, k, v = block.attn.heads(block.ln_1(x), idx, pos)  # 3 x (B, nh, T, hs)
-    if prefix is None:
+    if prefix is None and window is None:
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+    elif prefix is None:
+        y = windowed_attention(q, k, v, window, 0.0)  # (B, nh, T, hs)
     else:
         keys, values = torch.cat((prefix[0], k), dim=2), torch.cat((prefix[1], v), dim=2)  # (B, nh, P + T, hs)
+        if window is not None:  # a windowed block: only the keys at most `window` positions back
+            context = torch.arange(prefix[0].size(2), device=x.device).expand(B, -1)  # (B, P)
+            key_pos = torch.cat((context, pos), dim=1)  # (B, P + T): the context's positions, then the ending's
+            visible = visible & in_window(pos[:, :, None], key_pos[:, None, :], window)[:, None]  # (B, 1, T, P + T)
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible)  # (B, nh, T, hs)
     x = x + block.attn.c_proj(y.transpose(1, 2).reshape(B, T, C))  # heads side by side
     return x + block.mlp(block.ln_2(x)), (k, v)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -59,8 +60,8 @@ def averages_on_device(trainer: Trainer, device: Any) -> bool:
     own = averaging_device(callback)
     if own is None:
         return True  # the callback's default: the model's device
-    own_type = "cuda" if isinstance(own, int) else getattr(own, "type", str(own))
-    return own_type == getattr(device, "type", str(device))
+    own_type = "cuda" if isinstance(own, int) else torch.device(own).type  # "cuda:0", a torch.device: their kind
+    return own_type == torch.device(device).type
 
 
 def _position(trainer: Trainer, callback: Callback) -> int:
