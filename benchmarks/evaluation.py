@@ -12,9 +12,10 @@ over the matmul FLOP/s measured here in the run's dtype, before and after the ti
 
     OMP_NUM_THREADS=1 python benchmarks/evaluation.py     # benchmarks/results/cpu-2core/evaluation.json and .md
 
-``--simple_evaluate N`` times the whole of ``lm_eval.simple_evaluate`` instead, as a user runs it: N
-HellaSwag-shaped examples as text in a local multiple-choice task (``dataset_path: json``), GPT-2 124M
-in float32, both backends interleaved, medians; the accuracies must be equal. Writes
+``--simple_evaluate N`` times the whole of ``lm_eval.simple_evaluate`` instead (task building,
+tokenizing, scoring, metrics): N HellaSwag-shaped examples as text in a local multiple-choice task
+(``dataset_path: json``), GPT-2 124M in float32, each backend's model built once beforehand, both
+interleaved, medians, and each request's log-likelihood compared. Writes
 ``evaluation_simple_evaluate.json`` beside ``--out``.
 """
 
@@ -122,6 +123,7 @@ def through_harness(examples: int, batch_size: int, repeats: int) -> dict:
     """Seconds of the whole ``simple_evaluate`` (task building, tokenizing, scoring, metrics) for ours and
     the ``hf`` model on ``examples`` HellaSwag-shaped examples as a local task; GPT-2 124M, float32."""
     from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
     decode = gpt2_encoding().decode
@@ -148,28 +150,30 @@ def through_harness(examples: int, batch_size: int, repeats: int) -> dict:
         )
         export_hf(model, root / "hf")
         tasks = TaskManager(include_path=str(root))
+        # Both models built once, in memory, before any round: what is timed is the harness's work and theirs.
         backends = {
-            "ours": lambda: GPTHarnessLM(model, batch_size=batch_size, device="cpu", dtype=torch.float32),
-            "hf": lambda: "hf",
+            "ours": GPTHarnessLM(model, batch_size=batch_size, device="cpu", dtype=torch.float32),
+            "hf": HFLM(pretrained=str(root / "hf"), batch_size=batch_size, device="cpu", dtype="float32"),
         }
-        hf_args = f"pretrained={root / 'hf'},dtype=float32"
         seconds: dict[str, list[float]] = {name: [] for name in backends}
-        accuracy = {}
-        for repeat in range(repeats + 1):  # the first round warms up (imports, the dataset's cache): not timed
+        accuracy, loglikelihoods = {}, {}
+        for repeat in range(repeats + 1):  # the first round warms up (the dataset's cache, first calls): not timed
             for name in ("hf", "ours") if repeat % 2 == 0 else ("ours", "hf"):
                 start = time.perf_counter()
                 result = simple_evaluate(
-                    model=backends[name](),
-                    model_args=hf_args if name == "hf" else None,
+                    model=backends[name],
                     tasks=["hs_shaped"],
                     task_manager=tasks,
                     batch_size=batch_size,
-                    device="cpu",
                     bootstrap_iters=0,
+                    log_samples=True,
                 )
                 if repeat:
                     seconds[name].append(time.perf_counter() - start)
                 accuracy[name] = result["results"]["hs_shaped"]["acc,none"]
+                loglikelihoods[name] = [
+                    answer[0] for sample in result["samples"]["hs_shaped"] for answer in sample["filtered_resps"]
+                ]
     median = {name: statistics.median(s) for name, s in seconds.items()}
     return {
         "examples": examples,
@@ -179,6 +183,9 @@ def through_harness(examples: int, batch_size: int, repeats: int) -> dict:
         "speedup": median["hf"] / median["ours"],
         "accuracy": accuracy,
         "accuracy_equal": accuracy["hf"] == accuracy["ours"],
+        "max_abs_loglikelihood_difference": max(
+            abs(a - b) for a, b in zip(loglikelihoods["hf"], loglikelihoods["ours"], strict=True)
+        ),
     }
 
 
@@ -224,7 +231,7 @@ def main() -> None:
         result["machine"] |= {"torch_threads": torch.get_num_threads(), "loadavg_at_end": os.getloadavg()}
         out = Path(args.out).with_name("evaluation_simple_evaluate.json")
         atomic_write_bytes(out, (json.dumps(result, indent=2) + "\n").encode())
-        print(json.dumps({k: result[k] for k in ("median_seconds", "speedup", "accuracy")}))
+        print(json.dumps({k: result[k] for k in ("median_seconds", "speedup", "accuracy", "max_abs_loglikelihood_difference")}))
         return
     results = {}
     for run in args.runs:
