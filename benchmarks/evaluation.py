@@ -231,7 +231,11 @@ def main() -> None:
         result["machine"] |= {"torch_threads": torch.get_num_threads(), "loadavg_at_end": os.getloadavg()}
         out = Path(args.out).with_name("evaluation_simple_evaluate.json")
         atomic_write_bytes(out, (json.dumps(result, indent=2) + "\n").encode())
-        print(json.dumps({k: result[k] for k in ("median_seconds", "speedup", "accuracy", "max_abs_loglikelihood_difference")}))
+        print(
+            json.dumps(
+                {k: result[k] for k in ("median_seconds", "speedup", "accuracy", "max_abs_loglikelihood_difference")}
+            )
+        )
         return
     results = {}
     for run in args.runs:

@@ -34,7 +34,9 @@ of the budget), each as its mean and spread (sample standard deviation, min and 
     OMP_NUM_THREADS=1 python benchmarks/muon_variants.py --jobs 2 --out benchmarks/results/cpu-2core
 
 ``--fit_args`` adds options to every run (e.g. ``"--trainer.accelerator cuda"``), ``--runs`` picks runs,
-``--reuse`` takes the curves of an earlier ``muon_variants.json`` at the same shape instead of training them again.
+``--reuse`` takes the curves of an earlier ``muon_variants.json`` at the same shape instead of training them again;
+each curve is kept in ``muon_variants.partial.json`` as it finishes, so a stopped measurement goes on
+with ``--reuse`` of that file.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -55,6 +58,7 @@ from pathlib import Path
 import lockstep
 from architectures import preset_model
 
+from gpt_lightning.atomic import atomic_write_bytes
 from gpt_lightning.data import step_schedule
 
 REPO = Path(__file__).resolve().parents[1]
@@ -276,9 +280,16 @@ def main() -> None:
                 if name in curves and int(seed) in args.seeds:
                     curves[name][int(seed)] = curve
 
+    finished = threading.Lock()
+
     def run(seed: int, name: str) -> None:
-        curves[name][seed] = train(args, chosen[name], seed)
-        print(f"seed {seed} {name}: final val loss {curves[name][seed][-1][1]:.4f}", flush=True)
+        curve = train(args, chosen[name], seed)
+        with finished:  # every finished curve kept at once: a stopped measurement goes on with --reuse
+            curves[name][seed] = curve
+            args.out.mkdir(parents=True, exist_ok=True)
+            partial = json.dumps({"shape": {**shape, "seeds": args.seeds}, "curves": curves}) + "\n"
+            atomic_write_bytes(args.out / "muon_variants.partial.json", partial.encode())
+        print(f"seed {seed} {name}: final val loss {curve[-1][1]:.4f}", flush=True)
 
     # Losses do not depend on timing: --jobs fits side by side (each with OMP_NUM_THREADS threads) give the same curves.
     with ThreadPoolExecutor(args.jobs) as pool:
