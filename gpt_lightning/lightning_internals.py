@@ -13,7 +13,7 @@ started: its ``_terminate_all`` and ``_child_processes``, launched_ranks.py), to
 ``_zeropower_via_newtonschulz`` and ``_adjust_lr`` (optimizers.py), ``nn.Module._compiled_call_impl`` and
 inductor's ``default_cache_dir`` (compilation.py), ``WeightAveraging._average_model``, ``_swap_models`` and
 ``_device`` (the averaged model, swapped in for our samples and evaluations, and where it lives:
-training/averaging.py).
+averaging.py).
 """
 
 from __future__ import annotations

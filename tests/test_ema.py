@@ -15,6 +15,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 
 import gpt_lightning.observing.samples as samples_module
 from gpt_lightning import GPTLightningModule, TokenStreamDataModule
+from gpt_lightning.averaging import check_weight_averaging
 from gpt_lightning.cli import main
 from gpt_lightning.commands.eval import load_model
 from gpt_lightning.errors import UserError
@@ -25,7 +26,6 @@ from gpt_lightning.lightning_internals import averaged_model
 from gpt_lightning.model import GPTConfig
 from gpt_lightning.observing.samples import ValidationSamples
 from gpt_lightning.scaling.memory import parameter_count, training_memory
-from gpt_lightning.training.averaging import check_weight_averaging
 
 WEIGHT = "transformer.wte.weight"  # the tied embedding and head: any update moves it
 

@@ -20,7 +20,7 @@ LAYERS = (
     {"errors"},  # UserError: what every layer raises for a user's mistake
     {"atomic", "lightning_internals"},  # lightning_internals: the one room that reaches into Lightning's private names
     {"model", "data", "loss"},  # loss: the training loss in chunks, plain torch as the model
-    {"scaling", "interop", "generation"},  # generation: sampling from a GPT
+    {"scaling", "interop", "generation", "averaging"},  # generation: sampling from a GPT; averaging: the weight EMA
     {"training", "observing", "evaluation"},  # evaluation: lm-evaluation-harness on a GPT (the optional eval extra)
     {"lightning_cli"},  # GPTLightningCLI: the module, the data and the callbacks put together
     {"cli", "commands"},  # the gpt-lightning command and its own subcommands

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from gpt_lightning.training.averaging import averaged_weights
+from gpt_lightning.averaging import averaged_weights
 
 
 class PeriodicEvaluation(Callback):

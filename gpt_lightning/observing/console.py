@@ -14,11 +14,11 @@ from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from gpt_lightning.averaging import averages_on_device
 from gpt_lightning.lightning_internals import format_summary_table
 from gpt_lightning.model import GPTConfig
 from gpt_lightning.scaling.memory import GIB, TrainingMemory, fit_warning, training_memory
 from gpt_lightning.scaling.sharding import shard_count
-from gpt_lightning.training.averaging import averages_on_device
 
 # Shown on the bar under short names, so the line fits a terminal. The first two are logged without
 # prog_bar (Lightning converts every prog_bar value to a Python number after every batch, one host

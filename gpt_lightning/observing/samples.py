@@ -13,11 +13,11 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from gpt_lightning.averaging import averaged_weights
 from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.errors import UserError
 from gpt_lightning.generation import generate
 from gpt_lightning.model import GPT
-from gpt_lightning.training.averaging import averaged_weights
 
 TAG = "samples"
 FILENAME = "samples.txt"  # in the run's folder, for loggers that take no text (CSVLogger) or none

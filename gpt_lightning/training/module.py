@@ -14,17 +14,17 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 from torchmetrics.metric import CompositionalMetric
 
+from gpt_lightning.averaging import (
+    TrainedWeightsAtEnd,
+    check_weight_averaging,
+    train_on_from_trained_weights,
+)
 from gpt_lightning.loss import chunked_cross_entropy
 from gpt_lightning.scaling.flops import training_flops
 from gpt_lightning.scaling.sharding import is_empty, materialize, shard_once, sync_at_last_micro_batch
 from gpt_lightning.training import resume
 from gpt_lightning.training.architecture import DEFAULT_CONFIG, build_gpt
 from gpt_lightning.training.attention import attention_context, device_attention_backends
-from gpt_lightning.training.averaging import (
-    TrainedWeightsAtEnd,
-    check_weight_averaging,
-    train_on_from_trained_weights,
-)
 from gpt_lightning.training.bits_per_byte import BitsPerByte, bits_and_bytes, token_byte_lengths
 from gpt_lightning.training.checkpoint_io import use_atomic_checkpoints
 from gpt_lightning.training.checks import (
