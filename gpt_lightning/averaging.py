@@ -123,7 +123,7 @@ class TrainedWeightsAtEnd:
     def keep(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """At the module's ``on_train_epoch_end``: a copy of the weights, if the fit ends here and averages."""
         self._kept = None
-        if trainer.fit_loop.done and averaging_callback(trainer) is not None:
+        if averaging_callback(trainer) is not None and trainer.fit_loop.done:  # done logs its reason: only here
             self._kept = {k: v.detach().to("cpu", copy=True) for k, v in pl_module.state_dict().items()}
 
     def put_in(self, checkpoint: dict[str, Any]) -> None:
