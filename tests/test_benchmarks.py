@@ -433,3 +433,12 @@ def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_s
     assert muon["final_val_loss_spread"] == pytest.approx({"mean": 3.5, "sd": 0.5**0.5, "min": 3.0, "max": 4.0})
     assert summary["runs"]["adamw lr=0.003"]["reached"] == "1/2"  # not at seed 0
     assert "| muon | 3.500 ± 0.707 (3.000 to 4.000) | 0.67x ± 0.24 (0.50 to 0.83) | 2/2 |" in bench.table(summary)
+
+
+def test_the_per_token_tables_in_the_docs_quote_the_committed_results():
+    """docs/modern.md's tables of the newer steps are benchmarks/muon_variants.py's committed tables, row for row."""
+    text = (REPO / "docs" / "modern.md").read_text()
+    results = REPO / "benchmarks" / "results" / "cpu-2core"
+    for table in (results / "muon_variants.md", results / "per_token_2seeds" / "muon_variants.md"):
+        rows = table.read_text().splitlines()[2:]
+        assert rows and all(row in text for row in rows), table
