@@ -199,24 +199,37 @@ def spread(values: list[float]) -> dict:
 
 def summarize(curves: dict[str, dict[int, list]], budget: int) -> dict:
     """Per seed, the best AdamW run's final loss (the target); per run, over the seeds, its final loss
-    and its tokens to that target (a fraction of ``budget``; None at a seed where it is not reached)."""
+    and its tokens to that target (a fraction of ``budget``; None at a seed where it is not reached).
+    With a "muon" run, also each run's tokens to GPT-2 + Muon's final loss at the seed, as a fraction
+    of the tokens Muon itself took to reach it: the issue's second target."""
     seeds = sorted({seed for by_seed in curves.values() for seed in by_seed})
     adamw = [name for name in curves if name.startswith("adamw")]
     targets = {seed: min(curves[name][seed][-1][1] for name in adamw) for seed in seeds}
+    muon = curves.get("muon")
+    muon_targets = {seed: muon[seed][-1][1] for seed in seeds} if muon else None
+
+    def ratios(by_seed: dict[int, list], target: dict[int, float], of: Callable[[int], float]) -> list:
+        reached = [lockstep.tokens_to_reach(by_seed[seed], target[seed]) for seed in seeds]
+        return [None if r is None else r / of(seed) for seed, r in zip(seeds, reached)]
+
     rows = {}
     for name, by_seed in curves.items():
         final = [by_seed[seed][-1][1] for seed in seeds]
-        reached = [lockstep.tokens_to_reach(by_seed[seed], targets[seed]) for seed in seeds]
-        ratios = [None if r is None else r / budget for r in reached]
-        got = [r for r in ratios if r is not None]
+        to_adamw = ratios(by_seed, targets, lambda seed: budget)
+        got = [r for r in to_adamw if r is not None]
         rows[name] = {
             "final_val_loss": final,
             "final_val_loss_spread": spread(final),
-            "tokens_ratio_to_best_adamw": ratios,
+            "tokens_ratio_to_best_adamw": to_adamw,
             "tokens_ratio_spread": spread(got) if got else None,
             "reached": f"{len(got)}/{len(seeds)}",
         }
-    return {"seeds": seeds, "best_adamw_final_val_loss": targets, "runs": rows}
+        if muon_targets:
+            muon_tokens = lambda seed: lockstep.tokens_to_reach(muon[seed], muon_targets[seed])  # noqa: E731
+            to_muon = [r for r in ratios(by_seed, muon_targets, muon_tokens) if r is not None]
+            rows[name]["tokens_ratio_to_muon_spread"] = spread(to_muon) if to_muon else None
+            rows[name]["reached_muon"] = f"{len(to_muon)}/{len(seeds)}"
+    return {"seeds": seeds, "best_adamw_final_val_loss": targets, "muon_final_val_loss": muon_targets, "runs": rows}
 
 
 def table(summary: dict) -> str:
@@ -228,14 +241,17 @@ def table(summary: dict) -> str:
         sd = "" if s["sd"] is None else f" ± {s['sd']:.{digits}f}"
         return f"{s['mean']:.{digits}f}{unit}{sd} ({s['min']:.{digits}f} to {s['max']:.{digits}f})"
 
+    muon = summary.get("muon_final_val_loss") is not None
     lines = [
-        "| run | final val loss, mean ± sd (min to max) | tokens to the best AdamW's final, mean ± sd (min to max) | reached |",
-        "|---|---|---|---|",
+        "| run | final val loss, mean ± sd (min to max) | tokens to the best AdamW's final, mean ± sd (min to max) | reached |"
+        + (" tokens to GPT-2 + Muon's final, as a share of Muon's own | reached |" if muon else ""),
+        "|---|---|---|---|" + ("---|---|" if muon else ""),
     ]
     for name, row in summary["runs"].items():
         lines.append(
             f"| {name} | {shown(row['final_val_loss_spread'], 3)} | "
             f"{shown(row['tokens_ratio_spread'], 2, 'x')} | {row['reached']} |"
+            + (f" {shown(row['tokens_ratio_to_muon_spread'], 2, 'x')} | {row['reached_muon']} |" if muon else "")
         )
     return "\n".join(lines) + "\n"
 
