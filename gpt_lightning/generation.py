@@ -62,8 +62,7 @@ def generate(
         use_cache: False recomputes the last ``block_size`` tokens' forward pass for each new
             token (the reference the cache is tested against; slow).
         compile: compile the decode step once per batch size (CUDA graphs on CUDA, frozen weights
-            on a CPU, with inductor's own GEMMs where they time faster; docs/sampling.md): pays for
-            long or repeated generations.
+            on a CPU, autotuned at batch 1; docs/sampling.md): pays for long or repeated generations.
 
     Returns:
         token ids of shape (B, T + max_new_tokens).
@@ -122,10 +121,10 @@ def _generate_cached(
         for tensor in (token, *(t for cache in caches for t in cache.tensors())):
             torch._dynamo.mark_dynamic(tensor, 0)
     # On a CPU, inductor freezes the weights while it compiles (at the first step); the option must be
-    # on while dynamo traces too, so torch.compile(options=...) cannot do it. max_autotune times its own
-    # C++ GEMM templates against the libraries' kernels for each matmul and keeps the faster: at batch 1
-    # they stream the weights 1.4x (bfloat16) to 1.9x (float32) faster (docs/sampling.md).
-    cpu_options = torch._inductor.config.patch(freezing=True, max_autotune=True)
+    # on while dynamo traces too, so torch.compile(options=...) cannot do it. At batch 1, max_autotune
+    # times inductor's C++ GEMM templates against MKL's and oneDNN's kernels for each matmul and keeps
+    # the faster: 124M decoded 1.9x (float32) and 1.4x (bfloat16) faster; at batch 8 it gained nothing.
+    cpu_options = torch._inductor.config.patch(freezing=True, max_autotune=B == 1)
     with cpu_options if compile and not idx.is_cuda else contextlib.nullcontext():
         for end in range(T, T + max_new_tokens):
             out[:, end : end + 1] = token.copy_(sample(logits))  # (B, 1)
@@ -177,8 +176,8 @@ def compiled_decoding(
     if (batch, length, device, dtype) not in decoding.caches:
         decoding.caches[batch, length, device, dtype] = [KVCache(length) for _ in model.transformer.h]
     # CUDA graphs record static shapes: a graph per batch size. On a CPU, batch 1 has static shapes
-    # (inductor packs the weights for MKL's matmul) and larger batches share a graph with a dynamic
-    # batch size (inductor packs the weights for oneDNN's, faster there: docs/sampling.md).
+    # (its matmuls autotuned: _generate_cached) and larger batches share a graph with a dynamic batch
+    # size (inductor packs the weights for oneDNN's matmul, faster there than MKL's: docs/sampling.md).
     key = (batch if cuda else batch > 1, length, device, dtype)
     if key not in decoding.steps:
         # A copy of _decode with a code object of its own: dynamo keeps graphs per code object, so this
