@@ -200,35 +200,36 @@ def spread(values: list[float]) -> dict:
 def summarize(curves: dict[str, dict[int, list]], budget: int) -> dict:
     """Per seed, the best AdamW run's final loss (the target); per run, over the seeds, its final loss
     and its tokens to that target (a fraction of ``budget``; None at a seed where it is not reached).
-    With a "muon" run, also each run's tokens to GPT-2 + Muon's final loss at the seed, as a fraction
-    of the tokens Muon itself took to reach it: the issue's second target."""
+    With a "muon" run, also each run's tokens to GPT-2 + Muon's final loss at the seed, a fraction of
+    ``budget`` too (the tokens Muon itself trained to reach it): the issue's second target."""
     seeds = sorted({seed for by_seed in curves.values() for seed in by_seed})
+    for name, by_seed in curves.items():
+        if missing := sorted(set(seeds) - set(by_seed)):
+            raise SystemExit(f"run {name!r} has no curve at seeds {missing}: train it there or --reuse a file that has")
     adamw = [name for name in curves if name.startswith("adamw")]
     targets = {seed: min(curves[name][seed][-1][1] for name in adamw) for seed in seeds}
-    muon = curves.get("muon")
-    muon_targets = {seed: muon[seed][-1][1] for seed in seeds} if muon else None
+    muon_targets = {seed: curves["muon"][seed][-1][1] for seed in seeds} if "muon" in curves else None
 
-    def ratios(by_seed: dict[int, list], target: dict[int, float], of: Callable[[int], float]) -> list:
+    def to(by_seed: dict[int, list], target: dict[int, float]) -> tuple[list, dict | None, str]:
         reached = [lockstep.tokens_to_reach(by_seed[seed], target[seed]) for seed in seeds]
-        return [None if r is None else r / of(seed) for seed, r in zip(seeds, reached)]
+        ratios = [None if r is None else r / budget for r in reached]
+        got = [r for r in ratios if r is not None]
+        return ratios, spread(got) if got else None, f"{len(got)}/{len(seeds)}"
 
     rows = {}
     for name, by_seed in curves.items():
         final = [by_seed[seed][-1][1] for seed in seeds]
-        to_adamw = ratios(by_seed, targets, lambda seed: budget)
-        got = [r for r in to_adamw if r is not None]
+        ratios, ratio_spread, reached = to(by_seed, targets)
         rows[name] = {
             "final_val_loss": final,
             "final_val_loss_spread": spread(final),
-            "tokens_ratio_to_best_adamw": to_adamw,
-            "tokens_ratio_spread": spread(got) if got else None,
-            "reached": f"{len(got)}/{len(seeds)}",
+            "tokens_ratio_to_best_adamw": ratios,
+            "tokens_ratio_spread": ratio_spread,
+            "reached": reached,
         }
         if muon_targets:
-            muon_tokens = lambda seed: lockstep.tokens_to_reach(muon[seed], muon_targets[seed])  # noqa: E731
-            to_muon = [r for r in ratios(by_seed, muon_targets, muon_tokens) if r is not None]
-            rows[name]["tokens_ratio_to_muon_spread"] = spread(to_muon) if to_muon else None
-            rows[name]["reached_muon"] = f"{len(to_muon)}/{len(seeds)}"
+            keys = ("tokens_ratio_to_muon", "tokens_ratio_to_muon_spread", "reached_muon")
+            rows[name].update(zip(keys, to(by_seed, muon_targets)))
     return {"seeds": seeds, "best_adamw_final_val_loss": targets, "muon_final_val_loss": muon_targets, "runs": rows}
 
 
@@ -244,7 +245,7 @@ def table(summary: dict) -> str:
     muon = summary.get("muon_final_val_loss") is not None
     lines = [
         "| run | final val loss, mean ± sd (min to max) | tokens to the best AdamW's final, mean ± sd (min to max) | reached |"
-        + (" tokens to GPT-2 + Muon's final, as a share of Muon's own | reached |" if muon else ""),
+        + (" tokens to GPT-2 + Muon's final, mean ± sd (min to max) | reached |" if muon else ""),
         "|---|---|---|---|" + ("---|---|" if muon else ""),
     ]
     for name, row in summary["runs"].items():

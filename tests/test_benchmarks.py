@@ -427,8 +427,8 @@ def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_s
     summary = bench.summarize(curves, budget=200)
     # the second target: tokens to GPT-2 + Muon's final at the seed, over the tokens Muon took to reach it
     assert summary["muon_final_val_loss"] == {0: 3.0, 1: 4.0}
-    assert summary["runs"]["faster"]["tokens_ratio_to_muon_spread"]["mean"] == pytest.approx((0.5 + 150 / 200) / 2)
-    assert summary["runs"]["muon"]["tokens_ratio_to_muon_spread"]["mean"] == 1.0
+    assert summary["runs"]["faster"]["tokens_ratio_to_muon"] == pytest.approx([0.5, 150 / 200])
+    assert summary["runs"]["muon"]["tokens_ratio_to_muon_spread"]["mean"] == 1.0  # Muon's own final ends its budget
     assert summary["runs"]["adamw lr=0.003"]["reached_muon"] == "0/2"
     assert summary["best_adamw_final_val_loss"] == {0: 4.0, 1: 4.2}  # each seed's own best AdamW run
     muon = summary["runs"]["muon"]
@@ -441,6 +441,8 @@ def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_s
     muon_row = "| muon | 3.500 ± 0.707 (3.000 to 4.000) | 0.67x ± 0.24 (0.50 to 0.83) | 2/2 | 1.00x ± 0.00 (1.00 to 1.00) | 2/2 |"
     assert muon_row in bench.table(summary).splitlines()
     assert "| adamw lr=0.003 |" in bench.table(summary) and "| not reached | 0/2 |" in bench.table(summary)
+    with pytest.raises(SystemExit, match=r"run 'faster' has no curve at seeds \[1\]"):
+        bench.summarize({**curves, "faster": {0: curves["faster"][0]}}, budget=200)
 
 
 def test_the_per_token_tables_in_the_docs_quote_the_committed_results():
