@@ -4,6 +4,7 @@ they come to are said at the start and counted by the throughput callback; bad s
 in one line. Its exact resume across a stage boundary: tests/test_resume_exact.py."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -53,6 +54,10 @@ def test_a_schedule_trains_the_weights_of_the_same_steps_run_by_hand(small_text,
         "tokens per optimizer step: 64 (x 2 micro-batches) from step 0, 128 (x 4) from step 2, micro-batches of "
         "1 process(es) x 2 x 16; trainer.max_steps 4 = 384 tokens" in caplog.text
     )
+    epoch = re.search(
+        r"1 epoch = (\d+) batches = (\d+) x 4 micro-batches \(4: a whole number of optimizer steps", caplog.text
+    )
+    assert epoch and int(epoch[1]) == 4 * int(epoch[2]), caplog.text  # the lcm of 2 and 4 micro-batches a step
     saved = json.loads((scheduled / "throughput.json").read_text())
     assert (saved["tokens_per_optimizer_step_min"], saved["tokens_per_optimizer_step_max"]) == (64, 128)
     assert saved["tokens_trained"] == 384

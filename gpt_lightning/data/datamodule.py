@@ -165,7 +165,10 @@ class TokenStreamDataModule(LightningDataModule):
         left_out = windows.available() - batches
         steps = f" = {batches // accumulate} optimizer steps of {accumulate}" if accumulate > 1 else ""
         if self.schedule is not None and accumulate > 1:
-            steps = f" = {batches // accumulate} blocks of {accumulate} (whole steps of every stage of the schedule)"
+            steps = (
+                f" = {batches // accumulate} x {accumulate} micro-batches ({accumulate}: a whole number of optimizer "
+                "steps at every stage of data.tokens_per_step_schedule)"
+            )
         trimmed = (
             f" ({left_out} of {windows.available()} batches left out so that no step is short)" if left_out else ""
         )
