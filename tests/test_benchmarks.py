@@ -449,6 +449,5 @@ def test_the_per_token_tables_in_the_docs_quote_the_committed_results():
     """docs/modern.md's tables of the newer steps are benchmarks/muon_variants.py's committed tables, row for row."""
     text = (REPO / "docs" / "modern.md").read_text()
     results = REPO / "benchmarks" / "results" / "cpu-2core"
-    for table in (results / "muon_variants.md", results / "per_token_2seeds" / "muon_variants.md"):
-        rows = table.read_text().splitlines()[2:]
-        assert rows and all(row in text for row in rows), table
+    rows = (results / "muon_variants.md").read_text().splitlines()
+    assert len(rows) > 2 and all(row in text for row in rows)
