@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -363,12 +364,31 @@ def test_task_files_that_ended_in_a_traceback(setup, edge_tasks, capsys):
         assert f"Task {task}" in err.strip().splitlines()[-1] and words in err.strip().splitlines()[-1], err[-2000:]
 
 
+def test_batch_size_auto_on_a_cpu_fits_a_window_in_a_quarter_of_the_available_memory(monkeypatch):
+    """A whole window's logits, their float32 copy and log-softmax (3 x 4 bytes a logit) for each row,
+    in a quarter of Linux's MemAvailable (free pages and the page cache it would drop)."""
+    from gpt_lightning.evaluation import harness_model
+    from gpt_lightning.model import GPT, GPTConfig
+
+    lm = harness_model.GPTHarnessLM(GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=1, n_head=2, n_embd=16)))
+    row = 16 * 256 * 12
+    for memory, expected in ((4 * 8 * row, 8), (4 * 8 * row - 1, 4), (4 * 64 * row, 64), (0, 1)):
+        monkeypatch.setattr(harness_model, "available_memory", lambda memory=memory: memory)
+        assert lm.auto_batch_size() == expected, memory
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        monkeypatch.undo()
+        available = next(int(line.split()[1]) for line in meminfo.read_text().splitlines() if "MemAvailable" in line)
+        assert abs(harness_model.available_memory() - available * 1024) < 2**30  # read again: it moves a little
+
+
 def test_the_harness_flags(setup, tmp_path, capsys, monkeypatch):
     """``--gen_kwargs`` (parsed as the harness does) over the task's own, ``--seed`` as the harness's
     four seeds, ``--batch_size auto``, ``--output_path`` to a file of any name; ``--num_fewshot -1`` refused."""
     from gpt_lightning.evaluation import harness_model
 
     root, gpt2, _ = setup
+    monkeypatch.setattr(harness_model, "available_memory", lambda: 2**50)  # the pick from memory: tested apart
     new_tokens, generate = [], harness_model.generate
     monkeypatch.setattr(
         harness_model,

@@ -26,6 +26,23 @@ from gpt_lightning.model import GPT
 FIRST_ROUND_TOKENS = 16
 
 
+def available_memory() -> int:
+    """Bytes this machine can hand out without swapping: Linux's MemAvailable, which counts the page
+    cache it would drop (free pages alone shrink with every file read); elsewhere the free pages, or
+    all pages where the OS counts none (macOS)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except ValueError:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 class GPTHarnessLM(TemplateLM):
     """A ``GPT`` answering lm-evaluation-harness requests.
 
@@ -66,17 +83,13 @@ class GPTHarnessLM(TemplateLM):
         """The largest batch size, halving from ``maximum``, whose heaviest request fits
         in memory: a whole window scored at once, as a rolling document's is. On a GPU each size is tried
         (an out-of-memory error halves it); on a CPU, where running out of memory kills the process, the
-        window's log-probabilities (the largest tensors) must fit in a quarter of the free memory."""
+        window's log-probabilities (the largest tensors) must fit in a quarter of the available memory."""
         block, vocab = self.max_length, self.gpt.config.vocab_size
         request = ([self.prefix_token_id], [i % self.vocab_limit for i in range(block)])
 
         def fits(size: int) -> bool:
-            if self._device.type != "cuda":
-                try:
-                    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-                except ValueError:  # macOS has no count of free pages: all of them
-                    free = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-                return size * block * vocab * 4 * 3 <= free // 4  # logits, their float32 copy, log-softmax
+            if self._device.type != "cuda":  # logits, their float32 copy, log-softmax
+                return size * block * vocab * 4 * 3 <= available_memory() // 4
             try:
                 with self.inference():
                     score_continuations(self.gpt, [request] * size, size, self._device)
