@@ -143,14 +143,15 @@ if [ -n "${GPU_RUN_SMOKE:-}" ]; then  # the wiring, on a CPU, in seconds
             --modes eager --accelerator cpu)
     fineweb=(--model.vocab_size 50304 --model.compile_scope blocks --trainer.max_steps 2)
     autotune=(--model.compile_mode max-autotune --trainer.max_steps 2)
-    autotune_env=(TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN)  # the mode's wiring without a CPU's template tuning
+    # the mode's wiring without a CPU's template tuning (the autotune steps', and generation's batch-1 CPU decode step)
+    autotune_env=(TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN)
 fi
 [ -z "${HELLASWAG_FILE:-}" ] || hellaswag+=(--data_file "$HELLASWAG_FILE")
 
 step bench 240 30 python3 -m gpt_lightning bench "${bench[@]}" --runs "${runs[@]}" "${also[@]}" "${cold[@]}" --out "$dest" "${extra[@]}"
 step levers 180 60 python3 benchmarks/levers.py "${levers[@]}" --out "$dest/levers.json"
 STEP_LOG=gpu_tests.txt step tests 150 30 python3 -m pytest -q -s -p no:cacheprovider "${tests[@]}"
-step generation 180 30 python3 benchmarks/generation.py "${generation[@]}" --out "$dest/generation.json"
+step generation 180 30 env "${autotune_env[@]}" python3 benchmarks/generation.py "${generation[@]}" --out "$dest/generation.json"
 step checks 150 30 python3 benchmarks/gpu_checks.py "${checks[@]}" --out "$dest/gpu_checks.json"
 step overhead_eager 150 30 python3 benchmarks/lightning_overhead.py "${overhead[@]}" --compile false --out "$dest/lightning_overhead.json"
 step overhead_compiled 150 60 python3 benchmarks/lightning_overhead.py "${overhead[@]}" --compile true \

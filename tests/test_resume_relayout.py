@@ -110,10 +110,10 @@ def whole(tmp_path_factory, corpus):
     return rows_by_step(ranks), ranks[0]["epoch"], weights(root)
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # each direction and each stop once, not their product (15-21 s a case)
     "first, then, stop",
-    [(2, 1, 10), (2, 1, 5), (1, 2, 10), (1, 2, 5)],
-    ids=["2-to-1-epoch-end", "2-to-1-mid-epoch", "1-to-2-epoch-end", "1-to-2-mid-epoch"],
+    [(2, 1, 10), (1, 2, 5)],
+    ids=["2-to-1-epoch-end", "1-to-2-mid-epoch"],
 )
 def test_a_resume_on_another_number_of_processes_trains_the_same_token_stream(
     tmp_path, corpus, whole, first, then, stop
