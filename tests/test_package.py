@@ -18,7 +18,9 @@ PACKAGE = REPO / "gpt_lightning"
 # do not know each other (training and observing are independent; interop and scaling too).
 LAYERS = (
     {"errors"},  # UserError: what every layer raises for a user's mistake
-    {"atomic", "lightning_internals"},  # lightning_internals: the one room that reaches into Lightning's private names
+    # host_memory: glibc's malloc kept from unmapping freed blocks; lightning_internals: the one room
+    # that reaches into Lightning's private names
+    {"atomic", "host_memory", "lightning_internals"},
     {"model", "data", "loss"},  # loss: the training loss in chunks, plain torch as the model
     {"scaling", "interop", "generation", "averaging"},  # generation: sampling from a GPT; averaging: the weight EMA
     {"training", "observing", "evaluation"},  # evaluation: lm-evaluation-harness on a GPT (the optional eval extra)

@@ -19,6 +19,7 @@ from gpt_lightning.averaging import (
     check_weight_averaging,
     train_on_from_trained_weights,
 )
+from gpt_lightning.host_memory import keep_freed_memory
 from gpt_lightning.loss import chunked_cross_entropy
 from gpt_lightning.scaling.flops import training_flops
 from gpt_lightning.scaling.sharding import is_empty, materialize, shard_once, sync_at_last_micro_batch
@@ -247,6 +248,8 @@ class GPTLightningModule(LightningModule):
             hp.compile, hp.compile_mode, trainer.accumulate_grad_batches, trainer.strategy.root_device
         )
         use_atomic_checkpoints(trainer)  # here, so a plain Trainer's saves are atomic too
+        if trainer.strategy.root_device.type == "cpu":
+            keep_freed_memory()  # a CPU step's temporaries reuse the heap, not fresh pages (host_memory)
         warn_if_bf16_is_emulated(trainer)  # here, so a plain Trainer's and a stock LightningCLI's runs are told too
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
