@@ -57,6 +57,7 @@ from lightning.pytorch.profilers import Profiler
 from gpt_lightning import GPTLightningModule, ThroughputMonitor, TokenStreamDataModule
 from gpt_lightning.commands.bench import repo_relative
 from gpt_lightning.data.windows import TokenWindows
+from gpt_lightning.host_memory import keep_freed_memory
 from gpt_lightning.loss import chunked_cross_entropy
 from gpt_lightning.observing.console import StepProgressBar
 from gpt_lightning.training.attention import attention_context, device_attention_backends
@@ -569,6 +570,8 @@ def main() -> None:
     args.out = args.out or default_out()
     args.precision = args.precision or ("bf16-mixed" if args.accelerator == "cuda" else "32-true")
     device = torch.device(args.accelerator)
+    if device.type == "cpu":
+        keep_freed_memory()  # what GPTLightningModule.setup does, here before any loop: all see one allocator
     tokens_per_step = args.batch_size * args.block_size
     load_start = load_average()
 
