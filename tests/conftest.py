@@ -32,6 +32,16 @@ TINY_MODEL = dict(n_layer=2, n_head=2, n_embd=32, compile=False)
 # The suite's one compiled shape, with batches of 2 x 32 tokens in bf16-mixed: the configs' test and the
 # CLI's shrink to it too, so inductor's cache compiles its kernels once for them all.
 COMPILED_TINY = dict(TINY_MODEL, n_layer=1, compile=True)
+# A plain Trainer's one CPU step with nothing beside it (no logger, checkpoint, bar, summary, validation).
+ONE_QUIET_CPU_STEP = dict(
+    accelerator="cpu",
+    max_steps=1,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    limit_val_batches=0,
+)
 # configs/modern-tiny-cpu.yaml's switches as CLI flags, for tests that keep their own config's sizes.
 MODERN_FLAGS = [
     "--model.bias",

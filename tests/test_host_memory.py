@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TINY_MODEL
+from conftest import ONE_QUIET_CPU_STEP, TINY_MODEL
 from lightning.pytorch import Trainer
 
 import gpt_lightning.training.module
@@ -49,14 +49,6 @@ def test_a_cpu_fit_keeps_freed_memory(monkeypatch, small_text, tmp_path):
     monkeypatch.setattr(gpt_lightning.training.module, "keep_freed_memory", lambda: calls.append(True))
     model = GPTLightningModule(**TINY_MODEL)
     data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=16, cache_dir=str(tmp_path))
-    trainer = Trainer(
-        accelerator="cpu",
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-    )
+    trainer = Trainer(**ONE_QUIET_CPU_STEP)
     trainer.fit(model, data)
     assert calls == [True]

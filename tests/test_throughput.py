@@ -396,7 +396,7 @@ def test_measured_flops_agree_with_the_analytic_6n_formula_for_gpt2_124m():
 def test_matmul_precision_is_set_before_the_device_is_set_up(monkeypatch, matmul_precision, small_text):
     """Lightning's CUDA accelerator prints "set torch.set_float32_matmul_precision" from setup_device
     when the precision is still "highest"; the module's setting must already be in force there."""
-    from conftest import TINY_MODEL
+    from conftest import ONE_QUIET_CPU_STEP, TINY_MODEL
     from lightning.pytorch import Trainer
     from lightning.pytorch.accelerators import CPUAccelerator
 
@@ -412,14 +412,6 @@ def test_matmul_precision_is_set_before_the_device_is_set_up(monkeypatch, matmul
     )
     module = GPTLightningModule(**TINY_MODEL, block_size=32, float32_matmul_precision="high")
     data = TokenStreamDataModule(data_path=str(small_text), batch_size=2, block_size=32)
-    trainer = Trainer(
-        accelerator="cpu",
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-    )
+    trainer = Trainer(**ONE_QUIET_CPU_STEP)
     trainer.fit(module, data)
     assert seen == ["high"]
