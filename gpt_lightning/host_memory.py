@@ -12,19 +12,27 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 
 # mallopt(3)'s parameters (malloc.h) and their largest value (an int).
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _INT_MAX = -1, -3, 2**31 - 1
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX, _INT_MAX = -1, -3, -4, 2**31 - 1
 
 
 @functools.cache
 def keep_freed_memory() -> bool:
-    """Have glibc keep freed memory for reuse: ``mmap`` only for blocks over 2 GB, no trimming of the
-    heap. The process's resident memory then stays at its peak, which each step reaches again anyway.
-    Once per process; False (nothing done) where the C library is not glibc (macOS, musl)."""
-    name = ctypes.util.find_library("c")
+    """Have glibc keep freed memory for reuse: ``mmap`` only for blocks over 2 GB (none before glibc
+    2.35, which caps that threshold at 32 MB), no trimming of the heap. The process's resident memory
+    then stays at its peak, which each step reaches again anyway. Once per process; False (nothing
+    done) where the C library is not glibc (macOS, musl) or the environment sets malloc's own
+    (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, ``GLIBC_TUNABLES=glibc.malloc.*``)."""
+    if any(name.startswith("MALLOC_") for name in os.environ) or "glibc.malloc." in os.environ.get(
+        "GLIBC_TUNABLES", ""
+    ):
+        return False
     try:
-        mallopt = ctypes.CDLL(name).mallopt
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
     except (OSError, AttributeError, TypeError):  # no C library by that name, or one without mallopt
         return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, _INT_MAX) and mallopt(_M_TRIM_THRESHOLD, _INT_MAX))
+    unmapped = mallopt(_M_MMAP_THRESHOLD, _INT_MAX) or mallopt(_M_MMAP_MAX, 0)
+    untrimmed = mallopt(_M_TRIM_THRESHOLD, _INT_MAX)
+    return bool(unmapped and untrimmed)

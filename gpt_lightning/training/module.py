@@ -248,7 +248,7 @@ class GPTLightningModule(LightningModule):
             hp.compile, hp.compile_mode, trainer.accumulate_grad_batches, trainer.strategy.root_device
         )
         use_atomic_checkpoints(trainer)  # here, so a plain Trainer's saves are atomic too
-        if trainer.strategy.root_device.type == "cpu":
+        if stage == "fit" and trainer.strategy.root_device.type == "cpu":
             keep_freed_memory()  # a CPU step's temporaries reuse the heap, not fresh pages (host_memory)
         warn_if_bf16_is_emulated(trainer)  # here, so a plain Trainer's and a stock LightningCLI's runs are told too
 
