@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import ONE_QUIET_CPU_STEP
 from lightning.pytorch import Trainer
 from torch.nn.attention import SDPBackend
 
@@ -75,14 +76,7 @@ def test_cudnn_attention_is_the_module_s_switch(cudnn_attention, monkeypatch, sm
     data = TokenStreamDataModule(
         str(small_text), batch_size=2, block_size=16, val_fraction=0.0, cache_dir=str(tmp_path)
     )
-    trainer = Trainer(
-        accelerator="cpu",
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = Trainer(**ONE_QUIET_CPU_STEP)
     trainer.fit(module, data)
     assert orders == [int(SDPBackend.CUDNN_ATTENTION) if cudnn_attention else default]
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_MODEL
+from conftest import ONE_QUIET_CPU_STEP, REPO, TINY_MODEL
 from lightning.pytorch import Trainer
 
 from gpt_lightning.cli import main
@@ -56,14 +56,7 @@ def good_ckpt(tmp_path_factory, shakespeare):
     data = TokenStreamDataModule(
         str(root / "text.txt"), batch_size=2, block_size=16, val_fraction=0.0, cache_dir=str(root)
     )
-    trainer = Trainer(
-        accelerator="cpu",
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = Trainer(**ONE_QUIET_CPU_STEP)
     trainer.fit(module, data)
     trainer.save_checkpoint(root / "good.ckpt")
     return root / "good.ckpt"
