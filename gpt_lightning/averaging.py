@@ -23,7 +23,12 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_lightning.errors import UserError
-from gpt_lightning.lightning_internals import averaged_model, averaging_device, swap_averaged_weights
+from gpt_lightning.lightning_internals import (
+    averaged_model,
+    averaging_device,
+    fit_ends_this_epoch,
+    swap_averaged_weights,
+)
 
 # Where a checkpoint written with a WeightAveraging callback keeps the trained (not averaged) weights.
 CURRENT_WEIGHTS = "current_model_state"
@@ -123,7 +128,7 @@ class TrainedWeightsAtEnd:
     def keep(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """At the module's ``on_train_epoch_end``: a copy of the weights, if the fit ends here and averages."""
         self._kept = None
-        if averaging_callback(trainer) is not None and trainer.fit_loop.done:  # done logs its reason: only here
+        if averaging_callback(trainer) is not None and fit_ends_this_epoch(trainer):
             self._kept = {k: v.detach().to("cpu", copy=True) for k, v in pl_module.state_dict().items()}
 
     def put_in(self, checkpoint: dict[str, Any]) -> None:

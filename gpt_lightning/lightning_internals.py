@@ -6,7 +6,7 @@ Names (user): ``epoch_loop._batches_that_stepped`` (resume), ``batch_progress.cu
 resume), the other ``batch_progress`` counts (a resume on another layout), ``_format_summary_table``
 (FLOPs line in the summary), ``LightningCLI._parse_ckpt_path`` and
 ``_add_configure_optimizers_method_to_model`` (lightning_cli.py), ``epoch_loop._broadcast_sigterm_tensor``
-and ``strategy._timeout`` (preemption), ``lightning_utilities.core.rank_zero.log`` (CLI log filter),
+and ``strategy._timeout`` (preemption), ``lightning_utilities.core.rank_zero.log`` (CLI log filter, ``fit_loop.done`` read quietly),
 ``GradScaler._get_scale_async`` (nonfinite), ``Optimizer._step_supports_amp_scaling`` (fused AdamW),
 ``ArgumentParser._actions`` ("did you mean"), ``Tensor._version`` (generation.py), ``_ChildProcessObserver`` (the launcher's watcher of the ranks it
 started: its ``_terminate_all`` and ``_child_processes``, launched_ranks.py), torch Muon's
@@ -141,6 +141,17 @@ def rank_zero_logger() -> logging.Logger:
     import lightning_utilities.core.rank_zero as rank_zero
 
     return rank_zero.log
+
+
+def fit_ends_this_epoch(trainer: Trainer) -> bool:
+    """``trainer.fit_loop.done``, read without the "`Trainer.fit` stopped" line it logs each time it is read
+    (Lightning reads it too, and prints the line then)."""
+    logger = rank_zero_logger()
+    disabled, logger.disabled = logger.disabled, True
+    try:
+        return trainer.fit_loop.done
+    finally:
+        logger.disabled = disabled
 
 
 class CheckpointArguments:

@@ -4,6 +4,7 @@ order), the checkpoint's ``state_dict`` is the average (what export, sample and 
 weights are resumed from it, compiled runs keep plain keys, the memory guide counts the copy, FSDP2 is
 refused. Exact resume: tests/test_resume_exact.py's "ema" case."""
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -80,8 +81,9 @@ def tiny_run(small_text, root, callbacks, max_steps=3, **module_kwargs):
 
 @pytest.mark.parametrize("averaging_first", [True, False], ids=["ema-listed-first", "ema-listed-last"])
 def test_validation_samples_evaluations_and_the_checkpoint_read_the_averaged_weights(
-    small_text, tmp_path, monkeypatch, averaging_first
+    small_text, tmp_path, monkeypatch, caplog, averaging_first
 ):
+    caplog.set_level(logging.INFO)
     ema = EMAWeightAveraging(decay=0.5)  # a short memory: the average is far from the trained weights
     recorder, evaluation = AverageRecorder(ema), WeightsSeen()
     sampled = []
@@ -95,6 +97,7 @@ def test_validation_samples_evaluations_and_the_checkpoint_read_the_averaged_wei
     callbacks = [ema, *ours] if averaging_first else [*ours, ema]
     module, data, trainer = tiny_run(small_text, tmp_path, [*callbacks, recorder])
     trainer.fit(module, data)
+    assert caplog.text.count("`Trainer.fit` stopped") == 1  # Lightning's own line, not again from our read of it
 
     average = recorder.by_step[3]
     checkpoint = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=True)
@@ -151,7 +154,6 @@ def test_a_fit_resumed_without_the_callback_trains_on_from_the_trained_weights(s
 def test_the_cli_trains_a_compiled_model_with_the_benchmarks_ema_flags(small_text, tmp_path, capfd, caplog):
     """``--trainer.callbacks+=EMAWeightAveraging --trainer.callbacks.decay 0.95`` (benchmarks/muon_variants.py's
     EMA) on the suite's compiled shape: plain keys in both weight sets, the copy in the memory line."""
-    import logging
     import sys
 
     caplog.set_level(logging.INFO)
