@@ -5,7 +5,7 @@ import stat
 
 import pytest
 import torch
-from conftest import TINY_MODEL
+from conftest import ONE_QUIET_CPU_STEP, TINY_MODEL
 from lightning.pytorch import Trainer
 
 from gpt_lightning.commands.export import main as export_main
@@ -20,15 +20,7 @@ def fit_tiny(tmp_path, small_text, **overrides):
     data = TokenStreamDataModule(
         str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path)
     )
-    trainer = Trainer(
-        accelerator="cpu",
-        max_steps=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = Trainer(**{**ONE_QUIET_CPU_STEP, "max_steps": 2}, default_root_dir=tmp_path)
     trainer.fit(module, data)
     ckpt = tmp_path / "tiny.ckpt"
     trainer.save_checkpoint(ckpt)

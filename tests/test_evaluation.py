@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_MODEL
+from conftest import ONE_QUIET_CPU_STEP, REPO, TINY_MODEL
 from lightning.pytorch import Trainer
 
 from gpt_lightning.commands.export import main as export_main
@@ -81,14 +81,7 @@ def train(root, text_file, **switches):
     data = TokenStreamDataModule(
         str(text_file), batch_size=4, block_size=BLOCK_SIZE, val_fraction=0.0, cache_dir=str(root)
     )
-    trainer = Trainer(
-        accelerator="cpu",
-        max_steps=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = Trainer(**{**ONE_QUIET_CPU_STEP, "max_steps": 2})
     trainer.fit(module, data)
     path = root / ("modern.ckpt" if switches else "gpt2.ckpt")
     trainer.save_checkpoint(path)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, TINY_MODEL
+from conftest import ONE_QUIET_CPU_STEP, REPO, TINY_MODEL
 from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader
 
@@ -140,27 +140,12 @@ def test_a_plain_trainer_in_bf16_on_such_a_cpu_is_told_once_per_run(monkeypatch,
     monkeypatch.setattr(precision, "cpu_bf16_slowdown", lambda: 24.0)
     module = GPTLightningModule(**TINY_MODEL, block_size=16, val_sample_tokens=0)
     batches = [(x, x.roll(-1, dims=1)) for x in torch.randint(0, 50257, (2, 2, 16))]
-    trainer = Trainer(
-        accelerator="cpu",
-        precision="bf16-mixed",
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    quiet = {**ONE_QUIET_CPU_STEP, "limit_val_batches": None}  # validate runs its batches
+    trainer = Trainer(**quiet, precision="bf16-mixed")
     trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None))
     trainer.validate(module, DataLoader(batches, batch_size=None), verbose=False)
     assert len([w for w in recwarn if "emulates bf16" in str(w.message)]) == 1
-    Trainer(
-        accelerator="cpu",
-        precision="32-true",
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    ).validate(module, DataLoader(batches, batch_size=None), verbose=False)
+    Trainer(**quiet, precision="32-true").validate(module, DataLoader(batches, batch_size=None), verbose=False)
     assert len([w for w in recwarn if "emulates bf16" in str(w.message)]) == 1  # float32: nothing to say
 
 
