@@ -20,8 +20,6 @@ weights and other windows. The runs (``RUNS``):
   decay 0.95, docs/optimizers.md): validated, so compared, from the averaged weights;
 - GPT-2 + Muon and the preset, each with nanochat's sliding-window attention (``--model.window_pattern
   SSSL``, docs/modern.md): blocks 0 to 2 see 16 positions back at T=64 (a quarter), block 3 all of them;
-- GPT-2 + Muon and the preset, each with tokens per step growing in thirds (``growing_batch``, as
-  modded-nanogpt's record #89: ``data.tokens_per_step_schedule``), over the same tokens.
 - the switches between the blocks (``ARCH_SWITCHES``: nanochat's residual scalars, smear and backout,
   modded-nanogpt's U-net skips; docs/modern.md), each alone on GPT-2 + Muon ("muon + <switch>") and on
   the preset ("modern preset + <switch>"): whether one enters the preset.
@@ -42,7 +40,6 @@ with ``--reuse`` of that file.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import shlex
@@ -51,7 +48,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -59,7 +55,6 @@ import lockstep
 from architectures import preset_model
 
 from gpt_lightning.atomic import atomic_write_bytes
-from gpt_lightning.data import step_schedule
 
 REPO = Path(__file__).resolve().parents[1]
 TINY, PRESET = "configs/tiny-cpu.yaml", "configs/modern-tiny-cpu.yaml"
@@ -70,43 +65,7 @@ MUON_BASE += ["--model.learning_rate", str(MUON["learning_rate"])]
 # 240-step run; modded-nanogpt's Tail-EMA (track 3, records #45-46) averages over 150 steps of 2,720 (1/18),
 # the schedule's own timescale at its end. Updated from the first step, so every validation reads an average.
 EMA = ["--trainer.callbacks+=EMAWeightAveraging", "--trainer.callbacks.decay", "0.95"]
-SCHEDULE = "--data.tokens_per_step_schedule"
 VAL_BATCHES = 4  # configs/tiny-cpu.yaml's trainer.limit_val_batches: validation batches of every other run
-
-
-def growing_batch(args: argparse.Namespace) -> list[str]:
-    """Tokens per step growing in thirds as modded-nanogpt's record #89 grows them (8, 16, 24 sequences a
-    step): 0.5x, 1x and 1.5x the other runs' B x T, from micro-batches of B/2 sequences (1, 2 and 3 a
-    step), over as many tokens as the others (``args.steps`` x B x T; the last stage takes what is left).
-    Stages start where ``data.tokens_per_step_schedule`` allows (multiples of 6 and 3 steps), and the
-    validation interval counts blocks of 6 micro-batches: every ``eval_every`` x 2 / 6 of them."""
-    micro = args.batch_size // 2 * args.block_size
-    third = args.steps // 3
-    first, second = third // 6 * 6, round(third / 3) * 3
-    last, left = divmod(2 * args.steps - first - 2 * second, 3)
-    if left or args.batch_size % 2:
-        raise SystemExit("the growing-batch run needs an even --batch_size and --steps divisible by 3")
-    schedule = [[0, micro], [first, 2 * micro], [first + second, 3 * micro]]
-    return [
-        "--data.batch_size",
-        str(args.batch_size // 2),
-        SCHEDULE,
-        json.dumps(schedule).replace(" ", ""),
-        "--trainer.max_steps",
-        str(first + second + last),
-        "--trainer.val_check_interval",
-        str(max(1, round(args.eval_every * 2 / 6))),
-        "--trainer.limit_val_batches",
-        str(2 * VAL_BATCHES),  # of B/2 sequences: the same validation windows as the other runs'
-    ]
-
-
-def tokens_through(flags: list[str], args: argparse.Namespace) -> Callable[[int], int]:
-    """Tokens trained by an optimizer step of a run with ``flags``: its schedule's, or B x T a step."""
-    if SCHEDULE not in flags:
-        return lambda step: step * args.batch_size * args.block_size
-    stages = json.loads(flags[flags.index(SCHEDULE) + 1])
-    return functools.partial(step_schedule.tokens_through, stages)
 
 
 # The model's switches between the blocks, off in both configs: each run adds one.
@@ -124,7 +83,6 @@ def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
         "muon + polar_express": [*MUON_BASE, *polar_express],
         "muon + normuon": [*MUON_BASE, *normuon],
         "muon + ema": [*MUON_BASE, *EMA],
-        "muon + growing batch": [*MUON_BASE, *growing_batch(args)],
         "muon + sliding_window": [*MUON_BASE, *sliding_window],
         f"muon wd={args.muon_weight_decay:g}": decayed,
         f"muon wd={args.muon_weight_decay:g} + cautious": [*decayed, "--model.muon_cautious_weight_decay", "true"],
@@ -136,7 +94,6 @@ def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
         "modern preset + normuon": normuon,
         "modern preset + polar_express + normuon": [*polar_express, *normuon],
         "modern preset + ema": EMA,
-        "modern preset + growing batch": growing_batch(args),
         "modern preset + sliding_window": sliding_window,
         **{f"modern preset + {switch}": [f"--model.{switch}", "true"] for switch in ARCH_SWITCHES},
     }
@@ -187,8 +144,8 @@ def train(args: argparse.Namespace, run: tuple[str, list[str]], seed: int) -> li
         (run_dir,) = Path(scratch).glob("*/version_0")
         events = EventAccumulator(str(run_dir))
         events.Reload()
-        tokens = tokens_through(flags, args)
-        return [[tokens(e.step), e.value] for e in events.Scalars("val/loss")]
+        tokens_per_step = args.batch_size * args.block_size
+        return [[e.step * tokens_per_step, e.value] for e in events.Scalars("val/loss")]
 
 
 def spread(values: list[float]) -> dict:

@@ -113,9 +113,6 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
         (4, ["--trainer.accumulate_grad_batches", "3", "--trainer.limit_train_batches", "7"]),  # rounded to 6: 3+3
         (5, ["--data.tokens_per_step", "96", "--data.shuffle", "true"]),  # accumulation 3, shuffled
         (4, ["--data.tokens_per_step", "96", "--data.shuffle", "true", "shards"]),  # 3 shards of 3 batches
-        # 4 steps of 1 micro-batch, then of 4 (epochs of 8: 1+1+1+1+4 | 4 ...), shuffled: stopped at step 3,
-        # the resumed run crosses the stage boundary and an epoch end
-        (3, ["--data.tokens_per_step_schedule", "[[0, 32], [4, 128]]", "--data.shuffle", "true"]),
         (
             4,
             [
@@ -171,7 +168,6 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
         "limit_train_batches",
         "shuffled",
         "shuffled-shards",
-        "tokens_per_step_schedule",
         "muon-wsd",
         "modern",
         "ema",

@@ -16,7 +16,6 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from gpt_lightning.data.corpus import Corpus, default_cache_dir
 from gpt_lightning.data.shards import ShardWindows, find_shards, open_shard
-from gpt_lightning.data.step_schedule import AccumulationSchedule, check_schedule
 from gpt_lightning.data.token_cache import build_token_cache, load_tokens
 from gpt_lightning.data.tokenizer import GPT2_VOCAB_SIZE
 from gpt_lightning.data.windows import TokenWindows
@@ -43,14 +42,6 @@ class TokenStreamDataModule(LightningDataModule):
             An integer ``trainer.val_check_interval`` then counts optimizer steps, whatever the
             accumulation (Lightning counts micro-batches). None keeps the trainer's own
             ``accumulate_grad_batches`` and Lightning's counting.
-        tokens_per_step_schedule: tokens per optimizer step that change during training, as
-            ``[[first step, tokens], ...]`` from step 0 (e.g. ``[[0, 262144], [2000, 524288]]``): each
-            step accumulates that many tokens' micro-batches, over the same windows in the same order as
-            a run without it. ``trainer.max_steps`` still counts optimizer steps (it is required); the
-            tokens they come to are printed at the start. Each stage but the last must train a
-            multiple of the least common multiple of the stages' accumulations (in micro-batches),
-            and an epoch is trimmed to a multiple of it. An integer ``trainer.val_check_interval``
-            counts steps of that multiple's size. Not with ``tokens_per_step`` (docs/data.md).
         cache_dir: where token caches live. None: ``$GPT_LIGHTNING_CACHE_DIR``, else
             ``$XDG_CACHE_HOME/gpt_lightning`` or ``~/.cache/gpt_lightning``.
         shuffle: serve the training windows in a seeded random order, a new one each epoch: rows of
@@ -67,7 +58,6 @@ class TokenStreamDataModule(LightningDataModule):
         block_size: int = 1024,
         val_fraction: float = 0.1,
         tokens_per_step: int | None = None,
-        tokens_per_step_schedule: list[tuple[int, int]] | None = None,
         cache_dir: str | None = None,
         shuffle: bool = False,
         seed: int = 0,
@@ -81,13 +71,6 @@ class TokenStreamDataModule(LightningDataModule):
             raise UserError(f"data.val_fraction must be in [0, 1), got {val_fraction!r}.")
         if tokens_per_step is not None and (not isinstance(tokens_per_step, int) or tokens_per_step <= 0):
             raise UserError(f"data.tokens_per_step must be a positive integer, got {tokens_per_step!r}.")
-        if tokens_per_step_schedule is not None:
-            if tokens_per_step is not None:
-                raise UserError(
-                    "Give data.tokens_per_step or data.tokens_per_step_schedule, not both (a constant size is a "
-                    "schedule of one stage: [[0, tokens]])."
-                )
-            tokens_per_step_schedule = check_schedule(tokens_per_step_schedule)
         # Saved in checkpoints (a resume picks them up) but kept out of the logger's hparams: there
         # Lightning refuses a key that the module also has with another value, and block_size means
         # the position-table size to the module but the training length here, which may be shorter.
@@ -97,8 +80,6 @@ class TokenStreamDataModule(LightningDataModule):
         self.block_size = block_size
         self.val_fraction = val_fraction
         self.tokens_per_step = tokens_per_step
-        self.tokens_per_step_schedule = tokens_per_step_schedule
-        self.schedule: AccumulationSchedule | None = None  # tokens_per_step_schedule in micro-batches, at fit setup
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         self.shuffle = shuffle
         self.seed = seed
@@ -127,11 +108,8 @@ class TokenStreamDataModule(LightningDataModule):
             self._verified_token_file = build_token_cache(self.corpus(), self.cache_dir)
 
     def setup(self, stage: str | None = None) -> None:
-        if self.trainer is not None and stage in ("fit", None):
-            if self.tokens_per_step_schedule is not None:
-                self._set_accumulation_schedule()  # every fit, as below
-            elif self.tokens_per_step is not None:
-                self._set_gradient_accumulation()  # every fit: a new trainer may have another world size
+        if self.trainer is not None and stage in ("fit", None) and self.tokens_per_step is not None:
+            self._set_gradient_accumulation()  # every fit: a new trainer may have another world size
         if self.tokens is not None or self.shards is not None:
             return
         if self.is_sharded:
@@ -164,11 +142,6 @@ class TokenStreamDataModule(LightningDataModule):
         per_rank = " per process" if self.world_size > 1 else ""
         left_out = windows.available() - batches
         steps = f" = {batches // accumulate} optimizer steps of {accumulate}" if accumulate > 1 else ""
-        if self.schedule is not None and accumulate > 1:
-            steps = (
-                f" = {batches // accumulate} x {accumulate} micro-batches ({accumulate}: a whole number of optimizer "
-                "steps at every stage of data.tokens_per_step_schedule)"
-            )
         trimmed = (
             f" ({left_out} of {windows.available()} batches left out so that no step is short)" if left_out else ""
         )
@@ -203,42 +176,6 @@ class TokenStreamDataModule(LightningDataModule):
         )
         self._count_validation_interval_in_steps(accumulate)
 
-    def _set_accumulation_schedule(self) -> None:
-        """``tokens_per_step_schedule`` in micro-batches; ``trainer.accumulate_grad_batches`` follows it step by step."""
-        W, B, T = self.world_size, self.batch_size, self.block_size
-        self.schedule = schedule = AccumulationSchedule(self.tokens_per_step_schedule, W * B * T, f"{W} x {B} x {T}")
-        trainer = self.trainer
-        given = trainer.accumulate_grad_batches
-        if given not in (1, *schedule.accumulations):
-            raise UserError(
-                f"trainer.accumulate_grad_batches {given} and data.tokens_per_step_schedule disagree: give only "
-                "data.tokens_per_step_schedule."
-            )
-        if trainer.max_steps is None or trainer.max_steps < 0:
-            raise UserError(
-                "data.tokens_per_step_schedule needs trainer.max_steps: the schedule is in optimizer steps, and the "
-                "run's length in steps sets its tokens (and the learning-rate schedule's end)."
-            )
-        # The largest until the first batch (a check of CUDA graphs reads it at setup); then each step's own.
-        trainer.accumulate_grad_batches = max(schedule.accumulations)
-        rank_zero_info(
-            f"tokens per optimizer step: {schedule.describe()}, micro-batches of {W} process(es) x {B} x {T}; "
-            f"trainer.max_steps {trainer.max_steps:,} = {schedule.tokens_through(trainer.max_steps):,} tokens"
-        )
-        self._count_validation_interval_in_steps(schedule.unit)
-
-    def _follow_schedule(self) -> None:
-        """Set the accumulation of the optimizer step the trainer is at (a no-op without a schedule)."""
-        if self.schedule is not None and self.trainer is not None:
-            self.trainer.accumulate_grad_batches = self.schedule.at(self.trainer.global_step)
-
-    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Under a schedule, each training micro-batch sets the accumulation of its step before Lightning
-        reads it (a step's first micro-batch zeroes the gradients and divides its loss by it)."""
-        if self.trainer is not None and self.trainer.training:
-            self._follow_schedule()
-        return batch
-
     def _count_validation_interval_in_steps(self, accumulate: int) -> None:
         """Make an integer ``val_check_interval`` count optimizer steps (x ``accumulate``), once per trainer."""
         trainer = self.trainer
@@ -247,13 +184,7 @@ class TokenStreamDataModule(LightningDataModule):
             return  # a fraction of an epoch or a time interval: not a count of steps
         self._given_val_check_interval = (weakref.ref(trainer), given)
         trainer.val_check_interval = given * accumulate
-        if self.schedule is not None:
-            tokens = accumulate * self.world_size * self.batch_size * self.block_size
-            rank_zero_info(
-                f"validation every {given} x {tokens:,} tokens = {given * accumulate} micro-batches (steps of the "
-                "schedule's common multiple, so always at a step's end)"
-            )
-        elif accumulate > 1:
+        if accumulate > 1:
             rank_zero_info(f"validation every {given} optimizer steps = {given * accumulate} micro-batches")
 
     def _validation_steps_given(self) -> int | None:
@@ -329,7 +260,6 @@ class TokenStreamDataModule(LightningDataModule):
                 "progress": self._trainer_progress,
                 "accumulate": self._accumulation(),
                 "moved": self._move_trainer_progress,
-                "schedule": self.tokens_per_step_schedule,
             }
             if split == "train"
             else {}
@@ -357,11 +287,8 @@ class TokenStreamDataModule(LightningDataModule):
         move_batch_progress(self.trainer, min(batches, epoch), self._accumulation(), accumulated, ended)
 
     def _accumulation(self) -> int:
-        """Micro-batches an epoch is a whole number of: the trainer's ``accumulate_grad_batches`` (1 without a
-        trainer), or under a schedule the least common multiple of its stages' accumulations."""
-        if self.trainer is None:
-            return 1
-        return self.schedule.unit if self.schedule is not None else self.trainer.accumulate_grad_batches
+        """Micro-batches an epoch is a whole number of: the trainer's ``accumulate_grad_batches`` (1 without a trainer)."""
+        return 1 if self.trainer is None else self.trainer.accumulate_grad_batches
 
     def _train_windows(self) -> TokenWindows | ShardWindows:
         return self._windows("train")  # type: ignore[return-value]
@@ -373,7 +300,6 @@ class TokenStreamDataModule(LightningDataModule):
         return loader(windows, batch_size=None, num_workers=0, pin_memory=pin)
 
     def train_dataloader(self) -> DataLoader:
-        self._follow_schedule()  # after a restore: Lightning's loop reads it before the first batch
         return self._loader(self._train_windows(), ResumableLoader)
 
     def val_dataloader(self) -> DataLoader | list:

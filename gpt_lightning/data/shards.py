@@ -68,7 +68,6 @@ class ShardWindows(ResumableStream):
         progress: the trainer's epoch and batches done (see ``ResumableStream``).
         accumulate: micro-batches per optimizer step; an epoch serves a multiple of it.
         moved: the trainer's counts on a resume on another layout (see ``ResumableStream``).
-        schedule: ``data.tokens_per_step_schedule``, if any (see ``ResumableStream``).
     """
 
     def __init__(
@@ -83,9 +82,8 @@ class ShardWindows(ResumableStream):
         progress: Callable[[], tuple[int, int]] | None = None,
         accumulate: int = 1,
         moved: Callable[[int, int, bool], None] | None = None,
-        schedule: list[tuple[int, int]] | None = None,
     ) -> None:
-        super().__init__(batch_size, block_size, rank, world_size, shuffle, progress, accumulate, moved, schedule)
+        super().__init__(batch_size, block_size, rank, world_size, shuffle, progress, accumulate, moved)
         self.shards = list(shards)
         self.seed = seed
         self.rows_per_shard = [max(0, (len(open_shard(p)) - 1) // block_size) for p in self.shards]

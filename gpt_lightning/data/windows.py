@@ -34,8 +34,6 @@ class ResumableStream(IterableDataset):
         accumulate: micro-batches per optimizer step (``trainer.accumulate_grad_batches``).
         moved: called as ``moved(batches_done, steps_before, ended)`` when a position saved on another
             layout is restored: the counts in this layout the trainer takes on (``progress`` reads them).
-        schedule: ``data.tokens_per_step_schedule`` (then ``accumulate`` is its micro-batches' common
-            multiple); part of the layout, and a mid-epoch resume under another one is refused.
     """
 
     def __init__(
@@ -48,7 +46,6 @@ class ResumableStream(IterableDataset):
         progress: Callable[[], tuple[int, int]] | None = None,
         accumulate: int = 1,
         moved: Callable[[int, int, bool], None] | None = None,
-        schedule: list[tuple[int, int]] | None = None,
     ) -> None:
         if not isinstance(accumulate, int) or accumulate < 1:
             raise ValueError(f"accumulate must be a positive integer, got {accumulate!r}.")
@@ -58,7 +55,6 @@ class ResumableStream(IterableDataset):
         self.progress = progress
         self.accumulate = accumulate
         self.moved = moved
-        self.schedule = [list(stage) for stage in schedule] if schedule is not None else None
         self._epoch: int | None = None  # epoch of the pass being served; None before the first
         self._served = 0  # batches of that epoch served
         self._offset = 0  # the row batch 0 of the epoch begins at (not 0 after a resume on another step size)
@@ -103,8 +99,6 @@ class ResumableStream(IterableDataset):
     def layout(self) -> dict[str, Any]:
         layout: dict[str, Any] = {"batch_size": self.batch_size, "processes": self.world_size}
         layout["accumulate"] = self.accumulate
-        if self.schedule is not None:
-            layout["schedule"] = self.schedule
         return layout
 
     def batches(self, epoch: int, start: int, offset: int = 0) -> Iterator[Batch]:
@@ -198,15 +192,6 @@ class ResumableStream(IterableDataset):
             return
         ended, rows = bool(state_dict["ended"]), int(state_dict["rows"])
         self._check_order(order, rows, ended or rows == 0)
-        if (layout.get("schedule") or self.schedule) and layout != self.layout() and not (ended or rows == 0):
-            saved = layout.get("schedule")
-            raise UserError(
-                f"The checkpoint stopped mid-epoch with data.tokens_per_step_schedule {saved}, "
-                f"{layout['processes']} process(es) and data.batch_size {layout['batch_size']} (this run: "
-                f"{self.schedule}, {self.world_size}, {self.batch_size}); under a schedule the steps line up with "
-                "Lightning's accumulation only on the layout they started on: resume with those, or from a "
-                "checkpoint saved at an epoch's end."
-            )
         if layout == self.layout():
             steps = batches // self.accumulate
             restored.update(ended=ended, offset=rows - steps * self.accumulate * self.rows_per_batch)
@@ -258,7 +243,6 @@ class TokenWindows(ResumableStream):
         progress: the trainer's epoch and batches done (see ``ResumableStream``).
         accumulate: micro-batches per optimizer step; an epoch serves a multiple of it (see ``ResumableStream``).
         moved: the trainer's counts on a resume on another layout (see ``ResumableStream``).
-        schedule: ``data.tokens_per_step_schedule``, if any (see ``ResumableStream``).
     """
 
     def __init__(
@@ -273,9 +257,8 @@ class TokenWindows(ResumableStream):
         progress: Callable[[], tuple[int, int]] | None = None,
         accumulate: int = 1,
         moved: Callable[[int, int, bool], None] | None = None,
-        schedule: list[tuple[int, int]] | None = None,
     ) -> None:
-        super().__init__(batch_size, block_size, rank, world_size, shuffle, progress, accumulate, moved, schedule)
+        super().__init__(batch_size, block_size, rank, world_size, shuffle, progress, accumulate, moved)
         self.tokens = tokens
         self.seed = [seed] if isinstance(seed, int) else list(seed)
         self.rows = max(0, (len(tokens) - 1) // block_size)  # every row of T + 1 tokens (targets shifted by one)
