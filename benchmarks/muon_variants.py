@@ -1,6 +1,6 @@
 """Tokens to a given loss through the CLI: GPT-2 with AdamW, with Muon, and with each of Muon's newer
-steps alone (``--model.muon_orthogonalizer polar_express``, ``--model.muon_normuon``,
-``--model.muon_cautious_weight_decay``; docs/optimizers.md), over several seeds.
+steps alone (``--model.muon_normuon``, ``--model.muon_cautious_weight_decay``; docs/optimizers.md), over
+several seeds.
 
 Every run is ``gpt-lightning fit`` in a process of its own, as a user runs it: configs/tiny-cpu.yaml's
 model (4 layers x 128, GPT-2's architecture and vocabulary), B=16, T=64, 240 steps, windows shuffled,
@@ -11,11 +11,11 @@ weights and other windows. The runs (``RUNS``):
 
 - GPT-2 + AdamW at each of ``--adamw_lrs`` (1.5e-3, 3e-3): the best one at a seed is its target;
 - GPT-2 + Muon at configs/modern-tiny-cpu.yaml's rates (Muon 0.02, the AdamW part 0.01), switches off;
-- the same + Polar Express, + NorMuon;
+- the same + NorMuon;
 - the same + Muon weight decay ``--muon_weight_decay``, without and with cautious weight decay (which
   masks a decay: the decayed run is its baseline, not plain Muon);
-- configs/modern-tiny-cpu.yaml as written (its switches and rates) at the same shape, and with Polar
-  Express, NorMuon and both: whether a step enters the preset;
+- configs/modern-tiny-cpu.yaml as written (its switches and rates) at the same shape, and with NorMuon:
+  whether it enters the preset;
 - plain Muon and the preset, each with a weight EMA (``EMA``: Lightning's ``EMAWeightAveraging`` at
   decay 0.95, docs/optimizers.md): validated, so compared, from the averaged weights;
 - GPT-2 + Muon and the preset, each with nanochat's sliding-window attention (``--model.window_pattern
@@ -75,12 +75,11 @@ ARCH_SWITCHES = ("residual_scalars", "smear", "backout", "unet_skips")
 def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
     """Each run's name, its config and the ``fit`` options that make it what it is."""
     decayed = [*MUON_BASE, "--model.muon_weight_decay", str(args.muon_weight_decay)]
-    polar_express, normuon = ["--model.muon_orthogonalizer", "polar_express"], ["--model.muon_normuon", "true"]
+    normuon = ["--model.muon_normuon", "true"]
     sliding_window = ["--model.window_pattern", "SSSL"]  # nanochat's pattern, its quarter-context short window
     gpt2 = {
         **{f"adamw lr={lr:g}": ["--model.learning_rate", str(lr)] for lr in args.adamw_lrs},
         "muon": MUON_BASE,
-        "muon + polar_express": [*MUON_BASE, *polar_express],
         "muon + normuon": [*MUON_BASE, *normuon],
         "muon + ema": [*MUON_BASE, *EMA],
         "muon + sliding_window": [*MUON_BASE, *sliding_window],
@@ -90,9 +89,7 @@ def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
     }
     modern = {  # the preset as written (its switches and rates), at this shape
         "modern preset": [],
-        "modern preset + polar_express": polar_express,
         "modern preset + normuon": normuon,
-        "modern preset + polar_express + normuon": [*polar_express, *normuon],
         "modern preset + ema": EMA,
         "modern preset + sliding_window": sliding_window,
         **{f"modern preset + {switch}": [f"--model.{switch}", "true"] for switch in ARCH_SWITCHES},
@@ -244,10 +241,11 @@ def main() -> None:
     if not any(name.startswith("adamw") for name in chosen):
         raise SystemExit("--runs: include an AdamW run, the target of the others")
     curves: dict[str, dict[int, list]] = {name: {} for name in chosen}
-    shape = {k: getattr(args, k) for k in ("steps", "batch_size", "block_size", "eval_every")}
+    # --fit_args too: a larger model (--model.n_layer ...) is another shape
+    shape = {k: getattr(args, k) for k in ("steps", "batch_size", "block_size", "eval_every", "fit_args")}
     for path in args.reuse:  # curves trained before at this shape: not trained again
         earlier = json.loads(path.read_text())
-        if {k: earlier["shape"][k] for k in shape} != shape:
+        if {k: earlier["shape"].get(k, "") for k in shape} != shape:
             raise SystemExit(f"--reuse {path}: another shape ({earlier['shape']}) than this run's ({shape})")
         for name, by_seed in earlier["curves"].items():
             for seed, curve in by_seed.items():

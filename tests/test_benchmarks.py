@@ -379,14 +379,7 @@ def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_s
     assert {config for config, _ in chosen.values()} == {"configs/tiny-cpu.yaml", "configs/modern-tiny-cpu.yaml"}
     assert {name: flags for name, (config, flags) in chosen.items() if "modern" in config} == {
         "modern preset": [],  # the preset as written
-        "modern preset + polar_express": ["--model.muon_orthogonalizer", "polar_express"],
         "modern preset + normuon": ["--model.muon_normuon", "true"],
-        "modern preset + polar_express + normuon": [
-            "--model.muon_orthogonalizer",
-            "polar_express",
-            "--model.muon_normuon",
-            "true",
-        ],
         "modern preset + ema": bench.EMA,
         "modern preset + sliding_window": ["--model.window_pattern", "SSSL"],
         **{f"modern preset + {s}": [f"--model.{s}", "true"] for s in bench.ARCH_SWITCHES},
@@ -401,7 +394,6 @@ def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_s
     assert base == ["--model.optimizer", "muon", "--model.muon_learning_rate", "0.02", "--model.learning_rate", "0.01"]
     assert {name: flags[len(base) :] for name, (_, flags) in chosen.items() if flags[: len(base)] == base} == {
         "muon": [],
-        "muon + polar_express": ["--model.muon_orthogonalizer", "polar_express"],
         "muon + normuon": ["--model.muon_normuon", "true"],
         "muon + ema": bench.EMA,
         "muon + sliding_window": ["--model.window_pattern", "SSSL"],

@@ -1,5 +1,4 @@
-"""Muon's newer steps (``--model.muon_orthogonalizer polar_express``, ``--model.muon_normuon``,
-``--model.muon_cautious_weight_decay``) against nanochat's ``nanochat/optim.py`` written out here as it
+"""Muon's newer steps (``--model.muon_normuon``, ``--model.muon_cautious_weight_decay``) against nanochat's ``nanochat/optim.py`` written out here as it
 is there; with them on, the guarded step still skips everything on the device, the state resumes
 exactly, a resume re-applies them, the CLI trains with them, and they are refused where meaningless."""
 
@@ -15,51 +14,30 @@ from gpt_lightning.errors import UserError
 from gpt_lightning.lightning_internals import muon_math
 from gpt_lightning.training import resume
 from gpt_lightning.training.module import GPTLightningModule
-from gpt_lightning.training.muon_variants import NORMUON_STATE, polar_express
+from gpt_lightning.training.muon_variants import NORMUON_STATE
 from gpt_lightning.training.optimizers import group_settings, muon_matrix_step
 
 SWITCHES = dict(
     optimizer="muon",
     muon_weight_decay=0.1,
-    muon_orthogonalizer="polar_express",
     muon_normuon=True,
     muon_cautious_weight_decay=True,
 )
 
-# nanochat/optim.py's polar_express_coeffs and muon_step_fused, for one matrix, as written there.
-NANOCHAT_COEFFS = [
-    (8.156554524902461, -22.48329292557795, 15.878769915207462),
-    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
-    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
-    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
-    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
-]
-
-
-def nanochat_polar_express(g, ns_steps=5):
-    X = g.bfloat16()
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.01 + 1e-6)
-    if g.size(-2) > g.size(-1):  # Tall matrix
-        for a, b, c in NANOCHAT_COEFFS[:ns_steps]:
-            A = X.mT @ X
-            B = b * A + c * (A @ A)
-            X = a * X + X @ B
-    else:  # Wide matrix (original math)
-        for a, b, c in NANOCHAT_COEFFS[:ns_steps]:
-            A = X @ X.mT
-            B = b * A + c * (A @ A)
-            X = a * X + B @ X
-    return X
+# torch's Muon's Newton-Schulz coefficients (the orthogonalization this package's Muon runs).
+NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 
 
 def nanochat_muon_step(grads, params, momentum_buffer, second_momentum_buffer, momentum, lr, wd, beta2, decay_lr):
-    """muon_step_fused less MuonEq's row equilibration and Muon+'s renormalization (no switches here);
-    ``decay_lr``: nanochat decays by its (shape-adjusted) ``lr``, torch's Muon by the group's rate."""
+    """nanochat/optim.py's muon_step_fused for one matrix, as written there, less MuonEq's row equilibration and
+    Muon+'s renormalization (no switches here), with torch's Newton-Schulz in place of its Polar Express (this
+    package's orthogonalization); ``decay_lr``: nanochat decays by its (shape-adjusted) ``lr``, torch's Muon by the
+    group's rate."""
     red_dim = -1 if params.shape[-2] >= params.shape[-1] else -2
     momentum = torch.tensor(momentum).to(grads.dtype)
     momentum_buffer.lerp_(grads, 1 - momentum)
     g = grads.lerp_(momentum_buffer, momentum)
-    g = nanochat_polar_express(g).to(params.dtype)
+    g = muon_math()[0](g, NS_COEFFICIENTS, 5, 1e-7).to(params.dtype)
     beta2 = torch.tensor(beta2).to(g.dtype)
     v_mean = g.float().square().mean(dim=red_dim, keepdim=True)
     red_dim_size = g.size(red_dim)
@@ -77,33 +55,21 @@ def nanochat_muon_step(grads, params, momentum_buffer, second_momentum_buffer, m
 
 def muon_group(**switches):
     """A Muon parameter group as build_optimizer makes it (torch.optim.Muon's defaults), ``switches`` on."""
-    group = dict(lr=0.02, weight_decay=0.0, momentum=0.95, nesterov=True, ns_coefficients=(3.4445, -4.775, 2.0315))
+    group = dict(lr=0.02, weight_decay=0.0, momentum=0.95, nesterov=True, ns_coefficients=NS_COEFFICIENTS)
     group.update(ns_steps=5, eps=1e-7, adjust_lr_fn="original")
-    return {**group, "orthogonalizer": "newton_schulz", "normuon": False, "cautious_weight_decay": False, **switches}
-
-
-@pytest.mark.parametrize("shape", [(64, 32), (32, 64)], ids=["tall", "wide"])
-def test_polar_express_is_nanochat_s_and_ends_near_orthogonal(shape):
-    torch.manual_seed(0)
-    g = torch.randn(shape)
-    ours = polar_express(g, 5)
-    assert ours.shape == shape and torch.equal(ours, nanochat_polar_express(g))
-    singular = torch.linalg.svdvals(ours.float())
-    assert 0.8 < singular.min() and singular.max() < 1.2, singular  # quintic Newton-Schulz: about 0.68 to 1.13 here
-    newton_schulz = muon_math()[0](g, (3.4445, -4.775, 2.0315), 5, 1e-7)
-    assert not torch.equal(ours, newton_schulz)
+    return {**group, "normuon": False, "cautious_weight_decay": False, **switches}
 
 
 @pytest.mark.parametrize("shape", [(48, 16), (16, 48)], ids=["tall", "wide"])
 def test_two_steps_with_every_switch_are_nanochat_s(shape):
-    """Polar Express, NorMuon's second moment (one per row of a tall matrix, per column of a wide one)
-    and cautious weight decay: two steps equal nanochat's fused step's to float32 rounding."""
+    """NorMuon's second moment (one per row of a tall matrix, per column of a wide one) and cautious
+    weight decay: two steps equal nanochat's fused step's to float32 rounding."""
     torch.manual_seed(0)
     p = torch.randn(shape)
     ref_p, ref_buf = p.clone(), torch.zeros(shape)
     ref_second = torch.zeros((shape[0], 1) if shape[0] >= shape[1] else (1, shape[1]))
     group, state = (
-        muon_group(weight_decay=0.5, orthogonalizer="polar_express", normuon=True, cautious_weight_decay=True),
+        muon_group(weight_decay=0.5, normuon=True, cautious_weight_decay=True),
         {},
     )
     adjusted = group["lr"] * max(1, shape[0] / shape[1]) ** 0.5  # torch's "original", nanochat's own
@@ -130,7 +96,7 @@ def test_cautious_weight_decay_decays_only_where_update_and_weight_agree_in_sign
 
     zeropower, _ = muon_math()  # the first step's update, as torch's Muon makes it
     buf = torch.zeros_like(grad).lerp_(grad, 1 - 0.95)
-    update = zeropower(grad.lerp(buf, 0.95), (3.4445, -4.775, 2.0315), 5, 1e-7)
+    update = zeropower(grad.lerp(buf, 0.95), NS_COEFFICIENTS, 5, 1e-7)
     differ = (update.float() * p0) < 0  # sign(update) != sign(weight)
     assert 0.2 < differ.float().mean() < 0.8
     none, plain = stepped(), stepped(weight_decay=0.5)
@@ -189,14 +155,13 @@ def test_the_normuon_state_resumes_exactly_and_the_switches_are_re_applied():
         assert all(torch.equal(v, restored.state_dict()["state"][key][k]) for k, v in state.items()), key
 
     older = copy.deepcopy(saved)
-    for key in ("orthogonalizer", "normuon", "cautious_weight_decay"):
+    for key in ("normuon", "cautious_weight_decay"):
         del older["param_groups"][0][key]
     restored.load_state_dict(older)
-    assert restored.param_groups[0]["normuon"] and restored.muon.param_groups[0]["orthogonalizer"] == "polar_express"
+    assert restored.param_groups[0]["normuon"] and restored.muon.param_groups[0]["cautious_weight_decay"]
     off = GPTLightningModule(**TINY_MODEL, optimizer="muon")
     resume.apply_optimizer_settings(restored, group_settings(off.hparams))
-    assert (restored.param_groups[0]["orthogonalizer"], restored.param_groups[0]["normuon"]) == ("newton_schulz", False)
-    assert not restored.param_groups[0]["cautious_weight_decay"]
+    assert not restored.param_groups[0]["normuon"] and not restored.param_groups[0]["cautious_weight_decay"]
 
 
 def test_the_cli_trains_with_every_switch_and_checkpoints_the_second_moment(small_text, tmp_path):
@@ -212,8 +177,6 @@ def test_the_cli_trains_with_every_switch_and_checkpoints_the_second_moment(smal
             "muon",
             "--model.muon_weight_decay",
             "0.1",
-            "--model.muon_orthogonalizer",
-            "polar_express",
             "--model.muon_normuon",
             "true",
             "--model.muon_cautious_weight_decay",
@@ -226,7 +189,7 @@ def test_the_cli_trains_with_every_switch_and_checkpoints_the_second_moment(smal
     saved = torch.load(ckpt, map_location="cpu", weights_only=False)
     assert {k: saved["hyper_parameters"][k] for k in SWITCHES} == SWITCHES
     optimizer = saved["optimizer_states"][0]
-    assert optimizer["param_groups"][0]["orthogonalizer"] == "polar_express" and optimizer["param_groups"][0]["normuon"]
+    assert optimizer["param_groups"][0]["normuon"] and optimizer["param_groups"][0]["cautious_weight_decay"]
     assert optimizer["state"][0][NORMUON_STATE].shape == (96, 1)  # c_attn of width 32: one per row
     assert all(torch.isfinite(w).all() for w in saved["state_dict"].values())
 
@@ -238,13 +201,13 @@ def test_the_cli_trains_with_every_switch_and_checkpoints_the_second_moment(smal
             dict(muon_normuon=True),
             "model.muon_normuon is a setting of Muon's step; this run trains with model.optimizer adamw",
         ),
-        (dict(muon_orthogonalizer="polar_express"), "model.muon_orthogonalizer is a setting of Muon's step"),
+        (dict(muon_cautious_weight_decay=True), "model.muon_cautious_weight_decay is a setting of Muon's step"),
         (
             dict(optimizer="muon", muon_cautious_weight_decay=True),
             "model.muon_cautious_weight_decay masks Muon's weight decay, and model.muon_weight_decay is 0.0",
         ),
     ],
-    ids=["normuon-adamw", "polar-express-adamw", "cautious-without-decay"],
+    ids=["normuon-adamw", "cautious-adamw", "cautious-without-decay"],
 )
 def test_a_switch_that_would_do_nothing_is_refused_in_one_line(options, message):
     with pytest.raises(UserError, match=message) as caught:

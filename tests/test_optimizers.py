@@ -94,9 +94,7 @@ def test_its_state_dict_resumes_the_very_same_steps():
 
 
 # Every newer Muon step on (docs/optimizers.md): a skipped step must leave NorMuon's second moment too.
-MUON_SWITCHES_ON = dict(
-    muon_weight_decay=0.1, muon_orthogonalizer="polar_express", muon_normuon=True, muon_cautious_weight_decay=True
-)
+MUON_SWITCHES_ON = dict(muon_weight_decay=0.1, muon_normuon=True, muon_cautious_weight_decay=True)
 
 
 @pytest.mark.parametrize("switches", [{}, MUON_SWITCHES_ON], ids=["torch-muon", "every-switch-on"])

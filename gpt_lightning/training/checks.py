@@ -41,14 +41,12 @@ def check_optimizer_settings(
 def check_muon_switches(
     optimizer: str,
     muon_weight_decay: float,
-    muon_orthogonalizer: str,
     muon_normuon: bool,
     muon_cautious_weight_decay: bool,
 ) -> None:
     """Raise ``UserError`` for a switch of Muon's step given to a run without Muon (AdamW would ignore
     it), and for cautious weight decay with no Muon weight decay to mask."""
     given = {
-        "muon_orthogonalizer": muon_orthogonalizer,
         "muon_normuon": muon_normuon,
         "muon_cautious_weight_decay": muon_cautious_weight_decay,
     }

@@ -90,9 +90,6 @@ class GPTLightningModule(LightningModule):
         muon_adjust_lr: how Muon scales its learning rate per matrix shape: "original" (Keller
             Jordan's sqrt(max(1, rows / cols)), for lr about 0.02) or "match_rms_adamw" (Moonshot's
             0.2 x sqrt(max(rows, cols)): updates of AdamW's size, for an AdamW-like lr).
-        muon_orthogonalizer: how Muon orthogonalizes its update: "newton_schulz" (torch's Muon, the
-            quintic iteration) or "polar_express" (Amsel et al. 2025: per-iteration coefficients,
-            singular values nearer 1; nanochat's). docs/optimizers.md.
         muon_normuon: NorMuon (arXiv 2510.05491): after orthogonalizing, scale each neuron's update by
             a running second moment of its own (kept in the checkpoint), the update's norm kept; nanochat's.
         muon_cautious_weight_decay: decay Muon's matrices only where the update and the weight agree
@@ -169,7 +166,6 @@ class GPTLightningModule(LightningModule):
         muon_momentum: float = 0.95,
         muon_weight_decay: float = 0.0,
         muon_adjust_lr: Literal["original", "match_rms_adamw"] = "original",
-        muon_orthogonalizer: Literal["newton_schulz", "polar_express"] = MUON_SWITCHES["orthogonalizer"],
         muon_normuon: bool = MUON_SWITCHES["normuon"],
         muon_cautious_weight_decay: bool = MUON_SWITCHES["cautious_weight_decay"],
         embedding_learning_rate: float | None = None,
@@ -205,7 +201,7 @@ class GPTLightningModule(LightningModule):
             muon_learning_rate,
             muon_weight_decay,
         )
-        check_muon_switches(optimizer, muon_weight_decay, muon_orthogonalizer, muon_normuon, muon_cautious_weight_decay)
+        check_muon_switches(optimizer, muon_weight_decay, muon_normuon, muon_cautious_weight_decay)
         self.save_hyperparameters()
         self.config, self.model, to_record = build_gpt(self.hparams)
         self.save_hyperparameters(to_record)  # checkpoints record the architecture built, without init_from
@@ -402,7 +398,6 @@ class GPTLightningModule(LightningModule):
             muon_adjust_lr=hp.muon_adjust_lr,
             embedding_learning_rate=hp.embedding_learning_rate,
             head_learning_rate=hp.head_learning_rate,
-            muon_orthogonalizer=hp.muon_orthogonalizer,
             muon_normuon=hp.muon_normuon,
             muon_cautious_weight_decay=hp.muon_cautious_weight_decay,
             # Fused AdamW: one kernel for all parameters instead of a loop over them, on CUDA and CPU.

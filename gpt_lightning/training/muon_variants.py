@@ -1,49 +1,17 @@
 """Muon's newer steps, each a switch of its own and off by default (then the step is torch's Muon):
-Polar Express in place of the quintic Newton-Schulz, NorMuon's per-neuron second moment after it,
-and cautious weight decay. Each as nanochat's ``nanochat/optim.py`` (``muon_step_fused``, commit 92d63d4)
-takes it (docs/optimizers.md); ``optimizers.muon_matrix_step`` calls them in nanochat's order."""
+NorMuon's per-neuron second moment after the orthogonalization, and cautious weight decay. Each as
+nanochat's ``nanochat/optim.py`` (``muon_step_fused``, commit 92d63d4) takes it (docs/optimizers.md);
+``optimizers.muon_matrix_step`` calls them in nanochat's order."""
 
 from __future__ import annotations
 
 import torch
 
-# Polar Express (Amsel, Persson, Musco, Gower 2025, arXiv 2505.16932): iteration k maps X to
-# a_k X + b_k (X X^T) X + c_k (X X^T)^2 X with its own (a_k, b_k, c_k), the odd quintic that best
-# pushes the singular values left after iteration k - 1 towards 1. nanochat's ``polar_express_coeffs``
-# (computed for num_iters=5, safety_factor=2e-2, cushion=2), as modded-nanogpt uses them.
-POLAR_EXPRESS_COEFFICIENTS = (
-    (8.156554524902461, -22.48329292557795, 15.878769915207462),
-    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
-    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
-    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
-    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
-)
 # NorMuon's second-moment coefficient (arXiv 2510.05491): nanochat's Muon ``beta2`` until its
 # commit 6ed7d1d (2026-03-09) lowered it to 0.9 with other retuning.
 NORMUON_BETA2 = 0.95
 # The second moment of NorMuon's state, named as nanochat names it.
 NORMUON_STATE = "second_momentum_buffer"
-
-
-def polar_express(update: torch.Tensor, steps: int) -> torch.Tensor:
-    """``update`` orthogonalized by ``steps`` Polar Express iterations, in bfloat16 (as torch's
-    Newton-Schulz runs, and nanochat on a GPU): nanochat's normalization X / (||X||_F x 1.01 + 1e-6),
-    then the Gram matrix of the shorter side, X^T X multiplied from the right on a tall matrix,
-    X X^T from the left on a wide or square one. Singular values end near 1 (0.85 to 1.15 on a
-    random 64 x 32), where the quintic Newton-Schulz leaves them between about 0.68 and 1.13."""
-    X = update.bfloat16()
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.01 + 1e-6)
-    if update.size(-2) > update.size(-1):  # tall
-        for a, b, c in POLAR_EXPRESS_COEFFICIENTS[:steps]:
-            A = X.mT @ X
-            B = b * A + c * (A @ A)
-            X = a * X + X @ B
-    else:
-        for a, b, c in POLAR_EXPRESS_COEFFICIENTS[:steps]:
-            A = X @ X.mT
-            B = b * A + c * (A @ A)
-            X = a * X + B @ X
-    return X
 
 
 def normuon_state(p: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,6 @@ from gpt_lightning.training.muon_variants import (
     cautious_decay_,
     normuon,
     normuon_state,
-    polar_express,
 )
 
 # The parameter-group names, in the order configure_optimizers builds them: the LearningRateMonitor
@@ -30,7 +29,7 @@ MUON_GROUPS = ("muon", "adamw", "adamw_no_decay")
 UNTIED_GROUPS = ("embedding", "head")
 # The switches of Muon's step (``muon_variants``) each Muon group carries, and their values that
 # make it torch's Muon.
-MUON_SWITCHES = {"orthogonalizer": "newton_schulz", "normuon": False, "cautious_weight_decay": False}
+MUON_SWITCHES = {"normuon": False, "cautious_weight_decay": False}
 
 
 def is_embedding(name: str) -> bool:
@@ -139,7 +138,7 @@ def muon_matrix_step(
 ) -> None:
     """One matrix's Muon step, torch's ``_single_tensor_muon`` operations in order (bit for bit,
     tests/test_optimizers.py), with no copy of the weights and no host read; with the group's
-    switches on, nanochat's steps (``muon_variants``) in nanochat's order: momentum, Polar Express,
+    switches on, nanochat's steps (``muon_variants``) in nanochat's order: momentum, orthogonalization,
     NorMuon, cautious weight decay and the update.
 
     Args:
@@ -161,9 +160,7 @@ def muon_matrix_step(
     buf.lerp_(grad, 1 - momentum)
     update = grad.lerp(buf, momentum) if group["nesterov"] else buf
     blocks = [
-        polar_express(u, group["ns_steps"])
-        if group["orthogonalizer"] == "polar_express"
-        else zeropower_via_newtonschulz(u, group["ns_coefficients"], group["ns_steps"], group["eps"])
+        zeropower_via_newtonschulz(u, group["ns_coefficients"], group["ns_steps"], group["eps"])
         for u in update.chunk(chunks, dim=0)
     ]
     update = blocks[0] if chunks == 1 else torch.cat(blocks)  # (rows, cols) again
@@ -199,7 +196,6 @@ def build_optimizer(
     muon_adjust_lr: str,
     embedding_learning_rate: float | None = None,
     head_learning_rate: float | None = None,
-    muon_orthogonalizer: str = MUON_SWITCHES["orthogonalizer"],
     muon_normuon: bool = MUON_SWITCHES["normuon"],
     muon_cautious_weight_decay: bool = MUON_SWITCHES["cautious_weight_decay"],
 ) -> torch.optim.Optimizer:
@@ -240,7 +236,6 @@ def build_optimizer(
         {
             "name": "muon",
             "params": [p for name, p in rest if is_hidden_matrix(name, p)],
-            "orthogonalizer": muon_orthogonalizer,
             "normuon": muon_normuon,
             "cautious_weight_decay": muon_cautious_weight_decay,
         }
