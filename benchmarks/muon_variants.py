@@ -20,7 +20,7 @@ weights and other windows. The runs (``RUNS``):
   decay 0.95, docs/optimizers.md): validated, so compared, from the averaged weights;
 - GPT-2 + Muon and the preset, each with nanochat's sliding-window attention (``--model.window_pattern
   SSSL``, docs/modern.md): blocks 0 to 2 see 16 positions back at T=64 (a quarter), block 3 all of them;
-- the switches between the blocks (``ARCH_SWITCHES``: nanochat's residual scalars, smear and backout,
+- the switches between the blocks (``ARCH_SWITCHES``: nanochat's residual scalars and smear,
   modded-nanogpt's U-net skips; docs/modern.md), each alone on GPT-2 + Muon ("muon + <switch>") and on
   the preset ("modern preset + <switch>"): whether one enters the preset.
 
@@ -69,7 +69,7 @@ VAL_BATCHES = 4  # configs/tiny-cpu.yaml's trainer.limit_val_batches: validation
 
 
 # The model's switches between the blocks, off in both configs: each run adds one.
-ARCH_SWITCHES = ("residual_scalars", "smear", "backout", "unet_skips")
+ARCH_SWITCHES = ("residual_scalars", "smear", "unet_skips")
 
 
 def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:

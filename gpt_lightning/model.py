@@ -20,14 +20,13 @@ from torch.utils.checkpoint import checkpoint
 VALUE_GATE_CHANNELS = 12
 # The smear gate reads the first this many channels of a token's embedding (nanochat's 24; modded-nanogpt's 12).
 SMEAR_GATE_CHANNELS = 24
-# The GPT's own learned scalars and gates, outside the blocks (residual_scalars, smear, backout, unet_skips):
+# The GPT's own learned scalars and gates, outside the blocks (residual_scalars, smear, unet_skips):
 # AdamW without weight decay, never Muon (training/optimizers.py), as nanochat and modded-nanogpt train them with Adam.
 SCALAR_PARAMETERS = (
     "resid_lambdas",
     "x0_lambdas",
     "smear_gate.weight",
     "smear_lambda",
-    "backout_lambda",
     "skip_weights",
 )
 
@@ -92,9 +91,6 @@ class GPTConfig:
     # nanochat's smear (nanochat/gpt.py @ 92d63d4): from the second position on, x_t += smear_lambda *
     # sigmoid(smear_gate(x_t[:24])) * x_{t-1} on the embedding, cheap bigram information; smear_lambda starts at 0.
     smear: bool = False
-    # nanochat's backout (nanochat/gpt.py @ 92d63d4): backout_lambda (init 0.2) times the residual after block
-    # n_layer // 2 subtracted before the final norm, taking low-level features out of what the head reads.
-    backout: bool = False
     # modded-nanogpt's U-net skips (records/track_1_short/2024-11-10_UNetDoubleLr @ f411b3d): the first
     # n_layer // 2 blocks' outputs added, each times a learned weight (init 1), to the last n_layer // 2
     # blocks' inputs in reverse order (block n_layer - 1 - i takes block i's): a shortcut from early to late layers.
@@ -167,7 +163,6 @@ MODERN_SWITCHES = (
     "window_pattern",
     "residual_scalars",
     "smear",
-    "backout",
     "unet_skips",
 )
 
@@ -433,8 +428,6 @@ class GPT(nn.Module):
                 self.smear_gate = nn.Linear(SMEAR_GATE_CHANNELS, 1, bias=False)
                 self.smear_gate.gate_init = True  # nanochat: U(0, 0.02), as the value gates
                 self.smear_lambda = nn.Parameter(torch.empty(1))  # (1,)
-            if config.backout:
-                self.backout_lambda = nn.Parameter(torch.empty(1))  # (1,)
             if config.unet_skips:
                 self.skip_weights = nn.Parameter(torch.empty(config.n_layer // 2))  # (n_layer // 2,)
         self.tie_weights()
@@ -513,14 +506,13 @@ class GPT(nn.Module):
     def _init_scalars(self) -> None:
         """The switches' scalars at their sources' starts (nanochat/gpt.py @ 92d63d4's init_weights; modded-nanogpt's
         skip weights at 1): the residual scales from 1.15 down to 1.05 and the x0 scales from 0.20 down to 0.05
-        over the layers, the smear off (0), the backout at 0.2."""
+        over the layers, the smear off (0)."""
         n = self.config.n_layer
         depth = torch.arange(n, dtype=torch.float32) / max(n - 1, 1)  # (n_layer,): 0 at the first block, 1 at the last
         starts = {
             "resid_lambdas": 1.15 - 0.10 * depth,
             "x0_lambdas": 0.20 - 0.15 * depth,
             "smear_lambda": torch.zeros(1),
-            "backout_lambda": torch.full((1,), 0.2),
             "skip_weights": torch.ones(n // 2),
         }
         for name, value in starts.items():
@@ -567,9 +559,9 @@ class GPT(nn.Module):
     def trunk(self, x: torch.Tensor, run: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """The blocks on the embedding ``x`` (B, T, C), block ``i`` applied as ``run(i, x)``, with what the
         switches add between them, position by position: the U-net skips into the second half's inputs,
-        then the residual and x0 scalars, before each block; the backout after the last."""
+        then the residual and x0 scalars, before each block."""
         c, n = self.config, self.config.n_layer
-        x0, skips, middle = x, [], None  # x0: the blocks' input; skips: the first half's outputs
+        x0, skips = x, []  # x0: the blocks' input; skips: the first half's outputs
         for i in range(n):
             if c.unet_skips and i >= n - n // 2:  # block i takes block n - 1 - i's output (modded-nanogpt)
                 x = x + self.skip_weights[i - (n - n // 2)] * skips.pop()  # (B, T, C)
@@ -578,10 +570,6 @@ class GPT(nn.Module):
             x = run(i, x)  # (B, T, C)
             if c.unet_skips and i < n // 2:
                 skips.append(x)
-            if c.backout and i == n // 2:
-                middle = x  # nanochat's cached mid-layer residual
-        if middle is not None:
-            x = x - self.backout_lambda * middle  # (B, T, C)
         return x
 
     def smear(self, x: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:

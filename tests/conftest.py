@@ -65,14 +65,12 @@ MODERN_FLAGS = [
     "--model.value_embeddings",
     "true",
 ]
-# The switches between the blocks (nanochat's residual scalars, smear, backout; modded-nanogpt's U-net skips):
+# The switches between the blocks (nanochat's residual scalars and smear; modded-nanogpt's U-net skips):
 # in no preset yet, added to the modern run of the exact-resume test (the FSDP2 plan tests set them in-process).
 ARCH_FLAGS = [
     "--model.residual_scalars",
     "true",
     "--model.smear",
-    "true",
-    "--model.backout",
     "true",
     "--model.unet_skips",
     "true",

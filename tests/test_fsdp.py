@@ -221,7 +221,6 @@ MODERN_SWITCHES = dict(
     value_embeddings=True,
     residual_scalars=True,
     smear=True,
-    backout=True,
     unet_skips=True,
 )
 

@@ -76,7 +76,7 @@ def preset_switches(name: str) -> dict:
 
 
 MODERN = preset_switches("modern-124m-fineweb.yaml")
-ARCH = ("residual_scalars", "smear", "backout", "unet_skips")  # between the blocks; in no preset yet
+ARCH = ("residual_scalars", "smear", "unet_skips")  # between the blocks; in no preset yet
 
 
 @pytest.mark.parametrize(

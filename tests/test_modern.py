@@ -298,9 +298,9 @@ def test_zero_initialized_projections_alone_still_export_to_hugging_face(tmp_pat
     assert (tmp_path / "hf" / "config.json").is_file()
 
 
-# The switches between the blocks (nanochat's residual scalars, smear, backout; modded-nanogpt's U-net skips).
-ARCH = ("residual_scalars", "smear", "backout", "unet_skips")
-ARCH_SHAPE = {**SHAPE, "n_layer": 3}  # a middle block (backout's) and a first and second half (the skips')
+# The switches between the blocks (nanochat's residual scalars and smear; modded-nanogpt's U-net skips).
+ARCH = ("residual_scalars", "smear", "unet_skips")
+ARCH_SHAPE = {**SHAPE, "n_layer": 3}  # a first and second half (the skips') around a middle block
 
 
 def arch_model(switches: dict) -> GPT:
@@ -311,7 +311,7 @@ def arch_model(switches: dict) -> GPT:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-        for name in ("smear_lambda", "backout_lambda", "skip_weights"):
+        for name in ("smear_lambda", "skip_weights"):
             if hasattr(model, name):
                 getattr(model, name).add_(0.5)
     return model.eval()
@@ -325,7 +325,6 @@ def test_each_switch_between_the_blocks_starts_as_its_source_and_reaches_the_log
     starts = {  # nanochat/gpt.py's init_weights (n_layer 3), modded-nanogpt's skip weights
         "residual_scalars": {"resid_lambdas": [1.15, 1.10, 1.05], "x0_lambdas": [0.20, 0.125, 0.05]},
         "smear": {"smear_lambda": [0.0]},
-        "backout": {"backout_lambda": [0.2]},
         "unet_skips": {"skip_weights": [1.0]},
     }[switch]
     assert set(scalars) == set(starts) | ({"smear_gate.weight"} if switch == "smear" else set())
@@ -400,7 +399,7 @@ def test_the_switches_between_the_blocks_compile_without_graph_breaks():
 def test_the_scalars_train_with_adamw_without_decay_and_never_with_muon(tmp_path):
     model = GPT(dataclasses.replace(MODERN, **dict.fromkeys(ARCH, True)))
     scalars = [model.resid_lambdas, model.x0_lambdas, model.smear_gate.weight, model.smear_lambda]
-    scalars += [model.backout_lambda, model.skip_weights]
+    scalars += [model.skip_weights]
     options = dict(learning_rate=1e-3, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, fused=None)
     muon = dict(muon_learning_rate=0.02, muon_momentum=0.95, muon_weight_decay=0.0, muon_adjust_lr="original")
     groups = {g["name"]: g for g in build_optimizer(model, "muon", **options, **muon).param_groups}

@@ -63,7 +63,7 @@ def between_blocks_bytes_per_token(config: GPTConfig, mixed: bool = True, seq_le
     """Bytes the switches between the blocks (``GPT.smear``, ``GPT.trunk``) keep per token, beyond the
     blocks' own inputs (their first norm keeps those), all in float32 as the residual stream is: a
     tensor a multiplication by a scalar reads and no norm keeps."""
-    C, L, mid = config.n_embd, config.n_layer, config.n_layer // 2
+    C, L = config.n_embd, config.n_layer
     kept = 0.0
     if config.residual_scalars:  # each block's incoming stream, resid_lambdas[i] times it (x0 among them)
         kept += L * 4 * C
@@ -72,9 +72,6 @@ def between_blocks_bytes_per_token(config: GPTConfig, mixed: bool = True, seq_le
         later = 1.0 if seq_len is None else (seq_len - 1) / seq_len
         kept += 4 * C + later * ((2 * SMEAR_GATE_CHANNELS + 2 + 4) if mixed else (4 * SMEAR_GATE_CHANNELS + 8))
     if config.unet_skips and L % 2 == 0:  # the first skip's source, block L/2 - 1's output: a sum follows it
-        kept += 4 * C
-    skipped_into = config.unet_skips and mid + 1 >= L - L // 2  # the block after the middle one takes a skip
-    if config.backout and (mid == L - 1 or skipped_into):  # the middle block's output, not a block's input
         kept += 4 * C
     return kept
 

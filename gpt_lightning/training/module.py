@@ -71,7 +71,7 @@ class GPTLightningModule(LightningModule):
             and why; docs/modern.md; ``configs/modern-tiny-cpu.yaml`` turns them on).
         window_pattern, short_window_fraction: sliding-window attention, a window per block (nanochat's
             ``window_pattern``, e.g. "SSSL"; off by default, "L"; not in the presets; docs/modern.md).
-        residual_scalars, smear, backout, unet_skips: nanochat's and modded-nanogpt's learned scalars between the
+        residual_scalars, smear, unet_skips: nanochat's and modded-nanogpt's learned scalars between the
             blocks, each off by default and in no preset yet (``GPTConfig``; docs/modern.md). Their scalars train
             with AdamW at ``learning_rate``, without weight decay.
         optimizer: "adamw": AdamW on every weight. "muon": ``torch.optim.Muon`` (torch >= 2.9) on the
@@ -155,7 +155,6 @@ class GPTLightningModule(LightningModule):
         short_window_fraction: float = DEFAULT_CONFIG.short_window_fraction,
         residual_scalars: bool = DEFAULT_CONFIG.residual_scalars,
         smear: bool = DEFAULT_CONFIG.smear,
-        backout: bool = DEFAULT_CONFIG.backout,
         unet_skips: bool = DEFAULT_CONFIG.unet_skips,
         optimizer: Literal["adamw", "muon"] = "adamw",
         learning_rate: float = 1e-3,
