@@ -1,5 +1,7 @@
 """Checkpoints move between compiled and eager code, export to plain weights, refuse other shapes."""
 
+import dataclasses
+import json
 import os
 import stat
 
@@ -67,6 +69,52 @@ def test_checkpoint_of_another_architecture_names_the_mismatch(eager_ckpt):
         GPTLightningModule.load_from_checkpoint(ckpt, n_embd=64)
     with pytest.raises(UserError, match=r"n_layer: checkpoint 2, this model 3"):
         GPTLightningModule.load_from_checkpoint(ckpt, n_layer=3)
+
+
+def with_settings(ckpt, model=None, data=None):
+    """A copy of ``ckpt`` whose saved settings also hold ``model`` and ``data`` (a checkpoint written before
+    a setting's removal records it)."""
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
+    checkpoint["hyper_parameters"].update(model or {})
+    checkpoint.setdefault("datamodule_hyper_parameters", {}).update(data or {})
+    path = ckpt.with_name(f"{ckpt.stem}-{len(list(ckpt.parent.glob('*.ckpt')))}.ckpt")
+    torch.save(checkpoint, path)
+    return path
+
+
+OFF = {"backout": False, "muon_orthogonalizer": "newton_schulz"}  # every checkpoint before their removal
+
+
+def test_files_written_before_a_settings_removal_load_where_it_was_off_and_are_refused_where_on(
+    eager_ckpt, small_text, tmp_path
+):
+    eager, ckpt = eager_ckpt
+    old = with_settings(ckpt, OFF, {"tokens_per_step_schedule": None})
+    assert GPTLightningModule.load_from_checkpoint(old).config == eager.config
+    export_weights(old, tmp_path / "w.safetensors")
+    from safetensors.torch import load_file, save_file
+
+    save_file(
+        load_file(tmp_path / "w.safetensors"),
+        tmp_path / "old.safetensors",
+        metadata={"gpt_config": json.dumps({**dataclasses.asdict(eager.config), "backout": False})},
+    )
+    assert load_gpt(tmp_path / "old.safetensors").config == eager.config
+    with pytest.raises(UserError, match="trained with backout True, which this gpt-lightning no longer has"):
+        GPTLightningModule.load_from_checkpoint(with_settings(ckpt, {"backout": True}))
+    with pytest.raises(UserError, match="trained with backout True"):
+        export_weights(with_settings(ckpt, {"backout": True}), tmp_path / "x.safetensors")
+
+    def resume(path):
+        data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0)
+        trainer = Trainer(**{**ONE_QUIET_CPU_STEP, "max_steps": 3}, default_root_dir=tmp_path)
+        trainer.fit(GPTLightningModule(**TINY_MODEL), data, ckpt_path=path)
+
+    resume(old)  # off: resumes
+    with pytest.raises(UserError, match="trained with muon_orthogonalizer 'polar_express'"):
+        resume(with_settings(ckpt, {"muon_orthogonalizer": "polar_express"}))
+    with pytest.raises(UserError, match=r"trained with tokens_per_step_schedule \[\[0, 64\], \[2, 128\]\]"):
+        resume(with_settings(ckpt, data={"tokens_per_step_schedule": [[0, 64], [2, 128]]}))
 
 
 def test_export_of_a_missing_checkpoint_is_a_clear_error(tmp_path):

@@ -157,8 +157,10 @@ def test_the_normuon_state_resumes_exactly_and_the_switches_are_re_applied():
     older = copy.deepcopy(saved)
     for key in ("normuon", "cautious_weight_decay"):
         del older["param_groups"][0][key]
+    older["param_groups"][0]["orthogonalizer"] = "newton_schulz"  # a removed switch's key, in older checkpoints
     restored.load_state_dict(older)
     assert restored.param_groups[0]["normuon"] and restored.muon.param_groups[0]["cautious_weight_decay"]
+    assert "orthogonalizer" not in restored.param_groups[0]
     off = GPTLightningModule(**TINY_MODEL, optimizer="muon")
     resume.apply_optimizer_settings(restored, group_settings(off.hparams))
     assert not restored.param_groups[0]["normuon"] and not restored.param_groups[0]["cautious_weight_decay"]

@@ -20,6 +20,23 @@ LIGHTNING_CKPT_ALIASES = ("last", "best", "hpc", "registry")
 SHARDED_METADATA = "meta.pt"
 # Keys Lightning adds to saved hyper-parameters that are not constructor arguments.
 _BOOKKEEPING_KEYS = ("_instantiator", "_class_path")
+# Settings measured without gain and removed after commit 18e6e29 (docs/modern.md), each with the value that
+# meant off. Checkpoints and exports written before record them: off, they are dropped; on, refused.
+REMOVED_SETTINGS = {"backout": False, "muon_orthogonalizer": "newton_schulz", "tokens_per_step_schedule": None}
+# Of those, the ones that change the architecture: refused wherever the weights are loaded, not only on resume.
+REMOVED_ARCHITECTURE = ("backout",)
+
+
+def refuse_removed_settings(
+    saved: dict[str, Any], source: str, names: tuple[str, ...] = tuple(REMOVED_SETTINGS)
+) -> None:
+    """Raise ``UserError`` where ``saved`` (a checkpoint's or an export's settings) has one of ``names`` on."""
+    for name in names:
+        if saved.get(name, REMOVED_SETTINGS[name]) != REMOVED_SETTINGS[name]:
+            raise UserError(
+                f"{source} was trained with {name} {saved[name]!r}, which this gpt-lightning no longer has (measured "
+                "without gain and removed: docs/modern.md). Use gpt-lightning at commit 18e6e29, where it last existed."
+            )
 
 
 def read_checkpoint(path: str | Path, option: str = "--ckpt_path", weights: bool = True) -> dict[str, Any]:
@@ -101,6 +118,7 @@ def saved_arguments(checkpoint: dict[str, Any], cls: type, key: str = "hyper_par
 def saved_config(checkpoint: dict[str, Any]) -> GPTConfig:
     """The architecture recorded in a checkpoint's hyper-parameters."""
     hparams = checkpoint.get("hyper_parameters") or {}
+    refuse_removed_settings(hparams, "The checkpoint", REMOVED_ARCHITECTURE)
     return GPTConfig(**{f.name: hparams[f.name] for f in fields(GPTConfig) if f.name in hparams})
 
 

@@ -12,7 +12,12 @@ from safetensors.torch import load_file, save_file
 
 from gpt_lightning.atomic import atomic_output
 from gpt_lightning.errors import UserError
-from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
+from gpt_lightning.interop.checkpoint import (
+    REMOVED_ARCHITECTURE,
+    REMOVED_SETTINGS,
+    gpt_from_checkpoint,
+    refuse_removed_settings,
+)
 from gpt_lightning.model import GPT, GPTConfig
 
 _TIED = "lm_head.weight"  # the same tensor as transformer.wte.weight
@@ -41,5 +46,7 @@ def load_gpt(path: str | Path, map_location: str | torch.device = "cpu") -> GPT:
         raise UserError(f"{path} is not a readable safetensors file ({err}).") from None
     if "gpt_config" not in metadata:
         raise UserError(f"{path} has no gpt_config metadata: it was not written by gpt-lightning export.")
-    state = load_file(str(path), device=str(map_location))
-    return GPT.from_state_dict(GPTConfig(**json.loads(metadata["gpt_config"])), state)
+    saved = json.loads(metadata["gpt_config"])
+    refuse_removed_settings(saved, str(path), REMOVED_ARCHITECTURE)
+    config = GPTConfig(**{name: value for name, value in saved.items() if name not in REMOVED_SETTINGS})
+    return GPT.from_state_dict(config, load_file(str(path), device=str(map_location)))

@@ -105,6 +105,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         for group, switches in zip(self.muon.param_groups, built):  # a checkpoint from before the switches
             for key, value in switches.items():
                 group.setdefault(key, value)
+            group.pop("orthogonalizer", None)  # a removed switch's key, in checkpoints written before its removal
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
