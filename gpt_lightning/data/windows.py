@@ -32,8 +32,9 @@ class ResumableStream(IterableDataset):
         progress: under a trainer, ``(epoch, batches of it already done)`` when a pass starts; None:
             each ``iter()`` is the next epoch, and a restored position goes on if its epoch has batches left.
         accumulate: micro-batches per optimizer step (``trainer.accumulate_grad_batches``).
-        moved: called as ``moved(batches_done, steps_before, ended)`` when a position saved on another
-            layout is restored: the counts in this layout the trainer takes on (``progress`` reads them).
+        moved: called as ``moved(batches_done, saved_accumulate, ended)`` when a position saved on another
+            layout is restored: the counts in this layout the trainer takes on (``progress`` reads them);
+            the epochs before were whole steps of the saved layout's ``saved_accumulate`` micro-batches.
     """
 
     def __init__(
