@@ -1,6 +1,5 @@
-"""Tokens to a given loss through the CLI: GPT-2 with AdamW, with Muon, and with each of Muon's newer
-steps alone (``--model.muon_normuon``, ``--model.muon_cautious_weight_decay``; docs/optimizers.md), over
-several seeds.
+"""Tokens to a given loss through the CLI: GPT-2 with AdamW, with Muon, and with each of issue 53's
+switches alone (docs/modern.md), over several seeds.
 
 Every run is ``gpt-lightning fit`` in a process of its own, as a user runs it: configs/tiny-cpu.yaml's
 model (4 layers x 128, GPT-2's architecture and vocabulary), B=16, T=64, 240 steps, windows shuffled,
@@ -11,11 +10,7 @@ weights and other windows. The runs (``RUNS``):
 
 - GPT-2 + AdamW at each of ``--adamw_lrs`` (1.5e-3, 3e-3): the best one at a seed is its target;
 - GPT-2 + Muon at configs/modern-tiny-cpu.yaml's rates (Muon 0.02, the AdamW part 0.01), switches off;
-- the same + NorMuon;
-- the same + Muon weight decay ``--muon_weight_decay``, without and with cautious weight decay (which
-  masks a decay: the decayed run is its baseline, not plain Muon);
-- configs/modern-tiny-cpu.yaml as written (its switches and rates) at the same shape, and with NorMuon:
-  whether it enters the preset;
+- configs/modern-tiny-cpu.yaml as written (its switches and rates) at the same shape;
 - plain Muon and the preset, each with a weight EMA (``EMA``: Lightning's ``EMAWeightAveraging`` at
   decay 0.95, docs/optimizers.md): validated, so compared, from the averaged weights;
 - GPT-2 + Muon and the preset, each with nanochat's sliding-window attention (``--model.window_pattern
@@ -74,22 +69,16 @@ ARCH_SWITCHES = ("residual_scalars", "smear", "unet_skips")
 
 def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
     """Each run's name, its config and the ``fit`` options that make it what it is."""
-    decayed = [*MUON_BASE, "--model.muon_weight_decay", str(args.muon_weight_decay)]
-    normuon = ["--model.muon_normuon", "true"]
     sliding_window = ["--model.window_pattern", "SSSL"]  # nanochat's pattern, its quarter-context short window
     gpt2 = {
         **{f"adamw lr={lr:g}": ["--model.learning_rate", str(lr)] for lr in args.adamw_lrs},
         "muon": MUON_BASE,
-        "muon + normuon": [*MUON_BASE, *normuon],
         "muon + ema": [*MUON_BASE, *EMA],
         "muon + sliding_window": [*MUON_BASE, *sliding_window],
-        f"muon wd={args.muon_weight_decay:g}": decayed,
-        f"muon wd={args.muon_weight_decay:g} + cautious": [*decayed, "--model.muon_cautious_weight_decay", "true"],
         **{f"muon + {switch}": [*MUON_BASE, f"--model.{switch}", "true"] for switch in ARCH_SWITCHES},
     }
     modern = {  # the preset as written (its switches and rates), at this shape
         "modern preset": [],
-        "modern preset + normuon": normuon,
         "modern preset + ema": EMA,
         "modern preset + sliding_window": sliding_window,
         **{f"modern preset + {switch}": [f"--model.{switch}", "true"] for switch in ARCH_SWITCHES},
@@ -220,12 +209,6 @@ def main() -> None:
     parser.add_argument("--block_size", type=int, default=64)
     parser.add_argument("--eval_every", type=int, default=20)
     parser.add_argument("--adamw_lrs", type=float, nargs="+", default=[1.5e-3, 3e-3])
-    parser.add_argument(
-        "--muon_weight_decay",
-        type=float,
-        default=0.1,
-        help="the decay cautious weight decay masks (and its baseline's)",
-    )
     parser.add_argument("--runs", nargs="+", default=None, help="run only these (names as in the table)")
     parser.add_argument(
         "--reuse",
@@ -273,7 +256,6 @@ def main() -> None:
         "what": "validation loss against tokens through gpt-lightning fit: AdamW, Muon, Muon's newer steps "
         "one at a time (benchmarks/muon_variants.py)",
         "shape": {**shape, "seeds": args.seeds},
-        "muon_weight_decay": args.muon_weight_decay,
         "fit_options_first_seed": [
             word.replace(f"{REPO}{os.sep}", "")
             for word in fit_options(args, args.seeds[0]) + shlex.split(args.fit_args)

@@ -84,7 +84,11 @@ def test_its_state_dict_resumes_the_very_same_steps():
         step(first, optimizer, seed)
     second = copy.deepcopy(first)
     restored = built(second)
-    restored.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    saved = copy.deepcopy(optimizer.state_dict())
+    # a checkpoint from before the removed switches keeps their keys in its Muon group: dropped on load
+    saved["param_groups"][0].update(orthogonalizer="newton_schulz", normuon=False, cautious_weight_decay=False)
+    restored.load_state_dict(saved)
+    assert not {"orthogonalizer", "normuon", "cautious_weight_decay"} & restored.param_groups[0].keys()
     assert len(restored.state_dict()["state"]) == sum(1 for _ in first.parameters())
     assert restored.muon.state is restored.state and restored.param_groups[0] is restored.muon.param_groups[0]
     step(first, optimizer, 3)
@@ -93,14 +97,9 @@ def test_its_state_dict_resumes_the_very_same_steps():
         assert torch.equal(a, b), name
 
 
-# Every newer Muon step on (docs/optimizers.md): a skipped step must leave NorMuon's second moment too.
-MUON_SWITCHES_ON = dict(muon_weight_decay=0.1, muon_normuon=True, muon_cautious_weight_decay=True)
-
-
-@pytest.mark.parametrize("switches", [{}, MUON_SWITCHES_ON], ids=["torch-muon", "every-switch-on"])
-def test_a_set_found_inf_leaves_weights_and_moments_untouched(switches):
+def test_a_set_found_inf_leaves_weights_and_moments_untouched():
     torch.manual_seed(0)
-    module = GPTLightningModule(**TINY_MODEL, optimizer="muon", **switches)
+    module = GPTLightningModule(**TINY_MODEL, optimizer="muon", muon_weight_decay=0.1)
     optimizer = built(module)
     x = torch.randint(0, 50257, (2, 16))
     module(x, x)[1].backward()
@@ -112,7 +111,6 @@ def test_a_set_found_inf_leaves_weights_and_moments_untouched(switches):
     optimizer.step()
     after = (module.state_dict(), optimizer.state_dict()["state"])
     assert all(torch.equal(a, b) for a, b in zip(before[0].values(), after[0].values()))
-    assert sum("second_momentum_buffer" in state for state in before[1].values()) == (8 if switches else 0)
     for key, state in before[1].items():
         assert state.keys() == after[1][key].keys(), key
         assert all(torch.equal(v, after[1][key][k]) for k, v in state.items()), key

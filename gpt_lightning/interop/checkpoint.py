@@ -22,7 +22,13 @@ SHARDED_METADATA = "meta.pt"
 _BOOKKEEPING_KEYS = ("_instantiator", "_class_path")
 # Settings measured without gain and removed after commit 18e6e29 (docs/modern.md), each with the value that
 # meant off. Checkpoints and exports written before record them: off, they are dropped; on, refused.
-REMOVED_SETTINGS = {"backout": False, "muon_orthogonalizer": "newton_schulz", "tokens_per_step_schedule": None}
+REMOVED_SETTINGS = {
+    "backout": False,
+    "muon_orthogonalizer": "newton_schulz",
+    "muon_normuon": False,
+    "muon_cautious_weight_decay": False,
+    "tokens_per_step_schedule": None,
+}
 # Of those, the ones that change the architecture: refused wherever the weights are loaded, not only on resume.
 REMOVED_ARCHITECTURE = ("backout",)
 

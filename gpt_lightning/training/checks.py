@@ -9,7 +9,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 
 from gpt_lightning.errors import UserError
 from gpt_lightning.model import GPTConfig
-from gpt_lightning.training.optimizers import MUON_SWITCHES, require_muon
+from gpt_lightning.training.optimizers import require_muon
 
 
 def check_optimizer_settings(
@@ -36,31 +36,6 @@ def check_optimizer_settings(
         require_muon()
         if not muon_learning_rate > 0 or muon_weight_decay < 0:
             raise UserError("model.muon_learning_rate must be > 0 and model.muon_weight_decay >= 0.")
-
-
-def check_muon_switches(
-    optimizer: str,
-    muon_weight_decay: float,
-    muon_normuon: bool,
-    muon_cautious_weight_decay: bool,
-) -> None:
-    """Raise ``UserError`` for a switch of Muon's step given to a run without Muon (AdamW would ignore
-    it), and for cautious weight decay with no Muon weight decay to mask."""
-    given = {
-        "muon_normuon": muon_normuon,
-        "muon_cautious_weight_decay": muon_cautious_weight_decay,
-    }
-    on = [name for name, value in given.items() if value != MUON_SWITCHES[name.removeprefix("muon_")]]
-    if on and optimizer != "muon":
-        raise UserError(
-            f"model.{on[0]} is a setting of Muon's step; this run trains with model.optimizer {optimizer}, "
-            "which would ignore it. Add --model.optimizer muon, or leave it out."
-        )
-    if muon_cautious_weight_decay and not muon_weight_decay > 0:
-        raise UserError(
-            "model.muon_cautious_weight_decay masks Muon's weight decay, and model.muon_weight_decay is "
-            f"{muon_weight_decay!r}: set --model.muon_weight_decay above 0, or leave it out."
-        )
 
 
 def check_untied_rates(

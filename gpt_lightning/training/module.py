@@ -31,7 +31,6 @@ from gpt_lightning.training.bits_per_byte import BitsPerByte, bits_and_bytes, to
 from gpt_lightning.training.checkpoint_io import use_atomic_checkpoints
 from gpt_lightning.training.checks import (
     check_fits_data,
-    check_muon_switches,
     check_optimizer_settings,
     check_strategy_supports,
     check_untied_rates,
@@ -46,7 +45,6 @@ from gpt_lightning.training.compilation import (
 )
 from gpt_lightning.training.nonfinite import NonFiniteGuard
 from gpt_lightning.training.optimizers import (
-    MUON_SWITCHES,
     build_optimizer,
     group_settings,
     lr_multiplier,
@@ -91,10 +89,6 @@ class GPTLightningModule(LightningModule):
         muon_adjust_lr: how Muon scales its learning rate per matrix shape: "original" (Keller
             Jordan's sqrt(max(1, rows / cols)), for lr about 0.02) or "match_rms_adamw" (Moonshot's
             0.2 x sqrt(max(rows, cols)): updates of AdamW's size, for an AdamW-like lr).
-        muon_normuon: NorMuon (arXiv 2510.05491): after orthogonalizing, scale each neuron's update by
-            a running second moment of its own (kept in the checkpoint), the update's norm kept; nanochat's.
-        muon_cautious_weight_decay: decay Muon's matrices only where the update and the weight agree
-            in sign (nanochat's); needs ``muon_weight_decay`` > 0.
         embedding_learning_rate: AdamW peak rate of the token (and position) embeddings when the head is
             untied (``tie_embeddings: false``); None: ``learning_rate``. nanochat trains a high one.
         head_learning_rate: AdamW peak rate of the untied LM head; None: ``learning_rate``. nanochat: a low one.
@@ -166,8 +160,6 @@ class GPTLightningModule(LightningModule):
         muon_momentum: float = 0.95,
         muon_weight_decay: float = 0.0,
         muon_adjust_lr: Literal["original", "match_rms_adamw"] = "original",
-        muon_normuon: bool = MUON_SWITCHES["normuon"],
-        muon_cautious_weight_decay: bool = MUON_SWITCHES["cautious_weight_decay"],
         embedding_learning_rate: float | None = None,
         head_learning_rate: float | None = None,
         warmup_steps: int = 0,
@@ -201,7 +193,6 @@ class GPTLightningModule(LightningModule):
             muon_learning_rate,
             muon_weight_decay,
         )
-        check_muon_switches(optimizer, muon_weight_decay, muon_normuon, muon_cautious_weight_decay)
         self.save_hyperparameters()
         self.config, self.model, to_record = build_gpt(self.hparams)
         self.save_hyperparameters(to_record)  # checkpoints record the architecture built, without init_from
@@ -402,8 +393,6 @@ class GPTLightningModule(LightningModule):
             muon_adjust_lr=hp.muon_adjust_lr,
             embedding_learning_rate=hp.embedding_learning_rate,
             head_learning_rate=hp.head_learning_rate,
-            muon_normuon=hp.muon_normuon,
-            muon_cautious_weight_decay=hp.muon_cautious_weight_decay,
             # Fused AdamW: one kernel for all parameters instead of a loop over them, on CUDA and CPU.
             fused=self.device.type in ("cuda", "cpu") or None,
         )

@@ -13,13 +13,6 @@ from torch import nn
 from gpt_lightning.errors import UserError
 from gpt_lightning.lightning_internals import muon_math
 from gpt_lightning.model import SCALAR_PARAMETERS
-from gpt_lightning.training.muon_variants import (
-    NORMUON_BETA2,
-    NORMUON_STATE,
-    cautious_decay_,
-    normuon,
-    normuon_state,
-)
 
 # The parameter-group names, in the order configure_optimizers builds them: the LearningRateMonitor
 # logs lr-<optimizer>/<name>; resume re-applies each group's settings by position.
@@ -27,9 +20,9 @@ MUON_GROUPS = ("muon", "adamw", "adamw_no_decay")
 # With an untied head (``tie_embeddings: false``) the embeddings and the head are groups of their own,
 # at their own rates (nanochat: a high one for the input embedding, a low one for the output head).
 UNTIED_GROUPS = ("embedding", "head")
-# The switches of Muon's step (``muon_variants``) each Muon group carries, and their values that
-# make it torch's Muon.
-MUON_SWITCHES = {"normuon": False, "cautious_weight_decay": False}
+# Keys of removed switches of Muon's step that a checkpoint written before their removal keeps in its
+# Muon group (docs/optimizers.md): dropped on load.
+REMOVED_MUON_KEYS = ("orthogonalizer", "normuon", "cautious_weight_decay")
 
 
 def is_embedding(name: str) -> bool:
@@ -66,14 +59,14 @@ def require_muon() -> None:
 
 class MuonWithAdamW(torch.optim.Optimizer):
     """``torch.optim.Muon`` on ``muon_groups`` and ``torch.optim.AdamW`` on ``adamw_groups``, stepped
-    together as one optimizer; ``found_inf`` skips the update on the device.
+        together as one optimizer; ``found_inf`` skips the update on the device.
 
-    Args:
-        muon_groups: parameter groups of 2-D matrices, with Muon's options (``lr``, ``momentum``, ...)
-            and the switches of its step (``MUON_SWITCHES``' keys; at those values, torch's step).
-        adamw_groups: the other parameter groups, with AdamW's options.
-        muon: ``torch.optim.Muon`` keyword arguments shared by ``muon_groups``.
-        adamw: ``torch.optim.AdamW`` keyword arguments shared by ``adamw_groups`` (``fused`` included).
+        Args:
+            muon_groups: parameter groups of 2-D matrices, with Muon's options (``lr``, ``momentum``, ...)
+    .
+            adamw_groups: the other parameter groups, with AdamW's options.
+            muon: ``torch.optim.Muon`` keyword arguments shared by ``muon_groups``.
+            adamw: ``torch.optim.AdamW`` keyword arguments shared by ``adamw_groups`` (``fused`` included).
     """
 
     def __init__(
@@ -99,13 +92,11 @@ class MuonWithAdamW(torch.optim.Optimizer):
         return bool(self.adamw.defaults.get("fused"))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        built = [{key: group[key] for key in MUON_SWITCHES} for group in self.muon.param_groups]
         super().load_state_dict(state_dict)  # builds new group dicts and a new state: share them again
         self._share_with_parts()
-        for group, switches in zip(self.muon.param_groups, built):  # a checkpoint from before the switches
-            for key, value in switches.items():
-                group.setdefault(key, value)
-            group.pop("orthogonalizer", None)  # a removed switch's key, in checkpoints written before its removal
+        for group in self.muon.param_groups:
+            for key in REMOVED_MUON_KEYS:
+                group.pop(key, None)
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -114,41 +105,32 @@ class MuonWithAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         skip = self.found_inf
-        if skip is None and all(is_torch_muon(group) for group in self.muon.param_groups):
-            self.muon.step()  # torch's own; it knows none of the switches
+        if skip is None:
+            self.muon.step()  # torch's own
         else:
-            self._muon_step_unless(None if skip is None else skip.bool())
+            self._muon_step_unless(skip.bool())
         self.adamw.found_inf = skip  # fused AdamW skips on the device; None: no guard
         self.adamw.step()
         return loss
 
-    def _muon_step_unless(self, skip: torch.Tensor | None) -> None:
+    def _muon_step_unless(self, skip: torch.Tensor) -> None:
         for group in self.muon.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
                     muon_matrix_step(p, group, self.state[p], skip)
 
 
-def is_torch_muon(group: dict[str, Any]) -> bool:
-    """Whether the Muon ``group``'s step is torch's: every switch of ``MUON_SWITCHES`` off."""
-    return all(group[key] == value for key, value in MUON_SWITCHES.items())
-
-
 def muon_matrix_step(
     p: torch.Tensor, group: dict[str, Any], state: dict[str, Any], skip: torch.Tensor | None = None, chunks: int = 1
 ) -> None:
     """One matrix's Muon step, torch's ``_single_tensor_muon`` operations in order (bit for bit,
-    tests/test_optimizers.py), with no copy of the weights and no host read; with the group's
-    switches on, nanochat's steps (``muon_variants``) in nanochat's order: momentum, orthogonalization,
-    NorMuon, cautious weight decay and the update.
+    tests/test_optimizers.py), with no copy of the weights and no host read.
 
     Args:
         p: the matrix, its gradient in ``p.grad``.
-        group: its Muon parameter group (``lr``, ``momentum``, ``ns_coefficients`` ..., ``MUON_SWITCHES``).
-        state: its optimizer state (the momentum buffer, and NorMuon's second moment, are made here
-            on the first step).
-        skip: a 0-dim bool tensor: True leaves the weights, momentum and second moment as they were.
-            None: a plain step.
+        group: its Muon parameter group (``lr``, ``momentum``, ``ns_coefficients`` ...).
+        state: its optimizer state (the momentum buffer is made here on the first step).
+        skip: a 0-dim bool tensor: True leaves the weights and momentum as they were. None: a plain step.
         chunks: orthogonalize this many row blocks apart (modded-nanogpt's Q, K, V split;
             ``benchmarks/optimizers.py --qkv_split``).
     """
@@ -165,17 +147,10 @@ def muon_matrix_step(
         for u in update.chunk(chunks, dim=0)
     ]
     update = blocks[0] if chunks == 1 else torch.cat(blocks)  # (rows, cols) again
-    if group["normuon"]:
-        if NORMUON_STATE not in state:
-            state[NORMUON_STATE] = normuon_state(p)
-        # In the weight's dtype, as nanochat casts the orthogonalized update back before it.
-        update = normuon(update.to(p.dtype), state[NORMUON_STATE], NORMUON_BETA2, skip)
     if skip is not None:
         update.mul_((~skip).to(update.dtype))  # finite: grad is buf where skipped
     if weight_decay:
-        if group["cautious_weight_decay"]:  # torch's decoupled lr x wd (nanochat's uses the adjusted lr)
-            cautious_decay_(p, update, lr * weight_decay, skip)
-        elif skip is None:
+        if skip is None:
             p.mul_(1 - lr * weight_decay)
         else:  # torch's own product (any dtype), kept where skipped
             torch.where(skip, p, p * (1 - lr * weight_decay), out=p)
@@ -197,8 +172,6 @@ def build_optimizer(
     muon_adjust_lr: str,
     embedding_learning_rate: float | None = None,
     head_learning_rate: float | None = None,
-    muon_normuon: bool = MUON_SWITCHES["normuon"],
-    muon_cautious_weight_decay: bool = MUON_SWITCHES["cautious_weight_decay"],
 ) -> torch.optim.Optimizer:
     """The optimizer of ``kind`` ("adamw" or "muon") over ``model``'s trainable parameters, its groups
     in ``group_settings``' order (an untied head and embeddings get their own rates, no decay); the
@@ -237,8 +210,6 @@ def build_optimizer(
         {
             "name": "muon",
             "params": [p for name, p in rest if is_hidden_matrix(name, p)],
-            "normuon": muon_normuon,
-            "cautious_weight_decay": muon_cautious_weight_decay,
         }
     ]
     adamw_groups = [
@@ -292,15 +263,8 @@ def group_settings(hparams: Any) -> list[dict[str, Any]]:
         "momentum": hparams["muon_momentum"],
         "weight_decay": hparams["muon_weight_decay"],
         "adjust_lr_fn": hparams["muon_adjust_lr"],
-        **muon_switches(hparams),
     }
     return [muon, *(own or [decayed]), vectors]
-
-
-def muon_switches(hparams: Any) -> dict[str, Any]:
-    """The Muon group's step switches from the module's options ``muon_<switch>`` (torch's step
-    where one is not given)."""
-    return {key: hparams.get(f"muon_{key}", off) for key, off in MUON_SWITCHES.items()}
 
 
 def lr_multiplier(
