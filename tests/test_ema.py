@@ -23,7 +23,7 @@ from gpt_lightning.errors import UserError
 from gpt_lightning.evaluation.periodic import PeriodicEvaluation
 from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.interop.weights import export_weights, load_gpt
-from gpt_lightning.lightning_internals import averaged_model
+from gpt_lightning.lightning_internals import averaged_model, rank_zero_logger
 from gpt_lightning.model import GPTConfig
 from gpt_lightning.observing.samples import ValidationSamples
 from gpt_lightning.scaling.memory import parameter_count, training_memory
@@ -84,6 +84,8 @@ def test_validation_samples_evaluations_and_the_checkpoint_read_the_averaged_wei
     small_text, tmp_path, monkeypatch, caplog, averaging_first
 ):
     caplog.set_level(logging.INFO)
+    # the CLI's filter of that line, left on Lightning's logger by any CLI run earlier in this process
+    monkeypatch.setattr(rank_zero_logger(), "filters", [])
     ema = EMAWeightAveraging(decay=0.5)  # a short memory: the average is far from the trained weights
     recorder, evaluation = AverageRecorder(ema), WeightsSeen()
     sampled = []
