@@ -13,8 +13,9 @@ weights and other windows. The runs (``RUNS``):
 - configs/modern-tiny-cpu.yaml as written (its switches and rates) at the same shape;
 - plain Muon and the preset, each with a weight EMA (``EMA``: Lightning's ``EMAWeightAveraging`` at
   decay 0.95, docs/optimizers.md): validated, so compared, from the averaged weights;
-- GPT-2 + Muon and the preset, each with nanochat's sliding-window attention (``--model.window_pattern
-  SSSL``, docs/modern.md): blocks 0 to 2 see 16 positions back at T=64 (a quarter), block 3 all of them;
+- GPT-2 + Muon with nanochat's sliding-window attention (``--model.window_pattern SSSL``, docs/modern.md:
+  blocks 0 to 2 see 16 positions back at T=64, a quarter, block 3 all of them), and the preset without
+  them (``--model.window_pattern L``: the preset's windows are the one switch it gained by this measure);
 - the switches between the blocks (``ARCH_SWITCHES``: nanochat's residual scalars and smear,
   modded-nanogpt's U-net skips; docs/modern.md), each alone on GPT-2 + Muon ("muon + <switch>") and on
   the preset ("modern preset + <switch>"): whether one enters the preset.
@@ -69,18 +70,17 @@ ARCH_SWITCHES = ("residual_scalars", "smear", "unet_skips")
 
 def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
     """Each run's name, its config and the ``fit`` options that make it what it is."""
-    sliding_window = ["--model.window_pattern", "SSSL"]  # nanochat's pattern, its quarter-context short window
     gpt2 = {
         **{f"adamw lr={lr:g}": ["--model.learning_rate", str(lr)] for lr in args.adamw_lrs},
         "muon": MUON_BASE,
         "muon + ema": [*MUON_BASE, *EMA],
-        "muon + sliding_window": [*MUON_BASE, *sliding_window],
+        "muon + sliding_window": [*MUON_BASE, "--model.window_pattern", "SSSL"],  # nanochat's pattern
         **{f"muon + {switch}": [*MUON_BASE, f"--model.{switch}", "true"] for switch in ARCH_SWITCHES},
     }
     modern = {  # the preset as written (its switches and rates), at this shape
         "modern preset": [],
         "modern preset + ema": EMA,
-        "modern preset + sliding_window": sliding_window,
+        "modern preset - sliding_window": ["--model.window_pattern", "L"],
         **{f"modern preset + {switch}": [f"--model.{switch}", "true"] for switch in ARCH_SWITCHES},
     }
     every = {

@@ -246,9 +246,7 @@ def test_the_preset_trains_exports_to_safetensors_and_refuses_hf(tmp_path, small
             "1",
             "--model.val_sample_tokens",
             "0",
-            "--model.window_pattern",  # not in the preset: carried by the checkpoint and the export all the same
-            "S",
-            "--model.short_window_fraction",
+            "--model.short_window_fraction",  # beside the preset's SSSL: both carried by the checkpoint and the export
             "0.5",
             "--data.data_path",
             str(small_text),
@@ -266,7 +264,7 @@ def test_the_preset_trains_exports_to_safetensors_and_refuses_hf(tmp_path, small
     assert "`/muon`, `/embedding`, `/head`, `/adamw_no_decay`" in README  # its TensorBoard table
     model = gpt_from_checkpoint(ckpt).eval()
     assert model.config.rotary and not model.config.tie_embeddings  # recorded in the checkpoint
-    assert (model.config.window_pattern, model.config.short_window_fraction) == ("S", 0.5)
+    assert (model.config.window_pattern, model.config.short_window_fraction) == ("SSSL", 0.5)
     assert (
         model.config.value_embeddings and model.transformer.h[0].attn.value_embedding is not None
     )  # 1 layer: the last
