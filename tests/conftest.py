@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -20,6 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 # private one, set before any test module imports it, so no test writes ~/.cache/huggingface.
 os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="gpt-lightning-tests-datasets-")
 atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=True)
+
+# The Ctrl-C tests send a real SIGINT, as a terminal does. A shell ignores it in what it starts in the
+# background (`pytest ... &`, nohup), and the tests' subprocesses would inherit that: Python's own handler.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Under `-n auto` each core runs a test worker: one torch thread each, in the processes the tests
 # launch too, or the workers' thread pools spin against each other for the same cores.
