@@ -36,6 +36,7 @@ with ``--reuse`` of that file.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
@@ -226,10 +227,17 @@ def main() -> None:
     curves: dict[str, dict[int, list]] = {name: {} for name in chosen}
     # --fit_args too: a larger model (--model.n_layer ...) is another shape
     shape = {k: getattr(args, k) for k in ("steps", "batch_size", "block_size", "eval_every", "fit_args")}
+    # the configs' contents too: a run's name means what the configs say (the preset gained its windows)
+    configs = {path: hashlib.sha256((REPO / path).read_bytes()).hexdigest() for path in (TINY, PRESET)}
     for path in args.reuse:  # curves trained before at this shape: not trained again
         earlier = json.loads(path.read_text())
         if {k: earlier["shape"].get(k, "") for k in shape} != shape:
             raise SystemExit(f"--reuse {path}: another shape ({earlier['shape']}) than this run's ({shape})")
+        if earlier.get("config_sha256") != configs:
+            raise SystemExit(
+                f"--reuse {path}: written with other contents of {TINY} or {PRESET} (or before they were "
+                "recorded): its curves may be of runs that now mean something else; train them again"
+            )
         for name, by_seed in earlier["curves"].items():
             for seed, curve in by_seed.items():
                 if name in curves and int(seed) in args.seeds:
@@ -242,7 +250,8 @@ def main() -> None:
         with finished:  # every finished curve kept at once: a stopped measurement goes on with --reuse
             curves[name][seed] = curve
             args.out.mkdir(parents=True, exist_ok=True)
-            partial = json.dumps({"shape": {**shape, "seeds": args.seeds}, "curves": curves}) + "\n"
+            partial = {"shape": {**shape, "seeds": args.seeds}, "config_sha256": configs, "curves": curves}
+            partial = json.dumps(partial) + "\n"
             atomic_write_bytes(args.out / "muon_variants.partial.json", partial.encode())
         print(f"seed {seed} {name}: final val loss {curve[-1][1]:.4f}", flush=True)
 
@@ -256,6 +265,7 @@ def main() -> None:
         "what": "validation loss against tokens through gpt-lightning fit: AdamW, Muon, Muon's newer steps "
         "one at a time (benchmarks/muon_variants.py)",
         "shape": {**shape, "seeds": args.seeds},
+        "config_sha256": configs,
         "fit_options_first_seed": [
             word.replace(f"{REPO}{os.sep}", "")
             for word in fit_options(args, args.seeds[0]) + shlex.split(args.fit_args)

@@ -22,8 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="gpt-lightning-tests-datasets-")
 atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=True)
 
-# The Ctrl-C tests send a real SIGINT, as a terminal does. A shell ignores it in what it starts in the
-# background (`pytest ... &`, nohup), and the tests' subprocesses would inherit that: Python's own handler.
+# The Ctrl-C tests send a real SIGINT, as a terminal does. A shell without job control (a script) starts
+# its `&` commands with SIGINT ignored, which Python and the tests' subprocesses keep: put Python's
+# handler back.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -84,22 +85,23 @@ ARCH_FLAGS = [
 ]
 
 
-# The slowest test files (seconds of one worker, measured on 2 cores from an empty compile cache), run
+# The slowest test files (seconds of one worker, measured on 2 cores from an empty compile cache, 2026-12-06), run
 # first: with `-n auto --dist loadfile` the small files then fill in at the end and both workers end
 # together. xdist's own order (the files with most tests first) left the one-test GPU-run smoke and
 # the README walkthrough for last, with one core idle for a minute.
 SLOWEST_FIRST = (
-    "test_configs_as_written.py",  # 173 s: every config compiled as written
-    "test_fsdp.py",  # 165 s: 2- and 4-process FSDP2
-    "test_gpu_run.py",  # 140 s: benchmarks/gpu_run.sh --dry-run, every step and the deadline
-    "test_readme.py",  # 81 s
-    "test_ddp.py",  # 80 s: torchrun, restarts
-    "test_cli.py",  # 63 s
-    "test_preemption.py",  # 54 s: signals to DDP and FSDP2 ranks
-    "test_dead_rank.py",  # 46 s, 30 of them waiting on a process-group timeout
-    "test_launched_ranks.py",  # 35 s: ranks ended and waited for, a fork pool, Ctrl-C in a Python caller
-    "test_benchmarks.py",  # 46 s
-    "test_resume_relayout.py",  # 63 s: four 2-process resumes on another number of processes
+    "test_configs_as_written.py",  # 128 s: every config compiled as written
+    "test_fsdp.py",  # 118 s: 2- and 4-process FSDP2
+    "test_preemption.py",  # 117 s: signals to DDP and FSDP2 ranks
+    "test_gpu_run.py",  # 105 s: benchmarks/gpu_run.sh --dry-run, its steps and the deadline
+    "test_dead_rank.py",  # 75 s, 30 of them waiting on a process-group timeout
+    "test_ddp.py",  # 51 s: torchrun, restarts
+    "test_benchmarks.py",  # 33 s
+    "test_resume_relayout.py",  # 32 s: 2-process resumes on another number of processes
+    "test_generate.py",  # 31 s: compiled decoding, frozen and compiled again
+    "test_launched_ranks.py",  # 26 s: ranks ended and waited for, a fork pool, Ctrl-C in a Python caller
+    "test_readme.py",  # 26 s
+    "test_attention.py",  # 24 s: two processes compiling into one fresh cache
 )
 
 

@@ -424,6 +424,30 @@ def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_s
         bench.summarize({**curves, "faster": {0: curves["faster"][0]}}, budget=200)
 
 
+def test_muon_variants_reuses_the_curves_of_the_configs_as_they_are_and_no_others(tmp_path, monkeypatch):
+    """The committed curves are those of the configs as they are: reused whole, they give the committed
+    table without a fit. A file from other configs (a run name meant another model: the preset before
+    its windows) is refused, not silently reused."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    bench = load_benchmark("muon_variants")
+    committed = REPO / "benchmarks" / "results" / "cpu-2core" / "muon_variants.json"
+    runs = ["adamw lr=0.0015", "muon", "modern preset", "modern preset - sliding_window"]
+
+    def run(reuse) -> None:
+        argv = ["muon_variants.py", "--adamw_lrs", "1.5e-3", "--runs", *runs, "--reuse", str(reuse)]
+        monkeypatch.setattr(sys, "argv", [*argv, "--out", str(tmp_path / "out")])
+        bench.main()
+
+    run(committed)  # every curve there: nothing trains
+    rows = (tmp_path / "out" / "muon_variants.md").read_text().splitlines()[2:]
+    assert len(rows) == len(runs) and all(row in committed.with_suffix(".md").read_text() for row in rows)
+    stale = json.loads(committed.read_text())
+    stale["config_sha256"]["configs/modern-tiny-cpu.yaml"] = "0" * 64
+    (tmp_path / "stale.json").write_text(json.dumps(stale))
+    with pytest.raises(SystemExit, match="other contents of configs/tiny-cpu.yaml or configs/modern-tiny-cpu.yaml"):
+        run(tmp_path / "stale.json")
+
+
 def test_the_per_token_tables_in_the_docs_quote_the_committed_results():
     """docs/modern.md's tables of the newer steps are benchmarks/muon_variants.py's committed tables, row for
     row, at both shapes."""

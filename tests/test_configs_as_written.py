@@ -13,6 +13,7 @@ from conftest import REPO
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
+from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.training.precision import fast_precision
 
 CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml"))
@@ -70,6 +71,8 @@ AS_WRITTEN = {
         "zero_init_proj",
         "logit_softcap",
         "value_embeddings",
+        "window_pattern",
+        "short_window_fraction",
     ),
 }
 
@@ -117,7 +120,7 @@ CASES = {  # validation intervals stay as written (past these steps): validation
     # 524,288 tokens = 64 x 1024 x 8 micro-batches on one GPU: the same 8 at 2 x 32.
     "gpt2-124m-fineweb.yaml": ["--data.tokens_per_step", str(2 * 32 * 8)],
     "gpt2-124m-fineweb-muon.yaml": ["--data.tokens_per_step", str(2 * 32 * 8)],  # the same, with Muon and WSD
-    "modern-tiny-cpu.yaml": [],
+    "modern-tiny-cpu.yaml": ["--model.n_layer", "2"],  # its SSSL windows block 0 (the last block is always long)
     "modern-124m-fineweb.yaml": ["--data.tokens_per_step", str(2 * 32 * 8)],  # the same 8, modern switches on
     "finetune-gpt2-shakespeare.yaml": [],  # init_from gpt2: the folder ./gpt2 here
 }
@@ -165,6 +168,9 @@ def test_the_config_trains_as_written(name, workdir, monkeypatch, in_process_gro
     losses = [e.value for e in events.Scalars("train/loss")]
     assert len(losses) == STEPS and all(0 < loss < 12 for loss in losses)
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
+    if merged["model"].get("window_pattern", "L") != "L":  # a window a block really had, not only a recorded string
+        config = gpt_from_checkpoint(run_dir / "checkpoints" / "last.ckpt").config
+        assert any(config.attention_window(layer) is not None for layer in range(config.n_layer))
 
 
 # --- every flag the README shows, at the precision of the config it is shown with -------------------

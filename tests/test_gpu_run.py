@@ -34,8 +34,9 @@ def run_script(tmp_path, **env):
 
 
 def test_the_gpu_run_script_end_to_end_in_smoke_mode(tmp_path):
-    """Every step on tiny CPU shapes (autotune and overhead_compiled left out: the same commands as
-    fineweb and overhead_eager but for a flag or two), one of
+    """Every step on tiny CPU shapes but two: overhead_compiled (overhead_eager's command but for
+    --compile) and autotune (bench again, with --runs model and --model.compile_mode max-autotune; 25 s for
+    a mode string torch.compile is given, so a slip there first shows on a GPU). One of
     them (architectures, test_benchmarks' own) forced past its limit: it times out, the others keep
     their files, and status.txt says so."""
     result = run_script(

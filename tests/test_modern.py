@@ -229,7 +229,7 @@ def test_the_preset_trains_exports_to_safetensors_and_refuses_hf(tmp_path, small
             "--model.compile",
             "false",
             "--model.n_layer",
-            "1",
+            "2",  # the preset's SSSL windows block 0 (the last block is always long)
             "--model.n_head",
             "2",
             "--model.n_embd",
@@ -265,9 +265,10 @@ def test_the_preset_trains_exports_to_safetensors_and_refuses_hf(tmp_path, small
     model = gpt_from_checkpoint(ckpt).eval()
     assert model.config.rotary and not model.config.tie_embeddings  # recorded in the checkpoint
     assert (model.config.window_pattern, model.config.short_window_fraction) == ("SSSL", 0.5)
+    assert model.config.attention_window(0) == 8 and model.config.attention_window(1) is None  # half of T = 16
     assert (
-        model.config.value_embeddings and model.transformer.h[0].attn.value_embedding is not None
-    )  # 1 layer: the last
+        model.config.value_embeddings and model.transformer.h[-1].attn.value_embedding is not None
+    )  # the last block has one
     main(["export", "--ckpt_path", str(ckpt), "--out", str(tmp_path / "w.safetensors")])
     loaded = load_gpt(tmp_path / "w.safetensors").eval()
     assert loaded.config == model.config

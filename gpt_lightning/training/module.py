@@ -69,7 +69,8 @@ class GPTLightningModule(LightningModule):
             logit_softcap, value_embeddings: the modern switches, each GPT-2's by default (``GPTConfig`` says what each does
             and why; docs/modern.md; ``configs/modern-tiny-cpu.yaml`` turns them on).
         window_pattern, short_window_fraction: sliding-window attention, a window per block (nanochat's
-            ``window_pattern``, e.g. "SSSL"; off by default, "L"; not in the presets; docs/modern.md).
+            ``window_pattern``, e.g. "SSSL"; off by default, "L"; ``configs/modern-tiny-cpu.yaml`` trains
+            "SSSL"; docs/modern.md).
         residual_scalars, smear, unet_skips: nanochat's and modded-nanogpt's learned scalars between the
             blocks, each off by default and in no preset yet (``GPTConfig``; docs/modern.md). Their scalars train
             with AdamW at ``learning_rate``, without weight decay.
