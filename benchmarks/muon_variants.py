@@ -16,9 +16,9 @@ weights and other windows. The runs (``RUNS``):
 - GPT-2 + Muon with nanochat's sliding-window attention (``--model.window_pattern SSSL``, docs/modern.md:
   blocks 0 to 2 see 16 positions back at T=64, a quarter, block 3 all of them), and the preset without
   them (``--model.window_pattern L``: the preset's windows are the one switch it gained by this measure);
-- the switches between the blocks (``ARCH_SWITCHES``: nanochat's residual scalars and smear,
-  modded-nanogpt's U-net skips; docs/modern.md), each alone on GPT-2 + Muon ("muon + <switch>") and on
-  the preset ("modern preset + <switch>"): whether one enters the preset.
+- the switch between the blocks (``ARCH_SWITCHES``: nanochat's residual scalars; docs/modern.md; the smear
+  and the U-net skips were measured so and removed), alone on GPT-2 + Muon ("muon + <switch>") and on the
+  preset ("modern preset + <switch>"): whether it enters the preset.
 
 For each run, over the seeds: the final validation loss and the tokens it needed to reach the best
 AdamW run's final validation loss at the same seed (interpolated between evaluations, as a fraction
@@ -66,7 +66,7 @@ VAL_BATCHES = 4  # configs/tiny-cpu.yaml's trainer.limit_val_batches: validation
 
 
 # The model's switches between the blocks, off in both configs: each run adds one.
-ARCH_SWITCHES = ("residual_scalars", "smear", "unet_skips")
+ARCH_SWITCHES = ("residual_scalars",)
 
 
 def runs(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:

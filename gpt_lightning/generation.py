@@ -115,7 +115,7 @@ def _generate_cached(
     start = max(0, T - block_size)  # the window: out[:, start:end] is in the cache
     logits = model.forward_cached(out[:, start:T], caches, positions[: T - start])  # prefill
     if compile and idx.is_cuda:  # the caches exist now and stay where they are: CUDA graphs keep their addresses
-        for tensor in (t for cache in caches for t in cache.tensors()):  # keys, values (and smear's embedding)
+        for tensor in (t for cache in caches for t in cache.tensors()):  # keys and values
             torch._dynamo.mark_static_address(tensor)
     elif compile and B > 1:  # one CPU graph for every batch size above 1 (see compiled_decoding)
         for tensor in (token, *(t for cache in caches for t in cache.tensors())):

@@ -18,17 +18,9 @@ from torch.utils.checkpoint import checkpoint
 
 # The value-embedding gate reads the first this many channels of the attention's input (nanochat's 12).
 VALUE_GATE_CHANNELS = 12
-# The smear gate reads the first this many channels of a token's embedding (nanochat's 24; modded-nanogpt's 12).
-SMEAR_GATE_CHANNELS = 24
-# The GPT's own learned scalars and gates, outside the blocks (residual_scalars, smear, unet_skips):
-# AdamW without weight decay, never Muon (training/optimizers.py), as nanochat and modded-nanogpt train them with Adam.
-SCALAR_PARAMETERS = (
-    "resid_lambdas",
-    "x0_lambdas",
-    "smear_gate.weight",
-    "smear_lambda",
-    "skip_weights",
-)
+# The GPT's own learned scalars, outside the blocks (residual_scalars): AdamW without weight decay, never Muon
+# (training/optimizers.py), as nanochat trains them with Adam.
+SCALAR_PARAMETERS = ("resid_lambdas", "x0_lambdas")
 
 # A training loss in place of the logits: (normed final states (N, C), the head's weight (V, C),
 # targets (N,), logit_softcap) -> the mean cross-entropy; ``loss.chunked_cross_entropy`` is one.
@@ -85,16 +77,9 @@ class GPTConfig:
     # up to a 128-token tile): a query at position i sees the keys at i - W to i; W = 16 at T = 64, 32 at 128.
     short_window_fraction: float = 0.25
     # nanochat's per-layer residual scalars (nanochat/gpt.py @ 92d63d4, after modded-nanogpt's block lambdas):
-    # before block i, x = resid_lambdas[i] * x + x0_lambdas[i] * x0, x0 the blocks' input (the normed, smeared
+    # before block i, x = resid_lambdas[i] * x + x0_lambdas[i] * x0, x0 the blocks' input (the normed
     # embedding): every block can re-read the tokens and rescale the stream; 2 x n_layer learned scalars.
     residual_scalars: bool = False
-    # nanochat's smear (nanochat/gpt.py @ 92d63d4): from the second position on, x_t += smear_lambda *
-    # sigmoid(smear_gate(x_t[:24])) * x_{t-1} on the embedding, cheap bigram information; smear_lambda starts at 0.
-    smear: bool = False
-    # modded-nanogpt's U-net skips (records/track_1_short/2024-11-10_UNetDoubleLr @ f411b3d): the first
-    # n_layer // 2 blocks' outputs added, each times a learned weight (init 1), to the last n_layer // 2
-    # blocks' inputs in reverse order (block n_layer - 1 - i takes block i's): a shortcut from early to late layers.
-    unet_skips: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -127,15 +112,6 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.window_pattern must be letters S and L, got {self.window_pattern!r}.")
         if not 0.0 < self.short_window_fraction <= 1.0:
             raise ValueError(f"GPTConfig.short_window_fraction must be in (0, 1], got {self.short_window_fraction}.")
-        if self.smear and self.n_embd < SMEAR_GATE_CHANNELS:
-            raise ValueError(
-                f"GPTConfig.smear needs n_embd >= {SMEAR_GATE_CHANNELS} (the gate reads that many channels), "
-                f"got {self.n_embd}."
-            )
-        if self.unet_skips and self.n_layer < 2:
-            raise ValueError(
-                f"GPTConfig.unet_skips needs n_layer >= 2 (a first and a second half), got {self.n_layer}."
-            )
 
     def has_value_embedding(self, layer: int) -> bool:
         """Whether block ``layer`` gets a value embedding: every other block, counted back from the last (nanochat)."""
@@ -162,8 +138,6 @@ MODERN_SWITCHES = (
     "value_embeddings",
     "window_pattern",
     "residual_scalars",
-    "smear",
-    "unet_skips",
 )
 
 
@@ -182,15 +156,12 @@ def modern_switches_on(config: GPTConfig) -> list[str]:
 @dataclass
 class KVCache:
     """One layer's keys and values during generation, each (B, nh, max_len, hs), filled from position 0;
-    allocated by the prefill in the keys' dtype (bf16 under autocast); with ``smear`` the first layer's also
-    keeps the last token's embedding. Not module state (not in state_dict)."""
+    allocated by the prefill in the keys' dtype (bf16 under autocast). Not module state (not in state_dict)."""
 
     # Positions the cache holds: the longest context a decode step attends to (<= block_size).
     max_len: int
     k: torch.Tensor | None = None
     v: torch.Tensor | None = None
-    # The first block's cache only, with ``smear``: the last token's embedding (B, 1, C), the next decode step's previous one.
-    embedding: torch.Tensor | None = None
 
     def store(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
         """Write keys and values (B, nh, T, hs) at positions ``pos`` (T,), on the device."""
@@ -201,15 +172,9 @@ class KVCache:
         self.k.index_copy_(2, pos, k)
         self.v.index_copy_(2, pos, v)
 
-    def remember(self, embedding: torch.Tensor) -> None:
-        """Keep the last token's embedding (B, 1, C) for the next step's smear, in place (a compiled step's buffer)."""
-        if self.embedding is None:
-            self.embedding = embedding.new_zeros(embedding.shape)  # (B, 1, C)
-        self.embedding.copy_(embedding)
-
     def tensors(self) -> list[torch.Tensor]:
-        """The cache's tensors a compiled decode step reads and writes in place: keys, values (and the embedding)."""
-        return [t for t in (self.k, self.v, self.embedding) if t is not None]
+        """The cache's tensors a compiled decode step reads and writes in place: keys and values."""
+        return [t for t in (self.k, self.v) if t is not None]
 
 
 def _normal_(weight: torch.Tensor, std: float, generator: torch.Generator | None) -> None:
@@ -419,17 +384,11 @@ class GPT(nn.Module):
                 )
             )
             self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-            # The switches' scalars and gate, registered only when on (GPT-2's keys and draws stay its own);
-            # values in init_weights.
+            # The residual scalars, registered only when on (GPT-2's keys and draws stay its own); values in
+            # init_weights.
             if config.residual_scalars:
                 self.resid_lambdas = nn.Parameter(torch.empty(config.n_layer))  # (n_layer,)
                 self.x0_lambdas = nn.Parameter(torch.empty(config.n_layer))  # (n_layer,)
-            if config.smear:
-                self.smear_gate = nn.Linear(SMEAR_GATE_CHANNELS, 1, bias=False)
-                self.smear_gate.gate_init = True  # nanochat: U(0, 0.02), as the value gates
-                self.smear_lambda = nn.Parameter(torch.empty(1))  # (1,)
-            if config.unet_skips:
-                self.skip_weights = nn.Parameter(torch.empty(config.n_layer // 2))  # (n_layer // 2,)
         self.tie_weights()
         # Recompute each block's activations in the backward pass instead of keeping them: a run
         # setting, not architecture, so it is an attribute (the training module sets it) and not a
@@ -504,16 +463,13 @@ class GPT(nn.Module):
             self._init_scalars()
 
     def _init_scalars(self) -> None:
-        """The switches' scalars at their sources' starts (nanochat/gpt.py @ 92d63d4's init_weights; modded-nanogpt's
-        skip weights at 1): the residual scales from 1.15 down to 1.05 and the x0 scales from 0.20 down to 0.05
-        over the layers, the smear off (0)."""
+        """The residual scalars at their source's starts (nanochat/gpt.py @ 92d63d4's init_weights): the residual
+        scales from 1.15 down to 1.05 and the x0 scales from 0.20 down to 0.05 over the layers."""
         n = self.config.n_layer
         depth = torch.arange(n, dtype=torch.float32) / max(n - 1, 1)  # (n_layer,): 0 at the first block, 1 at the last
         starts = {
             "resid_lambdas": 1.15 - 0.10 * depth,
             "x0_lambdas": 0.20 - 0.15 * depth,
-            "smear_lambda": torch.zeros(1),
-            "skip_weights": torch.ones(n // 2),
         }
         for name, value in starts.items():
             if hasattr(self, name):
@@ -546,7 +502,7 @@ class GPT(nn.Module):
                 "or build the model with a larger block_size."
             )
         x = self.embed(idx, torch.arange(T, device=idx.device))  # (B, T, C)
-        x = self.transformer.drop(self.smear(x) if self.config.smear else x)  # (B, T, C)
+        x = self.transformer.drop(x)  # (B, T, C)
         recompute = self.activation_checkpointing and torch.is_grad_enabled()
 
         def run(i: int, x: torch.Tensor) -> torch.Tensor:
@@ -557,32 +513,14 @@ class GPT(nn.Module):
         return self.head_and_loss(self.trunk(x, run), targets, head_loss)
 
     def trunk(self, x: torch.Tensor, run: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """The blocks on the embedding ``x`` (B, T, C), block ``i`` applied as ``run(i, x)``, with what the
-        switches add between them, position by position: the U-net skips into the second half's inputs,
-        then the residual and x0 scalars, before each block."""
-        c, n = self.config, self.config.n_layer
-        x0, skips = x, []  # x0: the blocks' input; skips: the first half's outputs
-        for i in range(n):
-            if c.unet_skips and i >= n - n // 2:  # block i takes block n - 1 - i's output (modded-nanogpt)
-                x = x + self.skip_weights[i - (n - n // 2)] * skips.pop()  # (B, T, C)
-            if c.residual_scalars:
+        """The blocks on the embedding ``x`` (B, T, C), block ``i`` applied as ``run(i, x)``, with the residual
+        and x0 scalars before each block (``residual_scalars``)."""
+        x0 = x  # (B, T, C): the blocks' input
+        for i in range(self.config.n_layer):
+            if self.config.residual_scalars:
                 x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0  # (B, T, C), nanochat
             x = run(i, x)  # (B, T, C)
-            if c.unet_skips and i < n // 2:
-                skips.append(x)
         return x
-
-    def smear(self, x: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:
-        """nanochat's smear of the embedding ``x`` (B, T, C): x_t + smear_lambda * sigmoid(smear_gate(x_t[:24])) *
-        x_{t-1}, the gate read off the token's own first channels; ``previous`` (B, 1, C) is the embedding before
-        ``x[:, 0]`` (a decode step's last token, an ending's context), None where ``x`` starts the sequence."""
-
-        def share(h: torch.Tensor) -> torch.Tensor:
-            return self.smear_lambda * torch.sigmoid(self.smear_gate(h[..., :SMEAR_GATE_CHANNELS]))  # (B, T, 1)
-
-        if previous is None:  # the first position has none
-            return torch.cat([x[:, :1], x[:, 1:] + share(x[:, 1:]) * x[:, :-1]], dim=1)  # (B, T, C)
-        return x + share(x) * torch.cat([previous, x[:, :-1]], dim=1)  # (B, T, C)
 
     def head_and_loss(
         self, x: torch.Tensor, targets: torch.Tensor | None = None, head_loss: HeadLoss | None = None
@@ -602,7 +540,7 @@ class GPT(nn.Module):
         """Logits (N, vocab_size) at flat ``positions`` (N,) b * T + t into ``idx`` (B, T), the head run only there."""
         B, T = idx.shape
         x = self.embed(idx, torch.arange(T, device=idx.device))  # (B, T, C)
-        x = self.trunk(self.smear(x) if self.config.smear else x, lambda i, x: self.transformer.h[i](x, idx))
+        x = self.trunk(x, lambda i, x: self.transformer.h[i](x, idx))
         x = x.reshape(B * T, -1).index_select(0, positions)  # (N, C)
         return self.logits(x)  # (N, vocab_size)
 
@@ -613,13 +551,6 @@ class GPT(nn.Module):
         extending one ``KVCache`` per block; the LM head runs on the last position only. A prefill (T > 1)
         starts at 0; a decode step (T == 1) attends to ``length`` cached positions (see the attention's)."""
         x = self.embed(idx, pos)  # (B, T, C)
-        if self.config.smear:  # a prefill starts the sequence; a decode step's previous token is the cache's
-            previous = None
-            if idx.size(1) == 1:  # none at position 0 (a one-token prompt's prefill, of a reused cache too)
-                kept = caches[0].embedding if caches[0].embedding is not None else torch.zeros_like(x)
-                previous = torch.where(pos.view(1, -1, 1) > 0, kept, 0.0)  # (B, 1, C)
-            caches[0].remember(x[:, -1:])  # after reading the previous one, before the smear changes x
-            x = self.smear(x, previous)  # (B, T, C)
         blocks = self.transformer.h
         x = self.trunk(x, lambda i, x: blocks[i].forward_cached(x, idx, caches[i], pos, length))  # (B, T, C)
         return self.logits(x[:, -1])  # (B, vocab_size)

@@ -73,16 +73,9 @@ MODERN_FLAGS = [
     "--model.value_embeddings",
     "true",
 ]
-# The switches between the blocks (nanochat's residual scalars and smear; modded-nanogpt's U-net skips):
-# in no preset yet, added to the modern run of the exact-resume test (the FSDP2 plan tests set them in-process).
-ARCH_FLAGS = [
-    "--model.residual_scalars",
-    "true",
-    "--model.smear",
-    "true",
-    "--model.unet_skips",
-    "true",
-]
+# The switch between the blocks (nanochat's residual scalars): in no preset, added to the modern run of the
+# exact-resume test (the FSDP2 plan tests set it in-process).
+ARCH_FLAGS = ["--model.residual_scalars", "true"]
 
 
 # The slowest test files (seconds of one worker, measured on 2 cores from an empty compile cache, 2026-12-06), run

@@ -387,7 +387,7 @@ def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_s
         bench.VAL_BATCHES
         == yaml.safe_load((REPO / "configs/tiny-cpu.yaml").read_text())["trainer"]["limit_val_batches"]
     )
-    assert bench.ARCH_SWITCHES == ("residual_scalars", "smear", "unet_skips")
+    assert bench.ARCH_SWITCHES == ("residual_scalars",)
     base = chosen["muon"][1]
     assert base == ["--model.optimizer", "muon", "--model.muon_learning_rate", "0.02", "--model.learning_rate", "0.01"]
     assert {name: flags[len(base) :] for name, (_, flags) in chosen.items() if flags[: len(base)] == base} == {

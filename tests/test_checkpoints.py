@@ -82,7 +82,8 @@ def with_settings(ckpt, model=None, data=None):
     return path
 
 
-OFF = {"backout": False, "muon_orthogonalizer": "newton_schulz"}  # every checkpoint before their removal
+# every checkpoint before their removal
+OFF = {"backout": False, "muon_orthogonalizer": "newton_schulz", "smear": False, "unet_skips": False}
 
 
 def test_files_written_before_a_settings_removal_load_where_it_was_off_and_are_refused_where_on(
@@ -97,13 +98,22 @@ def test_files_written_before_a_settings_removal_load_where_it_was_off_and_are_r
     save_file(
         load_file(tmp_path / "w.safetensors"),
         tmp_path / "old.safetensors",
-        metadata={"gpt_config": json.dumps({**dataclasses.asdict(eager.config), "backout": False})},
+        metadata={"gpt_config": json.dumps({**dataclasses.asdict(eager.config), "backout": False, "smear": False})},
     )
     assert load_gpt(tmp_path / "old.safetensors").config == eager.config
+    save_file(
+        load_file(tmp_path / "w.safetensors"),
+        tmp_path / "skips.safetensors",
+        metadata={"gpt_config": json.dumps({**dataclasses.asdict(eager.config), "unet_skips": True})},
+    )
+    with pytest.raises(UserError, match="trained with unet_skips True.*at commit 56660a2"):
+        load_gpt(tmp_path / "skips.safetensors")
     with pytest.raises(UserError, match="trained with backout True, which this gpt-lightning no longer has"):
         GPTLightningModule.load_from_checkpoint(with_settings(ckpt, {"backout": True}))
-    with pytest.raises(UserError, match="trained with backout True"):
+    with pytest.raises(UserError, match="trained with backout True.*at commit 18e6e29"):
         export_weights(with_settings(ckpt, {"backout": True}), tmp_path / "x.safetensors")
+    with pytest.raises(UserError, match="trained with smear True"):
+        GPTLightningModule.load_from_checkpoint(with_settings(ckpt, {"smear": True}))
 
     def resume(path):
         data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0)

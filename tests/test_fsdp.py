@@ -220,8 +220,6 @@ MODERN_SWITCHES = dict(
     logit_softcap=15.0,
     value_embeddings=True,
     residual_scalars=True,
-    smear=True,
-    unet_skips=True,
 )
 
 

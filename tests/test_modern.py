@@ -297,54 +297,36 @@ def test_zero_initialized_projections_alone_still_export_to_hugging_face(tmp_pat
     assert (tmp_path / "hf" / "config.json").is_file()
 
 
-# The switches between the blocks (nanochat's residual scalars and smear; modded-nanogpt's U-net skips).
-ARCH = ("residual_scalars", "smear", "unet_skips")
-ARCH_SHAPE = {**SHAPE, "n_layer": 3}  # a first and second half (the skips') around a middle block
+# nanochat's residual and x0 scalars, the one switch between the blocks.
+ARCH_SHAPE = {**SHAPE, "n_layer": 3}
 
 
 def arch_model(switches: dict) -> GPT:
-    """A model with ``switches``, every weight moved off its init and every scalar well away from a no-op
-    (the smear starts off, at 0), so each path shows in the logits."""
+    """A model with ``switches``, every weight moved off its init, so each path shows in the logits."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(**ARCH_SHAPE, **switches))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-        for name in ("smear_lambda", "skip_weights"):
-            if hasattr(model, name):
-                getattr(model, name).add_(0.5)
     return model.eval()
 
 
-@pytest.mark.parametrize("switch", ARCH)
-def test_each_switch_between_the_blocks_starts_as_its_source_and_reaches_the_logits(switch):
-    model = GPT(GPTConfig(**ARCH_SHAPE, **{switch: True}))
+def test_the_residual_scalars_start_as_nanochats():
+    model = GPT(GPTConfig(**ARCH_SHAPE, residual_scalars=True))
     gpt2 = GPT(GPTConfig(**ARCH_SHAPE))
     scalars = {name: p for name, p in model.named_parameters() if name not in dict(gpt2.named_parameters())}
-    starts = {  # nanochat/gpt.py's init_weights (n_layer 3), modded-nanogpt's skip weights
-        "residual_scalars": {"resid_lambdas": [1.15, 1.10, 1.05], "x0_lambdas": [0.20, 0.125, 0.05]},
-        "smear": {"smear_lambda": [0.0]},
-        "unet_skips": {"skip_weights": [1.0]},
-    }[switch]
-    assert set(scalars) == set(starts) | ({"smear_gate.weight"} if switch == "smear" else set())
+    starts = {"resid_lambdas": [1.15, 1.10, 1.05], "x0_lambdas": [0.20, 0.125, 0.05]}  # init_weights, n_layer 3
+    assert set(scalars) == set(starts)
     for name, value in starts.items():
         torch.testing.assert_close(scalars[name], torch.tensor(value))
-    if switch == "smear":  # nanochat's gate: 24 channels -> 1, U(0, 0.02)
-        gate = scalars["smear_gate.weight"]
-        assert gate.shape == (1, 24) and 0 <= gate.min() and gate.max() <= 0.02 and gate.std() > 0
-    assert modern_switches_on(model.config) == [switch]  # Hugging Face GPT-2 has none of them
-    # FLOPs: the smear gate is a matmul (24 -> 1, every position but the first); the scalars multiply elementwise.
-    gate = 6 * 2 * 15 * 24 if switch == "smear" else 0
-    assert training_flops(model.config, 2, 16) == training_flops(gpt2.config, 2, 16) + gate
-    if switch in ("smear", "unet_skips"):  # the gate reads 24 channels; the skips need two halves
-        with pytest.raises(ValueError, match=switch):
-            GPTConfig(**{**ARCH_SHAPE, "n_layer": 1, "n_embd": 16}, **{switch: True})
+    assert modern_switches_on(model.config) == ["residual_scalars"]  # Hugging Face GPT-2 has none
+    assert training_flops(model.config, 2, 16) == training_flops(gpt2.config, 2, 16)  # elementwise
 
 
 @pytest.mark.parametrize(
     "switches",
-    [{s: True} for s in ARCH] + [dict.fromkeys(ARCH, True), {"window_pattern": "SL"}],
-    ids=[*ARCH, "all", "window"],  # the window: blocks 0 of 3 sees 4 positions back, its scored tokens 4 to 11
+    [{"residual_scalars": True}, {"window_pattern": "SL"}],
+    ids=["residual_scalars", "window"],  # the window: blocks 0 of 3 sees 4 positions back, its scored tokens 4 to 11
 )
 def test_cached_decoding_logits_at_and_the_harness_scorer_equal_the_forward(switches):
     model = arch_model(switches)
@@ -362,7 +344,7 @@ def test_cached_decoding_logits_at_and_the_harness_scorer_equal_the_forward(swit
                     idx[:, t : t + 1], caches, torch.tensor([t]), None if length is None else t + 1
                 )
                 torch.testing.assert_close(step, model(idx[:, : t + 1])[0][:, -1])
-        caches = [KVCache(16) for _ in model.transformer.h]  # a one-token prompt: no previous token to smear in
+        caches = [KVCache(16) for _ in model.transformer.h]  # a one-token prompt
         torch.testing.assert_close(
             model.forward_cached(idx[:, :1], caches, torch.arange(1)), model(idx[:, :1])[0][:, -1]
         )
@@ -385,34 +367,29 @@ def test_cached_decoding_logits_at_and_the_harness_scorer_equal_the_forward(swit
             assert logprob == pytest.approx(logprobs.gather(1, whole[0, -len(ending) :, None]).sum().item(), abs=1e-4)
 
 
-def test_the_switches_between_the_blocks_compile_without_graph_breaks():
-    model = arch_model(dict.fromkeys(ARCH, True))
+def test_the_residual_scalars_compile_without_graph_breaks():
+    model = arch_model({"residual_scalars": True})
     idx = torch.randint(0, 128, (2, 16))
     explanation = torch._dynamo.explain(model)(idx, idx)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
-    x = torch.randn(2, 16, 32)  # compile_scope blocks: the blocks are unchanged, the switches act between them
+    x = torch.randn(2, 16, 32)  # compile_scope blocks: the blocks are unchanged, the scalars act between them
     assert torch._dynamo.explain(model.transformer.h[0])(x, idx).graph_break_count == 0
 
 
 def test_the_scalars_train_with_adamw_without_decay_and_never_with_muon(tmp_path):
-    model = GPT(dataclasses.replace(MODERN, **dict.fromkeys(ARCH, True)))
-    scalars = [model.resid_lambdas, model.x0_lambdas, model.smear_gate.weight, model.smear_lambda]
-    scalars += [model.skip_weights]
+    model = GPT(dataclasses.replace(MODERN, residual_scalars=True))
+    scalars = [model.resid_lambdas, model.x0_lambdas]
     options = dict(learning_rate=1e-3, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, fused=None)
     muon = dict(muon_learning_rate=0.02, muon_momentum=0.95, muon_weight_decay=0.0, muon_adjust_lr="original")
     groups = {g["name"]: g for g in build_optimizer(model, "muon", **options, **muon).param_groups}
     assert list(groups) == ["muon", "embedding", "head", "adamw_no_decay"]  # no group of their own
     no_decay = {id(p) for p in groups["adamw_no_decay"]["params"]}
     assert all(id(p) in no_decay for p in scalars) and groups["adamw_no_decay"]["weight_decay"] == 0.0
-    tied = GPT(GPTConfig(**ARCH_SHAPE, **dict.fromkeys(ARCH, True)))
-    decayed, no_decay = build_optimizer(tied, "adamw", **options, **muon).param_groups
-    assert any(p is tied.smear_gate.weight for p in no_decay["params"])  # a 1 x 24 matrix, not decayed
-    assert not any(p is tied.smear_gate.weight for p in decayed["params"])
     # Checkpointed, exported to safetensors and loaded back, with their values.
     from gpt_lightning import GPTLightningModule
 
-    module = GPTLightningModule(**ARCH_SHAPE, compile=False, **dict.fromkeys(ARCH, True))
+    module = GPTLightningModule(**ARCH_SHAPE, compile=False, residual_scalars=True)
     torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}, tmp_path / "a.ckpt")
     main(["export", "--ckpt_path", str(tmp_path / "a.ckpt"), "--out", str(tmp_path / "w.safetensors")])
     loaded = load_gpt(tmp_path / "w.safetensors").eval()

@@ -67,10 +67,8 @@ def scoring_flops(config: GPTConfig, requests: list[tuple[list[int], list[int]]]
 
     def blocks(idx: torch.Tensor, pos: torch.Tensor, prefix=None, visible=None) -> tuple[float, list]:
         with FlopCounterMode(display=False) as counter:
-            x, kv = model.embed(idx, pos), []  # (1, T, C)
-            if config.smear:  # the token's smear gate, as for a token with one before it
-                x = model.smear(x, torch.zeros_like(x))
-            _trunk(model, x, idx, pos, prefix, visible, kv)
+            kv = []
+            _trunk(model, model.embed(idx, pos), idx, pos, prefix, visible, kv)  # (1, T, C)
         return float(counter.get_total_flops()), kv
 
     with torch.device("meta"):
@@ -99,8 +97,7 @@ def _score_batch(model, batch, requests, answers, device, on_batch=None) -> None
     lengths = torch.tensor([len(c) for c in contexts], device=device)  # (G,)
     width = max(len(c) for c in contexts)
     ctx = torch.tensor([c + [pad] * (width - len(c)) for c in contexts], device=device)  # (G, P)
-    embedded = model.embed(ctx, torch.arange(width, device=device))  # (G, P, C)
-    x, kv = model.smear(embedded) if model.config.smear else embedded, []  # (G, P, C)
+    x, kv = model.embed(ctx, torch.arange(width, device=device)), []  # (G, P, C)
     x = _trunk(model, x, ctx, torch.arange(width, device=device), None, None, kv)  # (G, P, C)
     last = x[torch.arange(len(contexts), device=device), lengths - 1]  # (G, C): predicts each first token
 
@@ -126,8 +123,6 @@ def _score_batch(model, batch, requests, answers, device, on_batch=None) -> None
             dim=2,
         )[:, None]  # (R, 1, T, P + T)
         y = model.embed(ends, pos)  # (R, T, C)
-        if model.config.smear:  # an ending's first token smears in its context's last
-            y = model.smear(y, embedded[owner, lengths[owner] - 1].unsqueeze(1))  # (R, T, C)
         prefix = [(k.index_select(0, owner), v.index_select(0, owner)) for k, v in kv]
         y = _trunk(model, y, ends, pos, prefix, visible, [])  # (R, T, C)
         hidden = torch.cat((last, y.reshape(-1, y.size(-1))))  # (G + R*T, C)

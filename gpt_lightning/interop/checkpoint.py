@@ -20,17 +20,19 @@ LIGHTNING_CKPT_ALIASES = ("last", "best", "hpc", "registry")
 SHARDED_METADATA = "meta.pt"
 # Keys Lightning adds to saved hyper-parameters that are not constructor arguments.
 _BOOKKEEPING_KEYS = ("_instantiator", "_class_path")
-# Settings measured without gain and removed after commit 18e6e29 (docs/modern.md), each with the value that
-# meant off. Checkpoints and exports written before record them: off, they are dropped; on, refused.
+# Settings measured without gain and removed (docs/modern.md), each with the value that meant off and the last
+# commit that had it. Checkpoints and exports written before record them: off, they are dropped; on, refused.
 REMOVED_SETTINGS = {
-    "backout": False,
-    "muon_orthogonalizer": "newton_schulz",
-    "muon_normuon": False,
-    "muon_cautious_weight_decay": False,
-    "tokens_per_step_schedule": None,
+    "backout": (False, "18e6e29"),
+    "muon_orthogonalizer": ("newton_schulz", "18e6e29"),
+    "muon_normuon": (False, "18e6e29"),
+    "muon_cautious_weight_decay": (False, "18e6e29"),
+    "tokens_per_step_schedule": (None, "18e6e29"),
+    "smear": (False, "56660a2"),
+    "unet_skips": (False, "56660a2"),
 }
 # Of those, the ones that change the architecture: refused wherever the weights are loaded, not only on resume.
-REMOVED_ARCHITECTURE = ("backout",)
+REMOVED_ARCHITECTURE = ("backout", "smear", "unet_skips")
 
 
 def refuse_removed_settings(
@@ -38,10 +40,12 @@ def refuse_removed_settings(
 ) -> None:
     """Raise ``UserError`` where ``saved`` (a checkpoint's or an export's settings) has one of ``names`` on."""
     for name in names:
-        if saved.get(name, REMOVED_SETTINGS[name]) != REMOVED_SETTINGS[name]:
+        off, last_commit = REMOVED_SETTINGS[name]
+        if saved.get(name, off) != off:
             raise UserError(
                 f"{source} was trained with {name} {saved[name]!r}, which this gpt-lightning no longer has (measured "
-                "without gain and removed: docs/modern.md). Use gpt-lightning at commit 18e6e29, where it last existed."
+                f"without gain and removed: docs/modern.md). Use gpt-lightning at commit {last_commit}, where it last "
+                "existed."
             )
 
 

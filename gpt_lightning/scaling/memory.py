@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from gpt_lightning.loss import LOSS_CHUNK_ROWS
-from gpt_lightning.model import GPT, SMEAR_GATE_CHANNELS, VALUE_GATE_CHANNELS, GPTConfig
+from gpt_lightning.model import GPT, VALUE_GATE_CHANNELS, GPTConfig
 
 GIB = 2**30
 
@@ -41,8 +41,7 @@ def activation_bytes_per_token(
         chunked_loss: the training loss by ``chunked_cross_entropy`` (it keeps the gradient of the head's
             input, no logits; under 16-mixed the input itself and the targets, 8 bytes a token more, not
             counted) rather than ``F.cross_entropy`` (the head's input and the logits' log-softmax).
-        seq_len: tokens per row (a windowed block keeps a (T, T) mask; smear keeps nothing of a row's first
-            position); the model's block_size if None.
+        seq_len: tokens per row (a windowed block keeps a (T, T) mask); the model's block_size if None.
     """
     C, V = config.n_embd, config.vocab_size
     # ids (int64), and the targets F.cross_entropy keeps (the chunked loss does not); positions, one per position
@@ -52,28 +51,12 @@ def activation_bytes_per_token(
         0 if chunked_loss else 4 * V * (2 if config.logit_softcap is not None else 1)
     )  # float32 log-softmax (and tanh)
     head = ids + embedding + norm_bytes_per_token(config) + (2 if mixed else 4) * C + logits
-    head += between_blocks_bytes_per_token(config, mixed, seq_len or config.block_size)
+    if config.residual_scalars:  # each block's incoming stream, float32, that resid_lambdas[i] multiplies (x0 too)
+        head += config.n_layer * 4 * C
     blocks = [block_activation_bytes_per_token(config, mixed, layer, rows, seq_len) for layer in range(config.n_layer)]
     if activation_checkpointing:
         return config.n_layer * 4 * C + max(blocks) + head  # the blocks' inputs, and one block recomputed
     return sum(blocks) + head
-
-
-def between_blocks_bytes_per_token(config: GPTConfig, mixed: bool = True, seq_len: int | None = None) -> float:
-    """Bytes the switches between the blocks (``GPT.smear``, ``GPT.trunk``) keep per token, beyond the
-    blocks' own inputs (their first norm keeps those), all in float32 as the residual stream is: a
-    tensor a multiplication by a scalar reads and no norm keeps."""
-    C, L = config.n_embd, config.n_layer
-    kept = 0.0
-    if config.residual_scalars:  # each block's incoming stream, resid_lambdas[i] times it (x0 among them)
-        kept += L * 4 * C
-    if config.smear:  # the embedding; of every position but the first, the gate's input (a copy, bf16 under
-        # autocast), its sigmoid (bf16 under autocast) and the scaled gate (float32)
-        later = 1.0 if seq_len is None else (seq_len - 1) / seq_len
-        kept += 4 * C + later * ((2 * SMEAR_GATE_CHANNELS + 2 + 4) if mixed else (4 * SMEAR_GATE_CHANNELS + 8))
-    if config.unet_skips and L % 2 == 0:  # the first skip's source, block L/2 - 1's output: a sum follows it
-        kept += 4 * C
-    return kept
 
 
 def norm_bytes_per_token(config: GPTConfig) -> int:

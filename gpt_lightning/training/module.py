@@ -71,9 +71,8 @@ class GPTLightningModule(LightningModule):
         window_pattern, short_window_fraction: sliding-window attention, a window per block (nanochat's
             ``window_pattern``, e.g. "SSSL"; off by default, "L"; ``configs/modern-tiny-cpu.yaml`` trains
             "SSSL"; docs/modern.md).
-        residual_scalars, smear, unet_skips: nanochat's and modded-nanogpt's learned scalars between the
-            blocks, each off by default and in no preset yet (``GPTConfig``; docs/modern.md). Their scalars train
-            with AdamW at ``learning_rate``, without weight decay.
+        residual_scalars: nanochat's per-block residual and x0 scalars, off by default and in no preset
+            (``GPTConfig``; docs/modern.md). They train with AdamW at ``learning_rate``, without weight decay.
         optimizer: "adamw": AdamW on every weight. "muon": ``torch.optim.Muon`` (torch >= 2.9) on the
             blocks' 2-D matrices (attention and MLP weights), AdamW (``learning_rate``, ...) on the
             embeddings, the tied head, LayerNorms and biases: fewer tokens to the same loss
@@ -150,8 +149,6 @@ class GPTLightningModule(LightningModule):
         window_pattern: str = DEFAULT_CONFIG.window_pattern,
         short_window_fraction: float = DEFAULT_CONFIG.short_window_fraction,
         residual_scalars: bool = DEFAULT_CONFIG.residual_scalars,
-        smear: bool = DEFAULT_CONFIG.smear,
-        unet_skips: bool = DEFAULT_CONFIG.unet_skips,
         optimizer: Literal["adamw", "muon"] = "adamw",
         learning_rate: float = 1e-3,
         weight_decay: float = 0.01,

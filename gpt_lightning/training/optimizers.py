@@ -38,7 +38,7 @@ def is_head(name: str) -> bool:
 
 def is_scalar(name: str, param: torch.Tensor) -> bool:
     """Whether AdamW updates ``param`` without weight decay: a vector (biases, norm gains) or one of the
-    GPT's own scalars and gates (``SCALAR_PARAMETERS``: the smear gate is a 1 x 24 matrix, AdamW's in nanochat)."""
+    GPT's own scalars (``SCALAR_PARAMETERS``)."""
     return param.dim() < 2 or name in SCALAR_PARAMETERS
 
 
