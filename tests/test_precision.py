@@ -15,6 +15,7 @@ from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader
 
 from gpt_lightning.cli import main
+from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.training import precision
 from gpt_lightning.training.module import GPTLightningModule
 
@@ -158,3 +159,21 @@ def test_the_bf16_probe_leaves_the_global_random_state_alone():
     state = torch.get_rng_state()
     precision.cpu_bf16_slowdown()
     assert torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.parametrize("half, tolerance", [("16-true", 2e-3), ("bf16-true", 1e-2)])
+def test_validation_sums_its_metrics_in_float32_under_a_half_precision_module(half, tolerance, tmp_path):
+    """bf16-true and 16-true cast the whole module, the metrics' states with it: 8 batches of 1,024 tokens
+    sum to ~88,000, past float16's largest value (inf before), and a bf16 sum stalls (1.4% high before)."""
+
+    def validate(precision: str) -> dict[str, float]:
+        torch.manual_seed(0)
+        module = GPTLightningModule(**TINY_MODEL, val_sample_tokens=0)
+        data = TokenStreamDataModule(batch_size=16, block_size=64, cache_dir=str(tmp_path))
+        trainer = Trainer(**{**ONE_QUIET_CPU_STEP, "limit_val_batches": 8}, precision=precision)
+        (metrics,) = trainer.validate(module, data, verbose=False)
+        return metrics
+
+    full, low = validate("32-true"), validate(half)
+    for name in ("val/loss", "val/perplexity", "val/bpb"):
+        assert low[name] == pytest.approx(full[name], rel=tolerance * (10 if name == "val/perplexity" else 1)), name

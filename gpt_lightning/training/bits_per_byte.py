@@ -49,7 +49,7 @@ class BitsPerByte(Metric):
     def __init__(self) -> None:
         super().__init__()
         self.add_state("bits", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("bytes", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("bytes", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")  # exact to 2**53
 
     def update(self, bits: torch.Tensor, nbytes: torch.Tensor) -> None:
         self.bits += bits.double()

@@ -351,6 +351,15 @@ class GPTLightningModule(LightningModule):
 
     test_step = validation_step  # the same loss, logged as test/ by on_test_epoch_end
 
+    def on_validation_epoch_start(self) -> None:
+        """Sum the metrics in float32 and float64 whatever the precision: ``bf16-true`` and ``16-true`` cast the
+        whole module with ``.to(dtype)``, which torchmetrics lets reach their states (a float16 sum of
+        GPT-2's losses overflows at the first batch)."""
+        self.val_loss.set_dtype(torch.float32)
+        self.val_bpb.set_dtype(torch.float64)
+
+    on_test_epoch_start = on_validation_epoch_start
+
     def _log_eval(self, prefix: str) -> None:
         # The torchmetrics objects, which reduce over ranks at compute() (Lightning computes and resets them):
         # as tensors, Lightning warns under DDP to add sync_dist, which would all-reduce reduced values again.
