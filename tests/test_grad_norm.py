@@ -1,8 +1,10 @@
 """train/grad_norm is the gradients' norm before Lightning's clipping, which still clips."""
 
+import pytest
 import torch
-from conftest import TINY_MODEL
+from conftest import ONE_QUIET_CPU_STEP, TINY_MODEL
 from lightning.pytorch import Trainer
+from lightning.pytorch.plugins import MixedPrecision
 
 from gpt_lightning import GPTLightningModule, TokenStreamDataModule
 
@@ -31,3 +33,22 @@ def test_the_logged_norm_is_taken_before_clipping(small_text, tmp_path):
     moments = torch.stack([torch.linalg.vector_norm(state[p]["exp_avg"]) for p in module.parameters() if p in state])
     assert torch.linalg.vector_norm(moments).item() < 1e-6
     assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters()))
+
+
+@pytest.mark.parametrize("clip", [None, 1.0], ids=["unclipped", "clipped"])
+def test_16_mixed_logs_the_unscaled_norm_as_32_true_does(small_text, tmp_path, clip):
+    """Under 16-mixed the GradScaler owns overflows; the norm is still logged, unscaled (it was missing)."""
+
+    def logged_norm(**precision) -> float:
+        torch.manual_seed(0)
+        module = GPTLightningModule(**TINY_MODEL)
+        data = TokenStreamDataModule(
+            str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path)
+        )
+        trainer = Trainer(**ONE_QUIET_CPU_STEP, gradient_clip_val=clip, **precision)
+        trainer.fit(module, data)
+        return float(trainer.callback_metrics["train/grad_norm"])
+
+    scaler = torch.amp.GradScaler("cpu")  # 2**16 to start: the scaled norm would be 65,536x
+    half = logged_norm(plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
+    assert half == pytest.approx(logged_norm(precision="32-true"), rel=0.02)

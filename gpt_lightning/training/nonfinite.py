@@ -79,11 +79,15 @@ class NonFiniteGuard:
     # --- the LightningModule's hooks ---------------------------------------------------------------
     def before_optimizer_step(self, module: LightningModule, optimizer: torch.optim.Optimizer) -> None:
         """``on_before_optimizer_step``: decide on the device whether this update is skipped; the
-        pre-clipping norm is left in ``grad_norm`` (a device tensor, the same on every rank)."""
+        pre-clipping norm is left in ``grad_norm`` (a device tensor, the same on every rank; unscaled under
+        ``16-mixed``, where it is logged but an overflow is the GradScaler's to skip)."""
         scaler = getattr(module.trainer.precision_plugin, "scaler", None)  # 16-mixed: it handles overflows
         self._float16 = str(module.trainer.precision).startswith("16")
         grads = _gradients(module)
         skip = self.skip_update(module.global_step, None if scaler is not None else grads)
+        if scaler is not None and grads:
+            norm = self.total_norm(grads)  # Lightning unscaled them, unless the optimizer unscales in its step
+            self.grad_norm = norm / loss_scale(scaler) if _unscaled_in_step(module.trainer, optimizer) else norm
         if _unscaled_in_step(module.trainer, optimizer):
             # 16-mixed with fused AdamW: the GradScaler checks the gradients inside optimizer.step and
             # skips an update whose gradients are not finite (an fp16 overflow, routine: it lowers
@@ -121,14 +125,11 @@ class NonFiniteGuard:
         scale = None
         if _unscaled_in_step(module.trainer, optimizer):
             scale = loss_scale(module.trainer.precision_plugin.scaler)  # a tensor; get_scale() reads it back
-        norm = self.grad_norm
-        if norm is None:  # 16-mixed: the guard leaves the gradients to the GradScaler
-            norm = self.total_norm(grads)
-            if scale is not None:
-                norm = norm / scale
-                # An infinite norm would zero (norm) or bound (value) the gradients and hide the
-                # overflow from the GradScaler, which must skip this update and lower its scale.
-                grads[0].masked_fill_(~torch.isfinite(norm), float("nan"))
+        norm = self.grad_norm  # before_optimizer_step's: unscaled, as the gradients will be
+        if scale is not None:
+            # An infinite norm would zero (norm) or bound (value) the gradients and hide the
+            # overflow from the GradScaler, which must skip this update and lower its scale.
+            grads[0].masked_fill_(~torch.isfinite(norm), float("nan"))
         parameters = [p for p in module.parameters() if p.grad is not None]
         if algorithm == GradClipAlgorithmType.NORM:
             # x min(1, clip / (norm + 1e-6)); a non-finite norm keeps some gradient non-finite
