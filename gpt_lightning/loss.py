@@ -54,7 +54,8 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         ctx.recompute = (need_h or need_w) and h.dtype == torch.float16
         ctx.options = softcap, chunk_rows, ignore_index, need_h, need_w
         count = (targets != ignore_index).sum()  # (), the rows the mean is over; a tensor: no host sync
-        inv_count = 1.0 / count.clamp_min(1)  # (), float32; all rows ignored: zero gradients, as F.cross_entropy's
+        # (), float32 (float64 under 64-true); all rows ignored: zero gradients, as F.cross_entropy's
+        inv_count = 1.0 / count.clamp_min(1).to(torch.promote_types(h.dtype, torch.float32))
         precompute = not ctx.recompute
         total, grad_h, grad_w = _loss_and_gradients(
             h, weight, targets, inv_count, *ctx.options[:3], need_h and precompute, need_w and precompute
@@ -89,14 +90,16 @@ def _loss_and_gradients(
     need_h: bool,
     need_w: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """The loss summed over the rows of ``h`` (N, C) (float32), and the gradients of the loss summed
-    times ``scale`` ((), float32) of ``h`` (N, C) (in its dtype) and of ``weight`` (V, C) (float32),
-    each if asked for, a chunk of ``chunk_rows`` rows at a time."""
+    """The loss summed over the rows of ``h`` (N, C), and the gradients of the loss summed times ``scale``
+    ((), float32) of ``h`` (N, C) (in its dtype) and of ``weight`` (V, C), each if asked for, a chunk of
+    ``chunk_rows`` rows at a time. The loss, the log-softmax and the weight's gradient are float32 (float64
+    for a float64 ``h``: ``64-true``)."""
     N = h.size(0)
+    exact = torch.promote_types(h.dtype, torch.float32)  # float32, or float64 under 64-true
     w = weight.to(h.dtype)  # (V, C): autocast's copy of the weight, made here (bf16 under bf16-mixed)
     grad_h = torch.empty_like(h) if need_h else None  # (N, C)
-    grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None  # (V, C)
-    total = torch.zeros((), dtype=torch.float32, device=h.device)
+    grad_w = torch.zeros(w.shape, dtype=exact, device=w.device) if need_w else None  # (V, C)
+    total = torch.zeros((), dtype=exact, device=h.device)
     for start in range(0, N, chunk_rows):
         x, t = h[start : start + chunk_rows], targets[start : start + chunk_rows, None]  # (n, C), (n, 1)
         valid = t != ignore_index  # (n, 1)
@@ -104,10 +107,10 @@ def _loss_and_gradients(
         logits = x @ w.t()  # (n, V), in h's dtype
         z = None
         if softcap is not None:  # cap * tanh(logits / cap), in float32; z = tanh(logits / cap) kept for the gradient
-            z = logits.float().div_(softcap).tanh_()  # (n, V)
+            z = logits.to(exact).div_(softcap).tanh_()  # (n, V)
             del logits
-            logits = z * softcap  # (n, V), float32
-        logp = F.log_softmax(logits, dim=-1, dtype=torch.float32)  # (n, V)
+            logits = z * softcap  # (n, V), float32 (float64)
+        logp = F.log_softmax(logits, dim=-1, dtype=exact)  # (n, V)
         del logits
         total = total - logp.gather(1, t).where(valid, 0).sum()
         if need_h or need_w:
@@ -121,6 +124,6 @@ def _loss_and_gradients(
             if need_h:
                 grad_h[start : start + chunk_rows] = g @ w  # (n, C)
             if need_w:
-                grad_w += (g.t() @ x).float()  # (V, C)
+                grad_w += (g.t() @ x).to(exact)  # (V, C)
             del g
     return total, grad_h, grad_w

@@ -148,3 +148,21 @@ def test_the_chunked_loss_backs_up_twice_and_ignores_as_cross_entropy_does(dtype
         reference = F.cross_entropy(h @ weight.t(), ignored)
     assert loss.isnan() and reference.isnan()
     assert torch.equal(torch.autograd.grad(loss, h)[0], torch.autograd.grad(reference, h)[0])  # zeros
+
+
+@pytest.mark.parametrize("softcap", [None, 15.0], ids=["plain", "softcap"])
+def test_the_chunked_loss_is_float64_under_64_true(softcap):
+    """64-true's loss and gradients are F.cross_entropy's to float64's precision, not float32's."""
+    torch.manual_seed(0)
+    h = torch.randn(300, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(1000, 16, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 1000, (300,))
+    loss = chunked_cross_entropy(h, w, targets, softcap, chunk_rows=128)
+    logits = h @ w.t()  # (300, 1000)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    want = F.cross_entropy(logits, targets)
+    assert loss.dtype == torch.float64
+    torch.testing.assert_close(loss, want, rtol=1e-12, atol=0)
+    for ours, theirs in zip(torch.autograd.grad(loss, (h, w)), torch.autograd.grad(want, (h, w))):
+        torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-14)

@@ -343,6 +343,7 @@ def matmul_precision():
         ("32-true", "highest", torch.float32),
         ("32-true", "high", "tfloat32"),
         ("32-true", "medium", "tfloat32"),
+        ("64-true", "high", torch.float64),  # float64's peak, not TF32's
     ],
 )
 def test_precision_names_the_key_of_lightnings_flops_table(precision, matmul, dtype, matmul_precision):

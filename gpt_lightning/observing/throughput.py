@@ -91,6 +91,8 @@ def precision_dtype(precision: str) -> torch.dtype | str:
         return torch.bfloat16
     if precision.startswith("16"):
         return torch.float16
+    if precision.startswith("64"):
+        return torch.float64
     if torch.get_float32_matmul_precision() != "highest":
         return TF32
     return torch.float32
