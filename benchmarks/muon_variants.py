@@ -65,7 +65,7 @@ EMA = ["--trainer.callbacks+=EMAWeightAveraging", "--trainer.callbacks.decay", "
 VAL_BATCHES = 4  # configs/tiny-cpu.yaml's trainer.limit_val_batches: validation batches of every other run
 
 
-# The model's switches between the blocks, off in both configs: each run adds one.
+# The model's switch between the blocks, off in both configs: a run adds it.
 ARCH_SWITCHES = ("residual_scalars",)
 
 

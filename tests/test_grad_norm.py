@@ -35,13 +35,18 @@ def test_the_logged_norm_is_taken_before_clipping(small_text, tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters()))
 
 
-@pytest.mark.parametrize("clip", [None, 1.0], ids=["unclipped", "clipped"])
-def test_16_mixed_logs_the_unscaled_norm_as_32_true_does(small_text, tmp_path, clip):
-    """Under 16-mixed the GradScaler owns overflows; the norm is still logged, unscaled (it was missing)."""
+@pytest.mark.parametrize(
+    "optimizer, clip",
+    [("adamw", None), ("adamw", 1.0), ("muon", 1.0)],
+    ids=["fused-adamw", "fused-adamw-clipped", "muon-clipped"],
+)
+def test_16_mixed_logs_the_unscaled_norm_as_32_true_does(small_text, tmp_path, optimizer, clip):
+    """Under 16-mixed the GradScaler owns overflows; the norm is still logged, unscaled (it was missing):
+    fused AdamW unscales in its step, Lightning unscales for Muon before the hooks."""
 
     def logged_norm(**precision) -> float:
         torch.manual_seed(0)
-        module = GPTLightningModule(**TINY_MODEL)
+        module = GPTLightningModule(**TINY_MODEL, optimizer=optimizer)
         data = TokenStreamDataModule(
             str(small_text), batch_size=2, block_size=32, val_fraction=0.0, cache_dir=str(tmp_path)
         )

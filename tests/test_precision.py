@@ -161,8 +161,7 @@ def test_the_bf16_probe_leaves_the_global_random_state_alone():
     assert torch.equal(torch.get_rng_state(), state)
 
 
-@pytest.mark.parametrize("half, tolerance", [("16-true", 2e-3), ("bf16-true", 1e-2)])
-def test_validation_sums_its_metrics_in_float32_under_a_half_precision_module(half, tolerance, tmp_path):
+def test_validation_and_test_sum_their_metrics_in_float32_under_a_half_precision_module(tmp_path):
     """bf16-true and 16-true cast the whole module, the metrics' states with it: 8 batches of 1,024 tokens
     sum to ~88,000, past float16's largest value (inf before), and a bf16 sum stalls (1.4% high before)."""
 
@@ -170,10 +169,16 @@ def test_validation_sums_its_metrics_in_float32_under_a_half_precision_module(ha
         torch.manual_seed(0)
         module = GPTLightningModule(**TINY_MODEL, val_sample_tokens=0)
         data = TokenStreamDataModule(batch_size=16, block_size=64, cache_dir=str(tmp_path))
-        trainer = Trainer(**{**ONE_QUIET_CPU_STEP, "limit_val_batches": 8}, precision=precision)
-        (metrics,) = trainer.validate(module, data, verbose=False)
-        return metrics
+        batches = {"limit_val_batches": 8, "limit_test_batches": 8}
+        trainer = Trainer(**{**ONE_QUIET_CPU_STEP, **batches}, precision=precision)
+        (metrics,) = (trainer.test if precision == "bf16-true" else trainer.validate)(module, data, verbose=False)
+        return {name.split("/")[1]: value for name, value in metrics.items()}
 
-    full, low = validate("32-true"), validate(half)
-    for name in ("val/loss", "val/perplexity", "val/bpb"):
-        assert low[name] == pytest.approx(full[name], rel=tolerance * (10 if name == "val/perplexity" else 1)), name
+    full = validate("32-true")
+    for half, tolerance in (("16-true", 2e-3), ("bf16-true", 1e-2)):  # bf16-true through test/
+        low = validate(half)
+        for name in ("loss", "perplexity", "bpb"):
+            assert low[name] == pytest.approx(full[name], rel=tolerance * (10 if name == "perplexity" else 1)), (
+                half,
+                name,
+            )

@@ -144,7 +144,7 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
                 *MODERN_FLAGS,
                 *ARCH_FLAGS,
                 "--model.n_layer",
-                "2",  # the U-net skips need a first and a second half
+                "2",  # the SL pattern: a windowed block and the long last one
                 "--model.window_pattern",
                 "SL",
             ],
