@@ -556,10 +556,10 @@ class GPT(nn.Module):
         return self.logits(x[:, -1])  # (B, vocab_size)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Final norm, LM head and the tanh ``logit_softcap``, in float32 (in bf16, logits near the cap
-        round onto it): (..., C) -> (..., vocab_size)."""
+        """Final norm, LM head and the tanh ``logit_softcap``, in float32 at least (in bf16, logits near the
+        cap round onto it; float64 stays float64): (..., C) -> (..., vocab_size)."""
         logits = self.lm_head(self.transformer.ln_f(x))  # (..., vocab_size)
         if self.config.logit_softcap is not None:
-            cap = self.config.logit_softcap
-            logits = cap * torch.tanh(logits.float() / cap)  # (..., vocab_size), float32, in (-cap, cap)
+            cap, exact = self.config.logit_softcap, torch.promote_types(logits.dtype, torch.float32)
+            logits = cap * torch.tanh(logits.to(exact) / cap)  # (..., vocab_size), float32+, in (-cap, cap)
         return logits

@@ -113,7 +113,10 @@ def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
     # The memory estimate of this run: 1 x 32 model, 2 x 32 tokens, one process, at the precision auto chose.
     mixed = fast_precision("cpu")[0] == "bf16-mixed"
     assert f"precision auto: {fast_precision('cpu')[0]} (this CPU " in console
-    memory = training_memory(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32), 2, 32, ddp=False, mixed=mixed)
+    precision = fast_precision("cpu")[0]
+    memory = training_memory(
+        GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32), 2, 32, ddp=False, precision=precision
+    )
     assert (
         f"{memory.total / GIB:.2f} GiB per device, estimated (eager; the memory guide, docs/multi-gpu.md): "
         f"{memory.weights_grads_adamw / GIB:.2f} weights, gradients and AdamW + "

@@ -166,3 +166,10 @@ def test_the_chunked_loss_is_float64_under_64_true(softcap):
     torch.testing.assert_close(loss, want, rtol=1e-12, atol=0)
     for ours, theirs in zip(torch.autograd.grad(loss, (h, w)), torch.autograd.grad(want, (h, w))):
         torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-14)
+    # The model's own logits (evaluation, sampling, --model.chunked_loss false) stay float64 too.
+    config = GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=1000, block_size=8, logit_softcap=softcap)
+    model = GPT(config).to(torch.float64)
+    idx = torch.randint(0, 1000, (2, 8))
+    plain, chunked = model(idx, idx)[1], model(idx, idx, head_loss=chunked_cross_entropy)[1]
+    assert model.logits(torch.randn(16, dtype=torch.float64)).dtype == torch.float64
+    torch.testing.assert_close(plain, chunked, rtol=1e-12, atol=0)

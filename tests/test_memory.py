@@ -23,10 +23,20 @@ from gpt_lightning.scaling.memory import (
     training_memory,
 )
 
+# Each precision as Lightning runs it: (autocast's dtype, or None; the dtype the whole module is cast to).
+PRECISIONS = {
+    "bf16-mixed": (torch.bfloat16, torch.float32),
+    "32-true": (None, torch.float32),
+    "bf16-true": (None, torch.bfloat16),
+    "64-true": (None, torch.float64),
+}
 
-def kept_for_backward(model: GPT, x: torch.Tensor, mixed: bool = False, chunked: bool = False) -> int:
-    """Bytes of the distinct storages autograd saves during a forward (``mixed``: under bf16
-    autocast; ``chunked``: the training loss), parameters and autocast's bf16 copies of them (counted apart) excluded."""
+
+def kept_for_backward(model: GPT, x: torch.Tensor, precision: str = "32-true", chunked: bool = False) -> int:
+    """Bytes of the distinct storages autograd saves during a forward under ``precision`` (``PRECISIONS``;
+    ``chunked``: the training loss), parameters and autocast's bf16 copies of them (counted apart) excluded."""
+    autocast, dtype = PRECISIONS[precision]
+    model.to(dtype)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     kept: dict[int, int] = {}
 
@@ -42,7 +52,7 @@ def kept_for_backward(model: GPT, x: torch.Tensor, mixed: bool = False, chunked:
     targets = torch.roll(x, -1, dims=1)  # a tensor of their own, as a training batch's
     with (
         torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-        torch.autocast("cpu", torch.bfloat16, enabled=mixed),
+        torch.autocast("cpu", autocast or torch.bfloat16, enabled=autocast is not None),
     ):
         model(x, targets, head_loss=chunked_cross_entropy if chunked else None)
     return sum(kept.values())
@@ -57,15 +67,15 @@ def test_activation_count_is_what_autograd_keeps_in_float32(n_layer, n_head, n_e
     model = GPT(config)
     x = torch.randint(0, vocab_size, (2, 32))
     tokens = x.numel()
-    estimate = tokens * activation_bytes_per_token(config, mixed=False, rows=2, chunked_loss=False)
+    estimate = tokens * activation_bytes_per_token(config, "32-true", rows=2, chunked_loss=False)
     assert kept_for_backward(model, x) == pytest.approx(estimate, abs=16)
     # Checkpointed, the forward keeps the blocks' inputs; one block's activations come back in the backward.
     model.activation_checkpointing = True
     checkpointed = activation_bytes_per_token(
-        config, mixed=False, activation_checkpointing=True, rows=2, chunked_loss=False
+        config, "32-true", activation_checkpointing=True, rows=2, chunked_loss=False
     )
     assert kept_for_backward(model, x) == pytest.approx(
-        tokens * (checkpointed - block_activation_bytes_per_token(config, mixed=False, rows=2)), abs=16
+        tokens * (checkpointed - block_activation_bytes_per_token(config, "32-true", rows=2)), abs=16
     )
 
 
@@ -92,25 +102,27 @@ MODERN = preset_switches("modern-124m-fineweb.yaml")
         ",".join(switches) if len(switches) < 2 else "all+scalars" if "residual_scalars" in switches else "all"
     ),
 )
-def test_activation_count_of_each_switch_is_what_autograd_keeps_under_bf16_autocast(switches):
-    """Each switch of the modern preset alone (RMSNorm alone has gains) and all of them, as
-    bf16-mixed keeps them and in float32, checkpointed too (with value embeddings the largest block
-    is the one recomputed). Counted on the CPU; CUDA's fused kernels (RMSNorm's) may keep less."""
+def test_activation_count_of_each_switch_is_what_autograd_keeps_at_each_precision(switches):
+    """Each switch of the modern preset alone (RMSNorm alone has gains) and all of them, as each
+    precision keeps them (bf16-true: half of 32-true's but for what stays float32), checkpointed too
+    (with value embeddings the largest block is the one recomputed). Counted on the CPU; CUDA's fused
+    kernels (RMSNorm's) may keep less."""
     config = GPTConfig(n_layer=3, n_head=2, n_embd=32, vocab_size=512, block_size=32, **switches)
     torch.manual_seed(0)
     model = GPT(config)
     x = torch.randint(0, 512, (2, 32))
-    for mixed in (True, False):
-        estimate = x.numel() * activation_bytes_per_token(config, mixed=mixed, rows=2, chunked_loss=False, seq_len=32)
-        assert kept_for_backward(model, x, mixed) == pytest.approx(estimate, abs=16), mixed
-        # The chunked training loss keeps no logits: the head input's gradient, and its weight's (float32).
-        estimate = x.numel() * activation_bytes_per_token(config, mixed=mixed, rows=2, seq_len=32) + 4 * 512 * 32
-        assert kept_for_backward(model, x, mixed, chunked=True) == pytest.approx(estimate, abs=16), mixed
+    for precision in PRECISIONS:
+        estimate = x.numel() * activation_bytes_per_token(config, precision, rows=2, chunked_loss=False, seq_len=32)
+        assert kept_for_backward(model, x, precision) == pytest.approx(estimate, abs=16), precision
+        # The chunked training loss keeps no logits: the head input's gradient, and its weight's (float32+).
+        head_grad = max(4, PRECISIONS[precision][1].itemsize) * 512 * 32
+        estimate = x.numel() * activation_bytes_per_token(config, precision, rows=2, seq_len=32) + head_grad
+        assert kept_for_backward(model, x, precision, chunked=True) == pytest.approx(estimate, abs=16), precision
     model.activation_checkpointing = True
     checkpointed = activation_bytes_per_token(
         config, activation_checkpointing=True, rows=2, chunked_loss=False, seq_len=32
     ) - block_activation_bytes_per_token(config, rows=2)  # the recomputed block: in the backward
-    assert kept_for_backward(model, x, mixed=True) == pytest.approx(x.numel() * checkpointed, abs=16)
+    assert kept_for_backward(model, x, "bf16-mixed") == pytest.approx(x.numel() * checkpointed, abs=16)
 
 
 class LivePeak(TorchDispatchMode):
@@ -141,39 +153,47 @@ class LivePeak(TorchDispatchMode):
 @pytest.mark.parametrize("chunked", [False, True], ids=["cross_entropy", "chunked"])
 def test_the_loss_peak_is_what_a_step_holds_beyond_what_autograd_keeps(switches, chunked, monkeypatch):
     """The peak of a forward and backward, the vocabulary-wide tensors of the loss included (the
-    guide counted only the float32 log-softmax: 30% low on an H200). In float32, as on CUDA; CPU
-    autocast upcasts bf16 logits before the log-softmax where CUDA's takes them as they are, which
-    costs the CPU 2 bytes a logit (F.cross_entropy's backward), 4 a chunk's logit (chunked)."""
+    guide counted only the float32 log-softmax: 30% low on an H200), at each precision. The CPU's
+    log-softmax upcasts bf16 logits to float32 first where CUDA's takes them as they are, which costs
+    the CPU 2 bytes a logit (autocast's F.cross_entropy backward), 4 a chunk's logit (chunked)."""
     for module in (gpt_lightning.loss, gpt_lightning.scaling.memory):
         monkeypatch.setattr(module, "LOSS_CHUNK_ROWS", 256)  # 4 chunks
     B, T, V = 8, 128, 8192
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=V, block_size=T, **switches)
-    for mixed in (False, True):
+    for precision, (autocast, dtype) in PRECISIONS.items():
         torch.manual_seed(0)
-        model = GPT(config)
+        model = GPT(config).to(dtype)
         x = torch.randint(0, V, (B, T))
         with LivePeak(model) as held:
-            with torch.autocast("cpu", torch.bfloat16, enabled=mixed):
+            with torch.autocast("cpu", autocast or torch.bfloat16, enabled=autocast is not None):
                 loss = model(x, torch.roll(x, -1, dims=1), head_loss=chunked_cross_entropy if chunked else None)[1]
             loss.backward()
-        estimate = training_memory(config, B, T, mixed=mixed, chunked_loss=chunked).activations
-        cpu_upcast = 0 if "logit_softcap" in switches or not mixed else (4 * 256 if chunked else 2 * B * T) * V
-        assert held.peak == pytest.approx(estimate + cpu_upcast, rel=0.04), mixed  # the blocks' CPU temporaries: < 1 MB
+        estimate = training_memory(config, B, T, precision=precision, chunked_loss=chunked).activations
+        # the CPU's log-softmax upcasts half logits (the chunk's, or autocast's F.cross_entropy's) to float32 first
+        half = (autocast or dtype) == torch.bfloat16
+        upcast = (4 * 256 if chunked else 2 * B * T * (autocast is not None)) * V * half
+        cpu_upcast = 0 if "logit_softcap" in switches else upcast
+        assert held.peak == pytest.approx(estimate + cpu_upcast, rel=0.04), precision  # CPU temporaries: < 1 MB
     unchunked = training_memory(config, B, T, chunked_loss=False).activations
     assert unchunked > 2 * training_memory(config, B, T).activations  # what the chunks save
 
 
-def test_weights_gradients_and_adamw_take_16_bytes_a_parameter():
+@pytest.mark.parametrize("precision, per_parameter", [("32-true", 16), ("bf16-true", 8), ("64-true", 32)])
+def test_weights_gradients_and_adamw_take_four_values_a_parameter(precision, per_parameter):
+    """In the module's dtype: float32 under the mixed precisions (their bf16 copies counted apart)."""
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=300, block_size=16)
-    model = GPT(config)
+    model = GPT(config).to(PRECISIONS[precision][1])
     optimizer = torch.optim.AdamW(model.parameters())
     x = torch.randint(0, 300, (2, 16))
     model(x, x)[1].backward()
     optimizer.step()
     held = sum(p.nbytes + p.grad.nbytes for p in model.parameters())
     held += sum(s[k].nbytes for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq"))
-    assert held == training_memory(config, 1, shards=1, mixed=False).weights_grads_adamw == 16 * parameter_count(config)
-    assert training_memory(config, 1, shards=8).weights_grads_adamw == held / 8
+    estimate = training_memory(config, 1, shards=1, precision=precision)
+    assert held == estimate.weights_grads_adamw == per_parameter * parameter_count(config)
+    assert training_memory(config, 1, shards=8, precision=precision).weights_grads_adamw == held / 8
+    assert estimate.bf16_weight_copies == 0  # autocast's, under the mixed precisions only
+    assert training_memory(config, 1, precision="bf16-mixed").bf16_weight_copies == 2 * parameter_count(config)
 
 
 def test_the_family_is_the_shipped_configs_and_counts_its_parameters():
@@ -239,6 +259,12 @@ def test_a_run_s_estimate_follows_its_strategy_and_warns_when_it_cannot_fit():
     assert run_memory(ddp, module) == training_memory(xl, 16, 1024)  # buckets and bf16 copies counted
     assert run_memory(ddp, module).ddp_buckets + run_memory(ddp, module).bf16_weight_copies == 6 * parameter_count(xl)
 
+    ddp.precision = "bf16-true"  # bf16 states, no weight copies: it fits where bf16-mixed does not
+    assert run_memory(ddp, module) == training_memory(xl, 16, 1024, precision="bf16-true")
+    assert fit_warning(run_memory(ddp, module), 80e9, "NVIDIA H100 80GB HBM3") is None
+    ddp.precision = "transformer-engine"  # no estimate rather than a wrong one
+    assert run_memory(ddp, module) is None
+    ddp.precision = "bf16-mixed"
     too_big = fit_warning(run_memory(ddp, module), 80e9, "NVIDIA H100 80GB HBM3")  # 80 GB: 74.5 GiB
     assert too_big.startswith("Estimated 75.2 GiB per device but the NVIDIA H100 80GB HBM3 has 74.5 GiB")
     assert "--config configs/fsdp2.yaml" in too_big

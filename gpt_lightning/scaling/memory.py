@@ -21,9 +21,29 @@ def parameter_count(config: GPTConfig) -> int:
         return GPT(config).num_parameters()
 
 
+# Bytes of a matmul input and of the model's own values (weights, gradients, optimizer states, the residual
+# stream, norms) under each Lightning precision: bf16/fp16 copies and float32 values under the mixed ones
+# (autocast), the dtype's under the true ones (the whole module cast).
+PRECISION_BYTES = {
+    "bf16-mixed": (2, 4),
+    "16-mixed": (2, 4),
+    "32-true": (4, 4),
+    "bf16-true": (2, 2),
+    "16-true": (2, 2),
+    "64-true": (8, 8),
+}
+
+
+def value_bytes(precision: str) -> tuple[int, int]:
+    """``PRECISION_BYTES`` of a Lightning precision string."""
+    if precision not in PRECISION_BYTES:
+        raise ValueError(f"no memory estimate for precision {precision!r}: one of {', '.join(PRECISION_BYTES)}")
+    return PRECISION_BYTES[precision]
+
+
 def activation_bytes_per_token(
     config: GPTConfig,
-    mixed: bool = True,
+    precision: str = "bf16-mixed",
     activation_checkpointing: bool = False,
     rows: int = 1,
     chunked_loss: bool = True,
@@ -33,9 +53,9 @@ def activation_bytes_per_token(
 
     Args:
         config: the architecture.
-        mixed: ``bf16-mixed`` (matmul inputs kept as bfloat16 copies; norms and the loss in
-            float32) rather than ``32-true``.
-        activation_checkpointing: each block keeps only its float32 input; one block's activations
+        precision: Lightning's (``value_bytes``): under ``bf16-mixed`` matmul inputs are kept as bfloat16
+            copies and norms and the loss in float32; under ``bf16-true`` nearly all in bfloat16.
+        activation_checkpointing: each block keeps only its input; one block's activations
             exist at a time while it is recomputed.
         rows: rows per micro-batch, which share the tensors made per position (positions, rotary angles).
         chunked_loss: the training loss by ``chunked_cross_entropy`` (it keeps the gradient of the head's
@@ -44,68 +64,80 @@ def activation_bytes_per_token(
         seq_len: tokens per row (a windowed block keeps a (T, T) mask); the model's block_size if None.
     """
     C, V = config.n_embd, config.vocab_size
+    a, e = value_bytes(precision)
+    f = max(e, 4)  # what is float32 at least: the softcapped logits, RMSNorm (CPU: a half input upcast)
     # ids (int64), and the targets F.cross_entropy keeps (the chunked loss does not); positions, one per position
     ids = 8 + (0 if chunked_loss else 8) + (0 if config.rotary else 8 / rows)
-    embedding = 4 * C + 4 if config.norm == "rmsnorm" else 0  # the embedding's RMSNorm (no gain): input, rstd
-    logits = (
-        0 if chunked_loss else 4 * V * (2 if config.logit_softcap is not None else 1)
-    )  # float32 log-softmax (and tanh)
-    head = ids + embedding + norm_bytes_per_token(config) + (2 if mixed else 4) * C + logits
-    if config.residual_scalars:  # each block's incoming stream, float32, that resid_lambdas[i] multiplies (x0 too)
-        head += config.n_layer * 4 * C
-    blocks = [block_activation_bytes_per_token(config, mixed, layer, rows, seq_len) for layer in range(config.n_layer)]
+    embedding = f * C + f if config.norm == "rmsnorm" else 0  # the embedding's RMSNorm (no gain): input, rstd
+    # the log-softmax (softcapped: and the tanh, float32 at least); in the model's dtype, as CPU autocast upcasts
+    logits = 0 if chunked_loss else 2 * f * V if config.logit_softcap is not None else e * V
+    head = ids + embedding + norm_bytes_per_token(config, precision) + a * C + logits
+    if config.residual_scalars:  # each block's incoming stream that resid_lambdas[i] multiplies (x0 too)
+        head += config.n_layer * e * C
+    blocks = [
+        block_activation_bytes_per_token(config, precision, layer, rows, seq_len) for layer in range(config.n_layer)
+    ]
     if activation_checkpointing:
-        return config.n_layer * 4 * C + max(blocks) + head  # the blocks' inputs, and one block recomputed
+        return config.n_layer * e * C + max(blocks) + head  # the blocks' inputs, and one block recomputed
     return sum(blocks) + head
 
 
-def norm_bytes_per_token(config: GPTConfig) -> int:
-    """Bytes one norm keeps per token: its float32 input and statistics (LayerNorm: mean and rstd;
-    RMSNorm: rstd, and the normed input where a gain multiplies it)."""
+def norm_bytes_per_token(config: GPTConfig, precision: str = "bf16-mixed") -> int:
+    """Bytes one norm keeps per token: its input and statistics (LayerNorm: mean and rstd; RMSNorm: rstd,
+    and the normed input where a gain multiplies it), float32 under autocast; under a true precision
+    the dtype's, except that the CPU's RMSNorm works on a half input in float32 and keeps that."""
     C = config.n_embd
+    e = value_bytes(precision)[1]
     if config.norm == "layernorm":
-        return 4 * C + 8
-    return 4 * C + 4 + (4 * C if config.norm_affine else 0)
+        return e * C + 2 * e
+    f = max(e, 4)
+    return f * C + f + (f * C if config.norm_affine else 0)
 
 
 def block_activation_bytes_per_token(
-    config: GPTConfig, mixed: bool = True, layer: int | None = None, rows: int = 1, seq_len: int | None = None
+    config: GPTConfig,
+    precision: str = "bf16-mixed",
+    layer: int | None = None,
+    rows: int = 1,
+    seq_len: int | None = None,
 ) -> float:
     """Bytes ``Block`` number ``layer`` (None: the largest) keeps per token, counted from the
     tensors its backward reads: matmul and attention inputs in ``a`` bytes a value (bfloat16 copies
-    under bf16-mixed), norms' inputs and statistics in float32. ``rows``, ``seq_len`` as in ``activation_bytes_per_token``."""
+    under bf16-mixed), norms' inputs and statistics as ``norm_bytes_per_token``. ``precision``, ``rows``,
+    ``seq_len`` as in ``activation_bytes_per_token``."""
     if layer is None:
-        return max(block_activation_bytes_per_token(config, mixed, i, rows, seq_len) for i in range(config.n_layer))
+        return max(block_activation_bytes_per_token(config, precision, i, rows, seq_len) for i in range(config.n_layer))
     C, nh = config.n_embd, config.n_head
-    hs, a = C // nh, 2 if mixed else 4
+    a, e = value_bytes(precision)
+    hs, f = C // nh, max(e, 4)
     value_embedding = config.has_value_embedding(layer)
-    attention = a * C + a * C + 4 * nh  # c_attn's input; SDPA's output and log-sum-exp
+    attention = a * C + a * C + f * nh  # c_attn's input; SDPA's output and log-sum-exp (float32 at least)
     if config.rotary or config.qk_norm:  # q and k new tensors: SDPA's inputs, and its output is copied for c_proj
         attention += 3 * a * C
     if config.rotary:
         attention += 2 * a * hs / rows  # cos and sin, (T, hs/2), for q and for k
-    if config.qk_norm:  # an rstd per head, and the input in float32: an upcast copy under autocast
-        attention += 2 * 4 * nh + (2 * 4 * C if mixed or config.rotary else 0)  # (else views of qkv)
+    if config.qk_norm:  # an rstd per head, and the input in float32: an upcast copy of a half one
+        attention += 2 * f * nh + (2 * f * C if a < 4 or config.rotary else 0)  # (else views of qkv)
     if value_embedding:  # the table's rows and the gated values; the gate's sigmoid, scaled, and bf16 input
-        attention += 2 * a * C + 2 * a * nh + (2 * VALUE_GATE_CHANNELS if mixed else 0)
+        attention += 2 * a * C + 2 * a * nh + (2 * VALUE_GATE_CHANNELS if a < e else 0)
     if config.attention_window(layer) is not None:  # SDPA's additive (T, T) band mask, shared by the rows
         attention += a * (seq_len or config.block_size) / rows  # (flex attention's, compiled on CUDA: a few bytes)
-    if not value_embedding or not config.rotary and not (config.qk_norm and mixed):
+    if not value_embedding or not config.rotary and not (config.qk_norm and a < 4):
         attention += 3 * a * C  # c_attn's output, while SDPA or a float32 rms_norm reads a view of it
     mlp = a * C + 2 * 4 * a * C  # c_fc's input; the activation's input and output
-    return 2 * norm_bytes_per_token(config) + attention + mlp
+    return 2 * norm_bytes_per_token(config, precision) + attention + mlp
 
 
 @dataclass(frozen=True)
 class TrainingMemory:
     """Bytes per GPU, by what holds them."""
 
-    weights_grads_adamw: float  # float32 weights, gradients, AdamW exp_avg and exp_avg_sq: 16 B a parameter
-    ddp_buckets: float  # DDP's gradient buckets: 4 B a parameter, with several processes
+    weights_grads_adamw: float  # weights, gradients, AdamW exp_avg and exp_avg_sq: 16 B a parameter in float32
+    ddp_buckets: float  # DDP's gradient buckets: a gradient's bytes a parameter, with several processes
     bf16_weight_copies: float  # autocast's bf16 copies of the weights, kept for the backward: 2 B a parameter
     activations: float  # what autograd keeps, and the loss's peak beyond it (``loss_peak_bytes``)
     tokens: int  # per micro-batch, per device
-    weight_average: float = 0.0  # EMAWeightAveraging's copy of the module: 4 B a parameter (float32 weights)
+    weight_average: float = 0.0  # EMAWeightAveraging's copy of the module: a weight's bytes a parameter
 
     @property
     def total(self) -> float:
@@ -118,15 +150,18 @@ class TrainingMemory:
         )
 
 
-def loss_peak_bytes(config: GPTConfig, tokens: int, mixed: bool = True, chunked_loss: bool = True) -> float:
+def loss_peak_bytes(config: GPTConfig, tokens: int, precision: str = "bf16-mixed", chunked_loss: bool = True) -> float:
     """Bytes the loss holds at its peak beyond what autograd keeps (``activation_bytes_per_token``), on CUDA.
-    ``F.cross_entropy``: its backward's float32 gradient of the log-softmax and that of its input (bf16
-    logits under bf16-mixed, else float32) over all ``tokens``. Chunked: one chunk's logits and float32
-    log-softmax (softcapped: tanh and capped logits too), and the head's float32 weight gradient."""
-    V, a, capped = config.vocab_size, 2 if mixed else 4, config.logit_softcap is not None
+    ``F.cross_entropy``: its backward's gradient of the log-softmax (float32 under autocast) and that of
+    its input (bf16 logits under bf16-mixed) over all ``tokens``. Chunked: one chunk's logits and float32
+    log-softmax (softcapped: tanh and capped logits too), and the head's float32 weight gradient (float64
+    under 64-true: ``chunked_cross_entropy`` sums in float32 at least)."""
+    V, capped = config.vocab_size, config.logit_softcap is not None
+    a, e = value_bytes(precision)
+    f = max(e, 4)
     if not chunked_loss:
-        return tokens * V * (4 + (4 if capped else a))
-    return min(tokens, LOSS_CHUNK_ROWS) * V * (12 if capped else a + 4) + 4 * V * config.n_embd
+        return tokens * V * (2 * f if capped else e + a)
+    return min(tokens, LOSS_CHUNK_ROWS) * V * (3 * f if capped else a + f) + f * V * config.n_embd
 
 
 def training_memory(
@@ -134,7 +169,7 @@ def training_memory(
     micro_batch_size: int,
     seq_len: int | None = None,
     shards: int = 1,
-    mixed: bool = True,
+    precision: str = "bf16-mixed",
     activation_checkpointing: bool = False,
     ddp: bool = True,
     chunked_loss: bool = True,
@@ -147,7 +182,8 @@ def training_memory(
         micro_batch_size: rows per GPU per forward (``data.batch_size``).
         seq_len: tokens per row; the model's block_size if None.
         shards: 1 for DDP (every GPU holds everything); the number of GPUs FSDP2 shards over.
-        mixed: bf16-mixed rather than 32-true.
+        precision: Lightning's, e.g. ``bf16-mixed`` (float32 states, autocast's bf16 weight copies) or
+            ``bf16-true`` (the states in bfloat16: half of 32-true's); see ``value_bytes``.
         activation_checkpointing: see ``activation_bytes_per_token``.
         ddp: with ``shards`` 1, whether DDP keeps gradient buckets (several processes) or not (one).
         chunked_loss: the module's ``chunked_loss`` (``loss_peak_bytes``).
@@ -157,15 +193,17 @@ def training_memory(
     n = parameter_count(config)
     tokens = micro_batch_size * (seq_len or config.block_size)
     unsharded = shards == 1  # FSDP2 has no buckets and gathers one block's weights at a time
+    a, e = value_bytes(precision)
+    per_token = activation_bytes_per_token(
+        config, precision, activation_checkpointing, micro_batch_size, chunked_loss, seq_len
+    )
     return TrainingMemory(
-        weights_grads_adamw=16 * n / shards,
-        ddp_buckets=4 * n if unsharded and ddp else 0.0,
-        bf16_weight_copies=2 * n if unsharded and mixed else 0.0,
-        activations=tokens
-        * activation_bytes_per_token(config, mixed, activation_checkpointing, micro_batch_size, chunked_loss, seq_len)
-        + loss_peak_bytes(config, tokens, mixed, chunked_loss),
+        weights_grads_adamw=4 * e * n / shards,
+        ddp_buckets=e * n if unsharded and ddp else 0.0,
+        bf16_weight_copies=a * n if unsharded and a < e else 0.0,
+        activations=tokens * per_token + loss_peak_bytes(config, tokens, precision, chunked_loss),
         tokens=tokens,
-        weight_average=4 * n if weight_average else 0.0,
+        weight_average=e * n if weight_average else 0.0,
     )
 
 
