@@ -108,7 +108,7 @@ def test_offline_without_the_file_says_where_to_put_it(tmp_path, monkeypatch):
     assert not (tmp_path / "hellaswag").exists()
 
 
-def test_the_eval_command_on_a_checkpoint(tmp_path, capsys):
+def test_the_eval_command_on_a_checkpoint(tmp_path, capsys, monkeypatch):
     model = model_that_always_says(ENCODE(" the")[0])
     ckpt = tmp_path / "always-the.ckpt"
     torch.save(
@@ -137,6 +137,20 @@ def test_the_eval_command_on_a_checkpoint(tmp_path, capsys):
     assert "hellaswag: acc_norm" in capsys.readouterr().out
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["examples"] == 2 and saved["acc_norm"] >= 0.5  # the second example it cannot miss
+
+    # --dtype as for --tasks: bfloat16 under autocast, float32 without (it was bf16 on CUDA, fp32 on a CPU).
+    scored_in = []
+    ending_losses = hellaswag.ending_losses
+
+    def recording(model, batch):
+        autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+        scored_in.append((next(model.parameters()).dtype, autocast))
+        return ending_losses(model, batch)
+
+    monkeypatch.setattr(hellaswag, "ending_losses", recording)
+    for dtype in ("bfloat16", "float32"):
+        main(["eval", "--task", "hellaswag", "--ckpt_path", str(ckpt), "--data_file", str(path), "--dtype", dtype])
+    assert scored_in == [(torch.float32, torch.bfloat16), (torch.float32, None)]
 
 
 def test_a_malformed_line_is_named(tmp_path):

@@ -138,7 +138,7 @@ def parser() -> argparse.ArgumentParser:
         "--dtype",
         choices=["auto", *DTYPES],
         default="auto",
-        help="--tasks, --text_file: bfloat16/float16 run under autocast; auto: bfloat16 where the GPU or CPU runs "
+        help="bfloat16/float16 run under autocast; auto: bfloat16 where the GPU or CPU runs "
         "it natively (measured on a CPU), else the checkpoint's own (default: %(default)s)",
     )
     parser.add_argument(
@@ -231,9 +231,19 @@ def device_and_dtype(args: argparse.Namespace):
     return device, dtype if dtype == torch.bfloat16 else None
 
 
+def model_to_score(args: argparse.Namespace):
+    """The model of ``--ckpt_path``/``--init_from`` on ``--device``, in eval mode, and the context to run it in:
+    autocast for a bfloat16/float16 ``--dtype``, else the model cast to it (``device_and_dtype``)."""
+    import torch
+
+    device, dtype = device_and_dtype(args)
+    autocast = dtype in (torch.bfloat16, torch.float16)
+    model = load_model(args.ckpt_path, args.init_from).to(device=device, dtype=None if autocast else dtype).eval()
+    return model, device, lambda: torch.autocast(device.type, dtype=dtype, enabled=autocast)
+
+
 def text_bits_per_byte_of(args: argparse.Namespace) -> None:
     """``--text_file``: the text's bits per byte (``training.bits_per_byte``), as ``val/bpb`` counts them."""
-    import torch
 
     from gpt_lightning.atomic import atomic_write_bytes
     from gpt_lightning.data.tokenizer import gpt2_encoding
@@ -249,10 +259,8 @@ def text_bits_per_byte_of(args: argparse.Namespace) -> None:
     ids = gpt2_encoding().encode_ordinary(text)
     if not ids:
         raise UserError(f"--text_file {path} is empty.")
-    device, dtype = device_and_dtype(args)
-    autocast = dtype in (torch.bfloat16, torch.float16)
-    model = load_model(args.ckpt_path, args.init_from).to(device=device, dtype=None if autocast else dtype).eval()
-    with torch.autocast(device.type, dtype=dtype, enabled=autocast):
+    model, device, run_in = model_to_score(args)
+    with run_in():
         result = text_bits_per_byte(model, ids, device, args.batch_size)
     print(f"{path}: {result['bpb']:.4f} bits per byte over {result['bytes']:,} bytes ({result['tokens']:,} tokens)")
     if args.output_path:
@@ -283,18 +291,16 @@ def write_results(results: dict[str, Any], path: Path) -> None:
 def hellaswag(args: argparse.Namespace) -> None:
     """``--task hellaswag``: build-nanogpt's figure (acc_norm: mean loss per ending token)."""
     from gpt_lightning.atomic import atomic_write_bytes
-    from gpt_lightning.commands.sample import resolve_device
     from gpt_lightning.data.corpus import default_cache_dir
     from gpt_lightning.data.tokenizer import gpt2_encoding
     from gpt_lightning.interop.hellaswag import evaluate, read_examples, validation_file
 
     if args.limit is not None and (args.limit < 1 or not isinstance(args.limit, int)):
         raise UserError(f"--limit must be a whole number of examples for --task hellaswag, got {args.limit}.")
-    device = resolve_device(args.device)
-    model = load_model(args.ckpt_path, args.init_from)
+    model, device, run_in = model_to_score(args)
     path = Path(args.data_file) if args.data_file else validation_file(default_cache_dir())
     encode = gpt2_encoding().encode_ordinary
-    result = evaluate(model, read_examples(path), encode, device, args.limit, args.batch_size)
+    result = evaluate(model, read_examples(path), encode, device, args.limit, args.batch_size, run_in)
     print(f"hellaswag: acc_norm {result['acc_norm']:.4f}, acc {result['acc']:.4f} over {result['examples']} examples")
     if args.out:
         atomic_write_bytes(Path(args.out), (json.dumps({"task": "hellaswag", **result}, indent=2) + "\n").encode())

@@ -171,16 +171,19 @@ def count_correct(
 
 
 def evaluate(
-    model: GPT, examples: Iterator[Example], encode, device: torch.device, limit: int | None = None, batch_size: int = 8
+    model: GPT,
+    examples: Iterator[Example],
+    encode,
+    device: torch.device,
+    limit: int | None = None,
+    batch_size: int = 8,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> dict:
-    """``acc_norm`` (mean loss), ``acc`` (summed loss) and the example count, under bf16 autocast
-    on CUDA, with ``batch_size`` examples per forward pass. The counts are read once, at the end."""
+    """``acc_norm`` (mean loss), ``acc`` (summed loss) and the example count, with ``batch_size`` examples
+    per forward pass, each under ``autocast()``. The counts are read once, at the end."""
     if batch_size < 1:
         raise UserError(f"--batch_size must be at least 1, got {batch_size}.")
     model = model.to(device).eval()
-    autocast = (
-        (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
-    )
     chosen = itertools.islice(examples, limit)
     correct_norm, correct, n = count_correct(
         model, batches(chosen, encode, model.config.block_size, batch_size), device, autocast
