@@ -189,7 +189,10 @@ def test_sample_defaults_to_bfloat16_where_the_device_runs_it_natively(monkeypat
     monkeypatch.setattr(precision, "cpu_bf16_slowdown", lambda: 30.0)
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
     assert "--dtype auto: float32 (this CPU emulates bf16" in capsys.readouterr().err
+    # On a GPU it is initialized first (sample and eval run on it next) and asked in place, not in a child.
+    monkeypatch.setattr(torch.cuda, "init", lambda: monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(precision, "cuda_has_bf16", precision.cuda_has_bf16.__wrapped__)  # uncached
     assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     assert resolve_dtype("auto", torch.device("cuda")) == torch.float32

@@ -289,3 +289,20 @@ def test_windowed_attention_compiled_on_cuda_is_flex_attention_and_equals_the_ma
     assert torch.equal(
         generate(model, prompt, 40, temperature=0, compile=True), generate(model, prompt, 40, temperature=0)
     )
+
+
+def test_precision_auto_finds_the_gpu_s_bf16_and_leaves_cuda_uninitialized():
+    """ddp_fork and ddp_notebook fork after the Trainer is built: ``precision: auto`` must not have made a
+    CUDA context in the parent by then. A fresh process, as a notebook's kernel."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch; from gpt_lightning.training.precision import fast_precision; "
+        "print(fast_precision('cuda')[0], torch.cuda.is_initialized())"
+    )
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert child.returncode == 0, child.stderr[-2000:]
+    chosen, initialized = child.stdout.split()[-2:]
+    assert initialized == "False"
+    assert chosen == ("bf16-mixed" if torch.cuda.is_bf16_supported(including_emulation=False) else "32-true")

@@ -37,13 +37,28 @@ def test_auto_on_a_cpu_follows_the_measured_bf16_matmul(slowdown, expected, monk
 @pytest.mark.parametrize("has_bf16, expected", [(True, "bf16-mixed"), (False, "32-true")])
 def test_auto_on_a_cuda_gpu_follows_its_bf16(has_bf16, expected, monkeypatch):
     """(The GPU is stood in for: no CUDA here.) A V100 or T4 gets float32, not float16 unasked."""
-    monkeypatch.setattr(
-        torch.cuda, "is_bf16_supported", lambda including_emulation=True: has_bf16 and not including_emulation
-    )
+    monkeypatch.setattr(precision, "cuda_has_bf16", lambda: has_bf16)
     monkeypatch.setattr(precision, "cpu_bf16_slowdown", lambda: pytest.fail("a GPU run measured the CPU"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert precision.fast_precision("cuda")[0] == precision.fast_precision("gpu")[0] == expected
     assert precision.fast_precision("auto")[0] == expected
+
+
+def test_the_gpu_s_bf16_is_asked_in_a_child_process_until_cuda_is_initialized(monkeypatch):
+    """A parent that has not initialized CUDA must not (ddp_fork, ddp_notebook: its forked processes could
+    not use CUDA then): a child process runs torch's check (here without a GPU: no bf16); once CUDA is
+    initialized the check runs in place. Native bf16 only: a V100 or T4 emulates it."""
+    asked = []
+
+    def is_bf16_supported(including_emulation=True):
+        asked.append(including_emulation)
+        return not including_emulation
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert precision.cuda_has_bf16.__wrapped__() is False and asked == []  # the child's torch: no CUDA here
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert precision.cuda_has_bf16.__wrapped__() is True and asked == [False]
 
 
 def test_the_probe_measures_what_this_cpu_does():

@@ -3,6 +3,8 @@ bfloat16 natively and 32-true where it emulates it, as measured; a run that asks
 emulated is told so in one line. Most laptop and desktop CPUs emulate it, 20-50x slower than float32."""
 
 import functools
+import subprocess
+import sys
 import time
 import typing
 import weakref
@@ -42,6 +44,18 @@ def cpu_bf16_slowdown() -> float:
     return best[torch.bfloat16] / best[torch.float32]
 
 
+@functools.cache
+def cuda_has_bf16() -> bool:
+    """Whether the CUDA GPU runs bfloat16 natively (compute capability 8.0 or newer), found without a CUDA
+    context in this process where it has none yet: a child process asks (a few seconds, once), so the
+    processes ``ddp_fork`` and ``ddp_notebook`` fork afterwards can still initialize CUDA."""
+    if torch.cuda.is_initialized():
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    code = "import torch; print(int(torch.cuda.is_bf16_supported(including_emulation=False)))"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    return child.returncode == 0 and child.stdout.split()[-1:] == ["1"]
+
+
 def _device_type(accelerator: str | Accelerator) -> str:
     """``cpu``, ``cuda`` or another device type, for a Trainer's ``accelerator`` argument, as Lightning picks it."""
     if isinstance(accelerator, Accelerator):
@@ -69,7 +83,7 @@ def fast_precision(accelerator: str | Accelerator = "auto") -> tuple[str, str]:
     ``cpu_bf16_slowdown``), else 32-true (float16 is left to be asked for: it needs loss scaling)."""
     device = _device_type(accelerator)
     if device == "cuda":
-        if torch.cuda.is_bf16_supported(including_emulation=False):
+        if cuda_has_bf16():
             return "bf16-mixed", "this CUDA GPU has bf16"
         return "32-true", "this CUDA GPU has no bf16"
     if device != "cpu":
@@ -83,6 +97,8 @@ def fast_precision(accelerator: str | Accelerator = "auto") -> tuple[str, str]:
 def fast_dtype(device: torch.device) -> tuple[torch.dtype, str]:
     """``(dtype, why)``: bfloat16 where ``device`` runs it natively (as ``fast_precision`` decides), else
     float32; what ``auto`` means to ``eval`` and ``sample``."""
+    if device.type == "cuda":
+        torch.cuda.init()  # they run on it next: its bf16 is asked here, not in a child process
     precision, why = fast_precision(device.type)
     return (torch.bfloat16 if precision == "bf16-mixed" else torch.float32), why
 
