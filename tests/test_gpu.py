@@ -299,7 +299,7 @@ def test_precision_auto_finds_the_gpu_s_bf16_and_leaves_cuda_uninitialized():
 
     code = (
         "import torch; from gpt_lightning.training.precision import fast_precision; "
-        "print(fast_precision('cuda')[0], torch.cuda.is_initialized())"
+        "print(fast_precision('auto')[0], torch.cuda.is_initialized())"
     )
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert child.returncode == 0, child.stderr[-2000:]

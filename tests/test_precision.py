@@ -39,7 +39,7 @@ def test_auto_on_a_cuda_gpu_follows_its_bf16(has_bf16, expected, monkeypatch):
     """(The GPU is stood in for: no CUDA here.) A V100 or T4 gets float32, not float16 unasked."""
     monkeypatch.setattr(precision, "cuda_has_bf16", lambda: has_bf16)
     monkeypatch.setattr(precision, "cpu_bf16_slowdown", lambda: pytest.fail("a GPU run measured the CPU"))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # Lightning's CUDAAccelerator.is_available reads it
     assert precision.fast_precision("cuda")[0] == precision.fast_precision("gpu")[0] == expected
     assert precision.fast_precision("auto")[0] == expected
 

@@ -67,7 +67,7 @@ def _device_type(accelerator: str | Accelerator) -> str:
             else "other"
         )
     if accelerator in ("auto", "gpu"):
-        if torch.cuda.is_available():
+        if CUDAAccelerator.is_available():  # Lightning's test: NVML's count, no CUDA initialized (as is_available)
             return "cuda"
         return "cpu" if accelerator == "auto" and not torch.backends.mps.is_available() else "other"
     return accelerator
