@@ -247,23 +247,6 @@ def flex_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) 
     return flex_attention(q, k, v, block_mask=block_mask)  # (B, nh, T, hs)
 
 
-class Linear(nn.Linear):
-    """``nn.Linear`` that multiplies a single row on a CPU, eager, as a matrix-vector product: a decode
-    step at batch 1, where ``torch.mv`` streams a bfloat16 weight faster than the one-row GEMM of
-    ``F.linear`` (GPT-2 124M's eager bf16 decode 1.27x the tokens/s on an AMX Xeon; docs/benchmarks.md).
-    Other inputs and devices, sharded (DTensor) weights and compiled graphs (inductor's autotuned GEMMs
-    are faster still) take ``F.linear``."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        one_row = x.numel() == self.in_features and x.device.type == "cpu"
-        if not one_row or torch.compiler.is_compiling() or isinstance(self.weight, DTensor):
-            return F.linear(x, self.weight, self.bias)
-        y = torch.matmul(self.weight, x.reshape(-1))  # (out,): mv; autocast casts both, as for F.linear
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        return y.view(*x.shape[:-1], self.out_features)  # (..., out)
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer: int) -> None:
         super().__init__()
@@ -273,8 +256,8 @@ class CausalSelfAttention(nn.Module):
         self.qk_norm = config.qk_norm
         self.window = config.attention_window(layer)  # None: the whole causal context
         # query, key and value projections for all heads in one matmul
-        self.c_attn = Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
-        self.c_proj = Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.c_proj.residual_projection = True  # marks it for the scaled GPT-2 init
         self.resid_dropout = nn.Dropout(config.dropout)
         self.value_embedding = self.value_gate = None
@@ -282,7 +265,7 @@ class CausalSelfAttention(nn.Module):
             # A token's own vector added to its values (one per layer that has one), and a per-head
             # gate in (0, 3) read off the input's first channels: how much of it each head takes.
             self.value_embedding = nn.Embedding(config.vocab_size, config.n_embd)
-            self.value_gate = Linear(VALUE_GATE_CHANNELS, config.n_head, bias=False)
+            self.value_gate = nn.Linear(VALUE_GATE_CHANNELS, config.n_head, bias=False)
             self.value_gate.gate_init = True  # marks it for its own (positive) init
 
     def heads(self, x: torch.Tensor, idx: torch.Tensor, pos: torch.Tensor) -> list[torch.Tensor]:
@@ -343,10 +326,10 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.c_fc = Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.relu2 = config.activation == "relu2"
         self.gelu = nn.GELU(approximate="tanh")  # GPT-2's GELU is the tanh approximation
-        self.c_proj = Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.c_proj.residual_projection = True
         self.dropout = nn.Dropout(config.dropout)
 
@@ -400,7 +383,7 @@ class GPT(nn.Module):
                     ln_f=make_norm(config),
                 )
             )
-            self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
+            self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
             # The residual scalars, registered only when on (GPT-2's keys and draws stay its own); values in
             # init_weights.
             if config.residual_scalars:

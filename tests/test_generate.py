@@ -313,33 +313,3 @@ def test_eager_decoding_leaves_every_layer_as_it_is(model):
     bf16.load_state_dict(model.state_dict())
     ran, left = linear_ops(bf16.to(torch.bfloat16), prompt(batch=1))
     assert "mkldnn::_linear_pointwise" not in ran and left == []
-
-
-@pytest.mark.parametrize(
-    "dtype, autocast", [(torch.float32, False), (torch.bfloat16, False), (torch.float32, True)], ids=str
-)
-def test_one_row_multiplies_as_a_matrix_vector_product_with_f_linear_s_result(dtype, autocast):
-    """A batch-1 decode step's linears run ``mv`` in eager mode on a CPU (faster for bf16 weights), every
-    other input ``F.linear``'s GEMM; the results agree to the dtype's rounding, bias and autocast included."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from gpt_lightning.model import Linear
-
-    class Ops(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            called.add(func.__name__.split(".")[0])
-            return func(*args, **(kwargs or {}))
-
-    torch.manual_seed(0)
-    for bias in (True, False):
-        layer = Linear(64, 96, bias=bias).to(dtype)
-        for shape in ((1, 1, 64), (1, 64), (2, 1, 64), (1, 3, 64)):
-            x = torch.randn(shape, dtype=dtype)
-            called = set()
-            with Ops(), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
-                y = layer(x)
-                want = torch.nn.functional.linear(x, layer.weight, layer.bias)
-            assert ("mv" in called) == (x.numel() == 64), (shape, called)
-            assert y.shape == want.shape and y.dtype == want.dtype
-            tolerance = 1e-5 if y.dtype == torch.float32 else 1e-2
-            torch.testing.assert_close(y, want, rtol=tolerance, atol=tolerance)
