@@ -12,6 +12,7 @@ a random GPT-2 124M by default: speed does not depend on them. Results go to a J
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import random
@@ -96,8 +97,12 @@ def main(argv: list[str] | None = None) -> dict:
             torch.cuda.synchronize(device)
 
     contenders = {"per_example_before": lambda chosen: per_example_scorer(model, chosen, encode, device)}
+    # The batched scorer as `eval --task hellaswag` runs it by default: bf16 autocast on a GPU.
+    bf16 = (lambda: torch.autocast("cuda", torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
     for b in args.batch_sizes:
-        contenders[f"batched_{b}"] = lambda chosen, b=b: evaluate(model, iter(chosen), encode, device, batch_size=b)
+        contenders[f"batched_{b}"] = lambda chosen, b=b: evaluate(
+            model, iter(chosen), encode, device, batch_size=b, autocast=bf16
+        )
     for fn in contenders.values():  # warm-up, not timed
         fn(examples[: max(args.batch_sizes)])
     times: dict[str, list[float]] = {name: [] for name in contenders}

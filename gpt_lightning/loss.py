@@ -113,7 +113,9 @@ def _loss_and_gradients(
         logp = F.log_softmax(logits, dim=-1, dtype=exact)  # (n, V)
         del logits
         total = total - logp.gather(1, t).where(valid, 0).sum()
-        if need_h or need_w:
+        if not (need_h or need_w):
+            del logp, z  # before the next chunk's: one chunk's at a time (validation, float16's forward)
+        else:
             g = logp.exp_().scatter_add_(1, t, torch.full_like(t, -1, dtype=logp.dtype))  # (n, V): softmax - onehot
             if z is not None:  # d(cap * tanh(l / cap)) / dl = 1 - tanh^2
                 g.mul_(z.square_().neg_().add_(1))

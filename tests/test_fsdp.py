@@ -190,10 +190,11 @@ def assert_trains_like_ddp(workdir, name):
     )
     assert weights.keys() == reference.keys()
     for key in reference:
-        # Within 5% of one AdamW step at the weight's own rate (a sum for a mean, or a lost update, is a
-        # whole step): AdamW's m / sqrt(v) turns the summation order's last bits into part of a step for
-        # rows whose gradient is near zero: the embeddings (rate 0.1) differ by ~1e-4 where the matrices
-        # (1e-3) differ by ~1e-6 on an AMD EPYC; on an AMX Xeon c_attn's reached 2.3% of a step.
+        # Within 5% of one AdamW step at the weight's own rate (a lost or doubled update is a whole step;
+        # a sum for a mean is the grad-norm check's): AdamW's m / sqrt(v) turns the summation order's
+        # last bits into part of a step for rows whose gradient is near zero: the embeddings (rate 0.1)
+        # differ by ~1e-4 where the matrices (1e-3) differ by ~1e-6 on an AMD EPYC; on an AMX Xeon
+        # c_attn's reached 2.3% of a step.
         rate = RATES["embedding" if is_embedding(key) else "head" if is_head(key) else "rest"]
         torch.testing.assert_close(weights[key], reference[key], rtol=0, atol=0.05 * rate, msg=key)
 

@@ -269,3 +269,16 @@ def test_a_run_s_estimate_follows_its_strategy_and_warns_when_it_cannot_fit():
     assert too_big.startswith("Estimated 75.2 GiB per device but the NVIDIA H100 80GB HBM3 has 74.5 GiB")
     assert "--config configs/fsdp2.yaml" in too_big
     assert fit_warning(run_memory(fsdp, module), 80 * GIB, "H100") is None
+
+
+def test_without_gradients_the_loss_holds_one_chunk_at_a_time():
+    """Validation's loss (no grad mode) frees each chunk's log-softmax before it makes the next chunk's:
+    one chunk's float32 logits and log-softmax at the peak, not two chunks' log-softmax (it kept the last)."""
+    torch.manual_seed(0)
+    N, C, V, rows = 1024, 32, 8192, 256
+    head = torch.nn.Linear(C, V, bias=False)  # its weight: a parameter, not counted
+    h, targets = torch.randn(N, C), torch.randint(0, V, (N,))
+    with torch.no_grad(), LivePeak(head) as held:
+        chunked_cross_entropy(h, head.weight, targets, chunk_rows=rows)
+    one_chunk = rows * V * (4 + 4)  # its logits and log-softmax, float32
+    assert one_chunk <= held.peak <= 1.1 * one_chunk

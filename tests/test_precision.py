@@ -59,6 +59,12 @@ def test_the_gpu_s_bf16_is_asked_in_a_child_process_until_cuda_is_initialized(mo
     assert precision.cuda_has_bf16.__wrapped__() is False and asked == []  # the child's torch: no CUDA here
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     assert precision.cuda_has_bf16.__wrapped__() is True and asked == [False]
+    # A child that cannot answer (here: a Python that dies): asked in place, and the user told why.
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(precision.sys, "executable", "false")
+    with pytest.warns(UserWarning, match="could not tell whether this GPU has bf16"):
+        assert precision.cuda_has_bf16.__wrapped__() is True
+    assert asked == [False, False]
 
 
 def test_the_probe_measures_what_this_cpu_does():

@@ -48,12 +48,22 @@ def cpu_bf16_slowdown() -> float:
 def cuda_has_bf16() -> bool:
     """Whether the CUDA GPU runs bfloat16 natively (compute capability 8.0 or newer), found without a CUDA
     context in this process where it has none yet: a child process asks (a few seconds, once), so the
-    processes ``ddp_fork`` and ``ddp_notebook`` fork afterwards can still initialize CUDA."""
-    if torch.cuda.is_initialized():
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    code = "import torch; print(int(torch.cuda.is_bf16_supported(including_emulation=False)))"
-    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    return child.returncode == 0 and child.stdout.split()[-1:] == ["1"]
+    processes ``ddp_fork`` and ``ddp_notebook`` fork afterwards can still initialize CUDA. Where the child
+    cannot answer, this process asks, with a warning that says why."""
+    if not torch.cuda.is_initialized():
+        code = "import torch; print(int(torch.cuda.is_bf16_supported(including_emulation=False)))"
+        try:
+            child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+            answer = child.stdout.split()[-1:] if child.returncode == 0 else child.stderr.strip()[-500:]
+        except (OSError, subprocess.TimeoutExpired) as err:
+            answer = str(err)
+        if answer in (["0"], ["1"]):
+            return answer == ["1"]
+        rank_zero_warn(
+            f"precision auto: a child process could not tell whether this GPU has bf16 ({answer}); asking in "
+            "this process, which initializes CUDA here (ddp_fork and ddp_notebook need it not to be)."
+        )
+    return torch.cuda.is_bf16_supported(including_emulation=False)
 
 
 def _device_type(accelerator: str | Accelerator) -> str:
