@@ -30,7 +30,8 @@ of the budget), each as its mean and spread (sample standard deviation, min and 
 ``--fit_args`` adds options to every run (e.g. ``"--trainer.accelerator cuda"``), ``--runs`` picks runs,
 ``--reuse`` takes the curves of an earlier ``muon_variants.json`` at the same shape instead of training them again;
 each curve is kept in ``muon_variants.partial.json`` as it finishes, so a stopped measurement goes on
-with ``--reuse`` of that file.
+with ``--reuse`` of that file. ``--targets`` measures runs of fewer ``--steps`` (each its own schedule,
+its decay within it) against an earlier result's targets and budget: whether a shorter run gets there.
 """
 
 from __future__ import annotations
@@ -141,18 +142,25 @@ def spread(values: list[float]) -> dict:
     return {"mean": statistics.fmean(values), "sd": sd, "min": min(values), "max": max(values)}
 
 
-def summarize(curves: dict[str, dict[int, list]], budget: int) -> dict:
+def summarize(curves: dict[str, dict[int, list]], budget: int, earlier: dict | None = None) -> dict:
     """Per seed, the best AdamW run's final loss (the target); per run, over the seeds, its final loss
     and its tokens to that target (a fraction of ``budget``; None at a seed where it is not reached).
     With a "muon" run, also each run's tokens to GPT-2 + Muon's final loss at the seed, a fraction of
-    ``budget`` too (the tokens Muon itself trained to reach it): the issue's second target."""
+    ``budget`` too (the tokens Muon itself trained to reach it): the issue's second target. ``earlier``
+    (``--targets``): both targets and the budget are that result's, at its own number of steps."""
     seeds = sorted({seed for by_seed in curves.values() for seed in by_seed})
     for name, by_seed in curves.items():
         if missing := sorted(set(seeds) - set(by_seed)):
             raise SystemExit(f"run {name!r} has no curve at seeds {missing}: train it there or --reuse a file that has")
-    adamw = [name for name in curves if name.startswith("adamw")]
-    targets = {seed: min(curves[name][seed][-1][1] for name in adamw) for seed in seeds}
-    muon_targets = {seed: curves["muon"][seed][-1][1] for seed in seeds} if "muon" in curves else None
+    if earlier is not None:
+        targets = {seed: earlier["best_adamw_final_val_loss"][str(seed)] for seed in seeds}
+        muon_targets = {seed: earlier["muon_final_val_loss"][str(seed)] for seed in seeds}
+        shape = earlier["shape"]
+        budget = shape["steps"] * shape["batch_size"] * shape["block_size"]
+    else:
+        adamw = [name for name in curves if name.startswith("adamw")]
+        targets = {seed: min(curves[name][seed][-1][1] for name in adamw) for seed in seeds}
+        muon_targets = {seed: curves["muon"][seed][-1][1] for seed in seeds} if "muon" in curves else None
 
     def to(by_seed: dict[int, list], target: dict[int, float]) -> tuple[list, dict | None, str]:
         reached = [lockstep.tokens_to_reach(by_seed[seed], target[seed]) for seed in seeds]
@@ -220,15 +228,28 @@ def main() -> None:
     )
     parser.add_argument("--jobs", type=int, default=1, help="fits run at once (give each OMP_NUM_THREADS=1)")
     parser.add_argument("--fit_args", default="", help="more gpt-lightning fit options for every run, shell-quoted")
+    parser.add_argument(
+        "--targets",
+        type=Path,
+        help="an earlier muon_variants.json with AdamW and Muon runs: its final losses are the targets and "
+        "its budget the unit, so runs of fewer --steps (each with its own schedule) show whether they reach them",
+    )
     args = parser.parse_args()
     chosen = runs(args)
-    if not any(name.startswith("adamw") for name in chosen):
-        raise SystemExit("--runs: include an AdamW run, the target of the others")
+    earlier_targets = json.loads(args.targets.read_text()) if args.targets else None
+    if earlier_targets is None and not any(name.startswith("adamw") for name in chosen):
+        raise SystemExit("--runs: include an AdamW run, the target of the others (or give --targets)")
     curves: dict[str, dict[int, list]] = {name: {} for name in chosen}
     # --fit_args too: a larger model (--model.n_layer ...) is another shape
     shape = {k: getattr(args, k) for k in ("steps", "batch_size", "block_size", "eval_every", "fit_args")}
     # the configs' contents too: a run's name means what the configs say (the preset gained its windows)
     configs = {path: hashlib.sha256((REPO / path).read_bytes()).hexdigest() for path in (TINY, PRESET)}
+    if earlier_targets is not None:
+        same = ("batch_size", "block_size", "fit_args")
+        if any(earlier_targets["shape"].get(k, "") != shape[k] for k in same) or (
+            earlier_targets.get("config_sha256") != configs
+        ):
+            raise SystemExit(f"--targets {args.targets}: another model, batch or configs than this run's")
     for path in args.reuse:  # curves trained before at this shape: not trained again
         earlier = json.loads(path.read_text())
         if {k: earlier["shape"].get(k, "") for k in shape} != shape:
@@ -260,12 +281,13 @@ def main() -> None:
         todo = [(seed, name) for seed in args.seeds for name in chosen if seed not in curves[name]]
         for done in [pool.submit(run, seed, name) for seed, name in todo]:
             done.result()
-    summary = summarize(curves, args.steps * args.batch_size * args.block_size)
+    summary = summarize(curves, args.steps * args.batch_size * args.block_size, earlier_targets)
     report = {
         "what": "validation loss against tokens through gpt-lightning fit: AdamW, Muon, Muon's newer steps "
         "one at a time (benchmarks/muon_variants.py)",
         "shape": {**shape, "seeds": args.seeds},
         "config_sha256": configs,
+        "targets_from": str(args.targets) if args.targets else None,
         "fit_options_first_seed": [
             word.replace(f"{REPO}{os.sep}", "")
             for word in fit_options(args, args.seeds[0]) + shlex.split(args.fit_args)

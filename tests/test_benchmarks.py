@@ -450,8 +450,41 @@ def test_muon_variants_reuses_the_curves_of_the_configs_as_they_are_and_no_other
 
 def test_the_per_token_tables_in_the_docs_quote_the_committed_results():
     """docs/modern.md's tables of the newer steps are benchmarks/muon_variants.py's committed tables, row for
-    row, at both shapes (and the EMA's run on another machine)."""
+    row, at both shapes (and the EMA's and the short budgets' runs on another machine)."""
     text = (REPO / "docs" / "modern.md").read_text()
-    for shape in ("cpu-2core", "cpu-2core-6x192", "cpu-2core-intel-amx"):
+    for shape in (
+        "cpu-2core",
+        "cpu-2core-6x192",
+        "cpu-2core-intel-amx",
+        "cpu-2core-intel-amx/budget-108",
+        "cpu-2core-intel-amx/budget-144",
+    ):
         rows = (REPO / "benchmarks" / "results" / shape / "muon_variants.md").read_text().splitlines()
         assert len(rows) > 2 and all(row in text for row in rows), shape
+
+
+def test_muon_variants_measures_shorter_runs_against_an_earlier_result_s_targets(tmp_path, monkeypatch):
+    """``--targets``: runs of fewer steps, each with its own schedule, against the final losses of the
+    240-step runs at each seed, in fractions of those runs' budget: the committed short-budget tables
+    come back from their curves without a fit, and targets from another batch shape are refused."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    bench = load_benchmark("muon_variants")
+    targets = REPO / "benchmarks" / "results" / "cpu-2core" / "muon_variants.json"
+    committed = REPO / "benchmarks" / "results" / "cpu-2core-intel-amx" / "budget-108" / "muon_variants.json"
+
+    def run(targets_file, *more) -> None:
+        argv = ["muon_variants.py", "--steps", "108", "--eval_every", "27", "--runs", "modern preset"]
+        argv += ["--targets", str(targets_file), "--reuse", str(committed), *more]
+        monkeypatch.setattr(sys, "argv", [*argv, "--out", str(tmp_path / "out")])
+        bench.main()
+
+    run(targets)  # no AdamW run needed: the targets are the earlier result's
+    assert (tmp_path / "out" / "muon_variants.md").read_text() == committed.with_suffix(".md").read_text()
+    saved = json.loads((tmp_path / "out" / "muon_variants.json").read_text())
+    earlier = json.loads(targets.read_text())
+    assert saved["muon_final_val_loss"] == earlier["muon_final_val_loss"]  # the 240-step runs' finals
+    assert saved["runs"]["modern preset"]["reached_muon"] == "0/3"
+    other = {**earlier, "shape": {**earlier["shape"], "batch_size": 8}}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="another model, batch or configs"):
+        run(tmp_path / "other.json")
