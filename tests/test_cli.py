@@ -119,7 +119,7 @@ def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
     )
     assert (
         f"{memory.total / GIB:.2f} GiB per device, estimated (eager; the memory guide, docs/multi-gpu.md): "
-        f"{memory.weights_grads_adamw / GIB:.2f} weights, gradients and AdamW + "
+        f"{memory.weights_grads_optimizer / GIB:.2f} weights, gradients and optimizer states + "
         + (f"{memory.bf16_weight_copies / GIB:.2f} half-precision weight copies (autocast's) + " if mixed else "")
         + f"{memory.activations / GIB:.2f} activations of 64 tokens"
     ) in console

@@ -169,7 +169,7 @@ def check_peak_memory(overlay, config, small_text, tmp_path):
     )
     estimate = training_memory(config, 4, 1024)
     # One process, so no DDP buckets: float32 states, autocast's bf16 weight copies, activations.
-    expected = estimate.weights_grads_adamw + 2 * parameter_count(config) + estimate.activations
+    expected = estimate.weights_grads_optimizer + 2 * parameter_count(config) + estimate.activations
     ratio = summary["peak_device_memory_bytes"] / expected
     print(
         f"peak {summary['peak_device_memory_bytes'] / 2**30:.2f} GiB, estimate {expected / 2**30:.2f} GiB, ratio {ratio:.2f}"

@@ -178,6 +178,28 @@ def test_the_loss_peak_is_what_a_step_holds_beyond_what_autograd_keeps(switches,
     assert unchunked > 2 * training_memory(config, B, T).activations  # what the chunks save
 
 
+def test_muon_keeps_one_state_for_the_blocks_matrices_and_adamw_s_two_for_the_rest():
+    """The optimizer states a Muon run holds after a step equal the estimate's: a momentum for each block
+    matrix, two moments for embeddings, head, norms and biases (the estimate counted AdamW's for all)."""
+    from gpt_lightning.training.optimizers import build_optimizer
+
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=300, block_size=16)
+    model = GPT(config)
+    optimizer = build_optimizer(
+        model, "muon", learning_rate=1e-3, weight_decay=0.0, betas=(0.9, 0.95), eps=1e-8, fused=None,
+        muon_learning_rate=0.02, muon_momentum=0.95, muon_weight_decay=0.0, muon_adjust_lr="original",
+    )  # fmt: skip
+    x = torch.randint(0, 300, (2, 16))
+    model(x, x)[1].backward()
+    optimizer.step()
+    held = sum(p.nbytes + p.grad.nbytes for p in model.parameters())
+    held += sum(
+        t.nbytes for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t) and t.dim()
+    )
+    assert held == training_memory(config, 1, precision="32-true", optimizer="muon").weights_grads_optimizer
+    assert held < training_memory(config, 1, precision="32-true").weights_grads_optimizer  # AdamW's: 16 B each
+
+
 @pytest.mark.parametrize("precision, per_parameter", [("32-true", 16), ("bf16-true", 8), ("64-true", 32)])
 def test_weights_gradients_and_adamw_take_four_values_a_parameter(precision, per_parameter):
     """In the module's dtype: float32 under the mixed precisions (their bf16 copies counted apart)."""
@@ -190,8 +212,8 @@ def test_weights_gradients_and_adamw_take_four_values_a_parameter(precision, per
     held = sum(p.nbytes + p.grad.nbytes for p in model.parameters())
     held += sum(s[k].nbytes for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq"))
     estimate = training_memory(config, 1, shards=1, precision=precision)
-    assert held == estimate.weights_grads_adamw == per_parameter * parameter_count(config)
-    assert training_memory(config, 1, shards=8, precision=precision).weights_grads_adamw == held / 8
+    assert held == estimate.weights_grads_optimizer == per_parameter * parameter_count(config)
+    assert training_memory(config, 1, shards=8, precision=precision).weights_grads_optimizer == held / 8
     assert estimate.bf16_weight_copies == 0  # autocast's, under the mixed precisions only
     assert training_memory(config, 1, precision="bf16-mixed").bf16_weight_copies == 2 * parameter_count(config)
 
@@ -251,9 +273,9 @@ def test_a_run_s_estimate_follows_its_strategy_and_warns_when_it_cannot_fit():
     assert f"| {estimate.total / GIB:.1f} |" in guide_table().splitlines()[-1]  # the guide's last column
     # 2 nodes x 8 GPUs: HSDP shards over the 8 GPUs of a node, not over all 16.
     module.device_mesh, fsdp.world_size = FakeMesh(2, 8), 16
-    assert run_memory(fsdp, module).weights_grads_adamw == 16 * parameter_count(xl) / 8
+    assert run_memory(fsdp, module).weights_grads_optimizer == 16 * parameter_count(xl) / 8
     module.device_mesh, fsdp.world_size = FakeMesh(8, 1), 8  # data_parallel_size 8 set by hand: all 8 shard
-    assert run_memory(fsdp, module).weights_grads_adamw == 16 * parameter_count(xl) / 8
+    assert run_memory(fsdp, module).weights_grads_optimizer == 16 * parameter_count(xl) / 8
     ddp = SimpleNamespace(strategy=DDPStrategy(), world_size=8, precision="bf16-mixed", datamodule=data)
     module.model.activation_checkpointing = False
     assert run_memory(ddp, module) == training_memory(xl, 16, 1024)  # buckets and bf16 copies counted

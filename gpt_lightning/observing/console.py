@@ -120,7 +120,7 @@ class TrainingFlopsSummary(ModelSummary):
         if estimate is None:
             return
         parts = [
-            (estimate.weights_grads_adamw, "weights, gradients and AdamW"),
+            (estimate.weights_grads_optimizer, "weights, gradients and optimizer states"),
             (estimate.ddp_buckets, "DDP buckets"),
             (estimate.bf16_weight_copies, "half-precision weight copies (autocast's)"),
             (estimate.activations, f"activations of {estimate.tokens:,} tokens"),
@@ -182,6 +182,7 @@ def run_memory(trainer: Trainer, pl_module: LightningModule) -> TrainingMemory |
         activation_checkpointing=bool(getattr(getattr(pl_module, "model", None), "activation_checkpointing", False)),
         ddp=trainer.world_size > 1,
         chunked_loss=bool(getattr(pl_module, "hparams", {}).get("chunked_loss", True)),
+        optimizer=getattr(pl_module, "hparams", {}).get("optimizer", "adamw"),
         weight_average=averages_on_device(trainer, getattr(pl_module, "device", None)),
     )
 

@@ -21,6 +21,19 @@ def parameter_count(config: GPTConfig) -> int:
         return GPT(config).num_parameters()
 
 
+def optimizer_states_per_parameter(config: GPTConfig, optimizer: str = "adamw") -> float:
+    """Optimizer states a parameter, on average: AdamW's two moments, or under ``muon`` one momentum for
+    the blocks' matrices (``is_hidden_matrix``) and AdamW's two for the rest."""
+    if optimizer != "muon":
+        return 2.0
+    from gpt_lightning.training.optimizers import is_hidden_matrix
+
+    with torch.device("meta"):
+        model = GPT(config)
+    matrices = sum(p.numel() for name, p in model.named_parameters() if is_hidden_matrix(name, p))
+    return 2 - matrices / model.num_parameters()
+
+
 # Bytes of a matmul input and of the model's own values (weights, gradients, optimizer states, the residual
 # stream, norms) under each Lightning precision: bf16/fp16 copies and float32 values under the mixed ones
 # (autocast), the dtype's under the true ones (the whole module cast).
@@ -132,7 +145,7 @@ def block_activation_bytes_per_token(
 class TrainingMemory:
     """Bytes per GPU, by what holds them."""
 
-    weights_grads_adamw: float  # weights, gradients, AdamW exp_avg and exp_avg_sq: 16 B a parameter in float32
+    weights_grads_optimizer: float  # weights, gradients, optimizer states: 16 B a parameter, float32 AdamW
     ddp_buckets: float  # DDP's gradient buckets: a gradient's bytes a parameter, with several processes
     bf16_weight_copies: float  # autocast's bf16 copies of the weights, kept for the backward: 2 B a parameter
     activations: float  # what autograd keeps, and the loss's peak beyond it (``loss_peak_bytes``)
@@ -142,7 +155,7 @@ class TrainingMemory:
     @property
     def total(self) -> float:
         return (
-            self.weights_grads_adamw
+            self.weights_grads_optimizer
             + self.ddp_buckets
             + self.bf16_weight_copies
             + self.activations
@@ -174,6 +187,7 @@ def training_memory(
     ddp: bool = True,
     chunked_loss: bool = True,
     weight_average: bool = False,
+    optimizer: str = "adamw",
 ) -> TrainingMemory:
     """Memory per GPU of one training step.
 
@@ -189,6 +203,7 @@ def training_memory(
         chunked_loss: the module's ``chunked_loss`` (``loss_peak_bytes``).
         weight_average: a weight-averaging callback (``EMAWeightAveraging``) keeps its copy of the
             weights on this device (not under FSDP2, which refuses it).
+        optimizer: the module's ``optimizer`` ("adamw", or "muon": one state for the blocks' matrices).
     """
     n = parameter_count(config)
     tokens = micro_batch_size * (seq_len or config.block_size)
@@ -198,7 +213,7 @@ def training_memory(
         config, precision, activation_checkpointing, micro_batch_size, chunked_loss, seq_len
     )
     return TrainingMemory(
-        weights_grads_adamw=4 * e * n / shards,
+        weights_grads_optimizer=e * (2 + optimizer_states_per_parameter(config, optimizer)) * n / shards,
         ddp_buckets=e * n if unsharded and ddp else 0.0,
         bf16_weight_copies=a * n if unsharded and a < e else 0.0,
         activations=tokens * per_token + loss_peak_bytes(config, tokens, precision, chunked_loss),
@@ -240,8 +255,8 @@ def guide_table(micro_batch_size: int = 16, gpus: int = 8) -> str:
         fsdp = training_memory(config, micro_batch_size, shards=gpus)
         checkpointed = training_memory(config, micro_batch_size, shards=gpus, activation_checkpointing=True)
         cells = [
-            ddp.weights_grads_adamw + ddp.ddp_buckets + ddp.bf16_weight_copies,
-            fsdp.weights_grads_adamw,
+            ddp.weights_grads_optimizer + ddp.ddp_buckets + ddp.bf16_weight_copies,
+            fsdp.weights_grads_optimizer,
             ddp.activations,
             checkpointed.activations,
             ddp.total,
