@@ -182,9 +182,18 @@ def run_memory(trainer: Trainer, pl_module: LightningModule) -> TrainingMemory |
         activation_checkpointing=bool(getattr(getattr(pl_module, "model", None), "activation_checkpointing", False)),
         ddp=trainer.world_size > 1,
         chunked_loss=bool(getattr(pl_module, "hparams", {}).get("chunked_loss", True)),
-        optimizer=getattr(pl_module, "hparams", {}).get("optimizer", "adamw"),
+        states_per_parameter=optimizer_states_per_parameter(trainer),
         weight_average=averages_on_device(trainer, getattr(pl_module, "device", None)),
     )
+
+
+def optimizer_states_per_parameter(trainer: Trainer) -> float:
+    """Optimizer states a parameter of ``trainer``'s optimizers holds, on average: one in a group named
+    "muon" (Muon's momentum), AdamW's two in every other; 2 before there are optimizers."""
+    groups = [group for optimizer in getattr(trainer, "optimizers", []) for group in optimizer.param_groups]
+    total = sum(p.numel() for group in groups for p in group["params"])
+    muon = sum(p.numel() for group in groups if group.get("name") == "muon" for p in group["params"])
+    return 2 - muon / total if total else 2.0
 
 
 def _training_flops_per_batch(trainer: Trainer, pl_module: LightningModule) -> float | None:

@@ -21,19 +21,6 @@ def parameter_count(config: GPTConfig) -> int:
         return GPT(config).num_parameters()
 
 
-def optimizer_states_per_parameter(config: GPTConfig, optimizer: str = "adamw") -> float:
-    """Optimizer states a parameter, on average: AdamW's two moments, or under ``muon`` one momentum for
-    the blocks' matrices (``is_hidden_matrix``) and AdamW's two for the rest."""
-    if optimizer != "muon":
-        return 2.0
-    from gpt_lightning.training.optimizers import is_hidden_matrix
-
-    with torch.device("meta"):
-        model = GPT(config)
-    matrices = sum(p.numel() for name, p in model.named_parameters() if is_hidden_matrix(name, p))
-    return 2 - matrices / model.num_parameters()
-
-
 # Bytes of a matmul input and of the model's own values (weights, gradients, optimizer states, the residual
 # stream, norms) under each Lightning precision: bf16/fp16 copies and float32 values under the mixed ones
 # (autocast), the dtype's under the true ones (the whole module cast).
@@ -187,7 +174,7 @@ def training_memory(
     ddp: bool = True,
     chunked_loss: bool = True,
     weight_average: bool = False,
-    optimizer: str = "adamw",
+    states_per_parameter: float = 2.0,
 ) -> TrainingMemory:
     """Memory per GPU of one training step.
 
@@ -203,7 +190,8 @@ def training_memory(
         chunked_loss: the module's ``chunked_loss`` (``loss_peak_bytes``).
         weight_average: a weight-averaging callback (``EMAWeightAveraging``) keeps its copy of the
             weights on this device (not under FSDP2, which refuses it).
-        optimizer: the module's ``optimizer`` ("adamw", or "muon": one state for the blocks' matrices).
+        states_per_parameter: optimizer states a parameter holds, on average: AdamW's 2 (its moments);
+            Muon keeps one (its momentum) for the blocks' matrices.
     """
     n = parameter_count(config)
     tokens = micro_batch_size * (seq_len or config.block_size)
@@ -213,7 +201,7 @@ def training_memory(
         config, precision, activation_checkpointing, micro_batch_size, chunked_loss, seq_len
     )
     return TrainingMemory(
-        weights_grads_optimizer=e * (2 + optimizer_states_per_parameter(config, optimizer)) * n / shards,
+        weights_grads_optimizer=e * (2 + states_per_parameter) * n / shards,
         ddp_buckets=e * n if unsharded and ddp else 0.0,
         bf16_weight_copies=a * n if unsharded and a < e else 0.0,
         activations=tokens * per_token + loss_peak_bytes(config, tokens, precision, chunked_loss),
