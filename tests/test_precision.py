@@ -203,3 +203,21 @@ def test_validation_and_test_sum_their_metrics_in_float32_under_a_half_precision
                 half,
                 name,
             )
+
+
+def test_16_true_training_asks_for_an_epsilon_float16_can_hold(small_text, tmp_path):
+    """AdamW's default eps, 1e-8, is 0 in float16: a 16-true fit diverged by its third step (loss 3,051, then
+    nan). It is refused before the first step, saying what to give; with --model.eps 1e-4 it trains."""
+    from gpt_lightning.errors import UserError
+
+    def fit(**hparams) -> float:
+        torch.manual_seed(0)
+        module = GPTLightningModule(**TINY_MODEL, val_sample_tokens=0, learning_rate=3e-3, **hparams)
+        data = TokenStreamDataModule(data_path=str(small_text), batch_size=4, block_size=32, cache_dir=str(tmp_path))
+        trainer = Trainer(**{**ONE_QUIET_CPU_STEP, "max_steps": 6}, precision="16-true")
+        trainer.fit(module, data)
+        return float(trainer.callback_metrics["train/loss"])
+
+    with pytest.raises(UserError, match=r"16-true keeps AdamW's moments in float16.*--model.eps 1e-4"):
+        fit()
+    assert 0 < fit(eps=1e-4) < 11  # finite, and no higher than at the start (ln 50,257 = 10.8)

@@ -49,7 +49,7 @@ from gpt_lightning.training.optimizers import (
     group_settings,
     lr_multiplier,
 )
-from gpt_lightning.training.precision import warn_if_bf16_is_emulated
+from gpt_lightning.training.precision import check_float16_epsilon, warn_if_bf16_is_emulated
 from gpt_lightning.training.step_loss import StepLoss, stopping, written_now
 
 
@@ -233,6 +233,8 @@ class GPTLightningModule(LightningModule):
             hp.compile, hp.compile_mode, trainer.accumulate_grad_batches, trainer.strategy.root_device
         )
         use_atomic_checkpoints(trainer)  # here, so a plain Trainer's saves are atomic too
+        if stage == "fit":
+            check_float16_epsilon(str(trainer.precision), hp.eps)
         if stage == "fit" and trainer.strategy.root_device.type == "cpu":
             keep_freed_memory()  # a CPU step's temporaries reuse the heap, not fresh pages (host_memory)
         warn_if_bf16_is_emulated(trainer)  # here, so a plain Trainer's and a stock LightningCLI's runs are told too

@@ -15,6 +15,8 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import Accelerator, CPUAccelerator, CUDAAccelerator
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from gpt_lightning.errors import UserError
+
 # A bf16 matmul this many times slower than float32's means emulation: native bf16 takes 0.5-1x
 # float32's time (AVX512-BF16, AMX), emulated 20-50x (AVX2: AMD before Zen 4, Intel client cores).
 EMULATED = 2.0
@@ -129,6 +131,19 @@ class AutoPrecisionTrainer(Trainer):
             precision, why = fast_precision(accelerator_argument(kwargs))
             rank_zero_info(f"precision auto: {precision} ({why}).")
         super().__init__(precision=precision, **kwargs)
+
+
+def check_float16_epsilon(precision: str, eps: float) -> None:
+    """Refuse to train in ``16-true`` with an AdamW epsilon float16 cannot hold: its moments are float16 there,
+    so an ``eps`` below float16's smallest normal (6.1e-05; 1e-8 rounds to 0) divides small gradients' updates
+    by (nearly) zero and the run diverges within a few steps."""
+    tiny = torch.finfo(torch.float16).tiny
+    if precision == "16-true" and eps < tiny:
+        raise UserError(
+            f"16-true keeps AdamW's moments in float16, where model.eps {eps:g} is (nearly) zero: the first updates "
+            f"divide by it and the run diverges. Give --model.eps 1e-4 (at least float16's {tiny:.2g}), or train in "
+            "16-mixed (float32 weights and optimizer, float16 matmuls) or bf16-true where the device has bf16."
+        )
 
 
 def warn_if_bf16_is_emulated(trainer: Trainer) -> None:
