@@ -111,9 +111,9 @@ def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
     assert "step: 100%" in console and "6/6" in console and "Epoch 0" not in console
     assert "Training FLOPs per batch (forward + backward)" in console and "Total Flops" not in console
     # The memory estimate of this run: 1 x 32 model, 2 x 32 tokens, one process, at the precision auto chose.
-    mixed = fast_precision("cpu")[0] == "bf16-mixed"
-    assert f"precision auto: {fast_precision('cpu')[0]} (this CPU " in console
     precision = fast_precision("cpu")[0]
+    mixed = precision == "bf16-mixed"
+    assert f"precision auto: {precision} (this CPU " in console
     memory = training_memory(
         GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32), 2, 32, ddp=False, precision=precision
     )

@@ -180,7 +180,8 @@ def test_the_loss_peak_is_what_a_step_holds_beyond_what_autograd_keeps(switches,
 
 def test_muon_keeps_one_state_for_the_blocks_matrices_and_adamw_s_two_for_the_rest():
     """The optimizer states a Muon run holds after a step equal the estimate's: a momentum for each block
-    matrix, two moments for embeddings, head, norms and biases (the estimate counted AdamW's for all)."""
+    matrix, two moments for embeddings, head, norms and biases (the estimate counted AdamW's for all); so do
+    those of an --optimizer of the user's (SGD with and without momentum, Adam with amsgrad)."""
     from types import SimpleNamespace
 
     from gpt_lightning.observing.console import optimizer_states_per_parameter
@@ -202,6 +203,18 @@ def test_muon_keeps_one_state_for_the_blocks_matrices_and_adamw_s_two_for_the_re
     states = optimizer_states_per_parameter(SimpleNamespace(optimizers=[optimizer]))  # as a run's estimate counts
     assert held == training_memory(config, 1, precision="32-true", states_per_parameter=states).weights_grads_optimizer
     assert held < training_memory(config, 1, precision="32-true").weights_grads_optimizer  # AdamW's: 16 B each
+    for make in (
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        lambda p: torch.optim.Adam(p, amsgrad=True),
+    ):
+        optimizer = make(model.parameters())
+        optimizer.step()
+        held = sum(p.nbytes + p.grad.nbytes for p in model.parameters())
+        held += sum(t.nbytes for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim())
+        states = optimizer_states_per_parameter(SimpleNamespace(optimizers=[optimizer]))
+        estimate = training_memory(config, 1, precision="32-true", states_per_parameter=states)
+        assert held == estimate.weights_grads_optimizer, optimizer
 
 
 @pytest.mark.parametrize("precision, per_parameter", [("32-true", 16), ("bf16-true", 8), ("64-true", 32)])

@@ -56,7 +56,8 @@ def test_the_gpu_s_bf16_is_asked_in_a_child_process_until_cuda_is_initialized(mo
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    assert precision.cuda_has_bf16.__wrapped__() is False and asked == []  # the child's torch: no CUDA here
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the child sees no GPU, on a GPU machine too
+    assert precision.cuda_has_bf16.__wrapped__() is False and asked == []  # the child's torch: no bf16
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     assert precision.cuda_has_bf16.__wrapped__() is True and asked == [False]
     # A child that cannot answer (here: a Python that dies): asked in place, and the user told why.
@@ -207,12 +208,19 @@ def test_validation_and_test_sum_their_metrics_in_float32_under_a_half_precision
 
 def test_16_true_training_asks_for_an_epsilon_float16_can_hold(small_text, tmp_path):
     """AdamW's default eps, 1e-8, is 0 in float16: a 16-true fit diverged by its third step (loss 3,051, then
-    nan). It is refused before the first step, saying what to give; with --model.eps 1e-4 it trains."""
+    nan). It is refused before the first step, saying what to give; with --model.eps 1e-4 it trains. The
+    optimizer built is checked, not the module's setting: an --optimizer of the CLI's replaces it."""
     from gpt_lightning.errors import UserError
 
-    def fit(**hparams) -> float:
+    class OwnOptimizer(GPTLightningModule):  # what LightningCLI's --optimizer torch.optim.AdamW makes
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=3e-3, eps=self.own_eps)
+
+    def fit(own_eps=None, **hparams) -> float:
         torch.manual_seed(0)
-        module = GPTLightningModule(**TINY_MODEL, val_sample_tokens=0, learning_rate=3e-3, **hparams)
+        kind = GPTLightningModule if own_eps is None else OwnOptimizer
+        module = kind(**TINY_MODEL, val_sample_tokens=0, learning_rate=3e-3, **hparams)
+        module.own_eps = own_eps
         data = TokenStreamDataModule(data_path=str(small_text), batch_size=4, block_size=32, cache_dir=str(tmp_path))
         trainer = Trainer(**{**ONE_QUIET_CPU_STEP, "max_steps": 6}, precision="16-true")
         trainer.fit(module, data)
@@ -221,3 +229,6 @@ def test_16_true_training_asks_for_an_epsilon_float16_can_hold(small_text, tmp_p
     with pytest.raises(UserError, match=r"16-true keeps AdamW's moments in float16.*--model.eps 1e-4"):
         fit()
     assert 0 < fit(eps=1e-4) < 11  # finite, and no higher than at the start (ln 50,257 = 10.8)
+    with pytest.raises(UserError, match=r"eps 1e-08 .*--optimizer.eps"):
+        fit(own_eps=1e-8, eps=1e-4)  # --model.eps does not reach an optimizer of the user's
+    assert 0 < fit(own_eps=1e-4) < 11

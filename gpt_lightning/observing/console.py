@@ -188,12 +188,17 @@ def run_memory(trainer: Trainer, pl_module: LightningModule) -> TrainingMemory |
 
 
 def optimizer_states_per_parameter(trainer: Trainer) -> float:
-    """Optimizer states a parameter of ``trainer``'s optimizers holds, on average: one in a group named
-    "muon" (Muon's momentum), AdamW's two in every other; 2 before there are optimizers."""
+    """Optimizer states a parameter of ``trainer``'s optimizers holds, on average, by its group: the Adam
+    family's two moments (three with ``amsgrad``), one momentum (Muon's, SGD's), else none; 2 before there
+    are optimizers."""
     groups = [group for optimizer in getattr(trainer, "optimizers", []) for group in optimizer.param_groups]
+
+    def states(group: dict) -> int:
+        return 2 + bool(group.get("amsgrad")) if "betas" in group else int(bool(group.get("momentum")))
+
     total = sum(p.numel() for group in groups for p in group["params"])
-    muon = sum(p.numel() for group in groups if group.get("name") == "muon" for p in group["params"])
-    return 2 - muon / total if total else 2.0
+    held = sum(states(group) * p.numel() for group in groups for p in group["params"])
+    return held / total if total else 2.0
 
 
 def _training_flops_per_batch(trainer: Trainer, pl_module: LightningModule) -> float | None:

@@ -233,8 +233,6 @@ class GPTLightningModule(LightningModule):
             hp.compile, hp.compile_mode, trainer.accumulate_grad_batches, trainer.strategy.root_device
         )
         use_atomic_checkpoints(trainer)  # here, so a plain Trainer's saves are atomic too
-        if stage == "fit":
-            check_float16_epsilon(str(trainer.precision), hp.eps)
         if stage == "fit" and trainer.strategy.root_device.type == "cpu":
             keep_freed_memory()  # a CPU step's temporaries reuse the heap, not fresh pages (host_memory)
         warn_if_bf16_is_emulated(trainer)  # here, so a plain Trainer's and a stock LightningCLI's runs are told too
@@ -269,6 +267,7 @@ class GPTLightningModule(LightningModule):
         return is_compiled(self.model)
 
     def on_fit_start(self) -> None:
+        check_float16_epsilon(self.trainer.optimizers)  # the optimizer built, ours or an --optimizer
         if self.is_compiled:  # say what the first step's wait is, before it starts
             rank_zero_info(compile_notice(self.hparams.compile_scope, self.hparams.compile_eval))
 

@@ -133,17 +133,21 @@ class AutoPrecisionTrainer(Trainer):
         super().__init__(precision=precision, **kwargs)
 
 
-def check_float16_epsilon(precision: str, eps: float) -> None:
-    """Refuse to train in ``16-true`` with an AdamW epsilon float16 cannot hold: its moments are float16 there,
-    so an ``eps`` below float16's smallest normal (6.1e-05; 1e-8 rounds to 0) divides small gradients' updates
-    by (nearly) zero and the run diverges within a few steps."""
+def check_float16_epsilon(optimizers: typing.Iterable[torch.optim.Optimizer]) -> None:
+    """Refuse to train float16 parameters (``16-true``) with an Adam-family ``eps`` float16 cannot hold: the
+    moments are float16 too, so an ``eps`` below float16's smallest normal (6.1e-05; 1e-8 rounds to 0) divides
+    small gradients' updates by (nearly) zero and the run diverges within a few steps."""
     tiny = torch.finfo(torch.float16).tiny
-    if precision == "16-true" and eps < tiny:
-        raise UserError(
-            f"16-true keeps AdamW's moments in float16, where model.eps {eps:g} is (nearly) zero: the first updates "
-            f"divide by it and the run diverges. Give --model.eps 1e-4 (at least float16's {tiny:.2g}), or train in "
-            "16-mixed (float32 weights and optimizer, float16 matmuls) or bf16-true where the device has bf16."
-        )
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            eps = group.get("eps", tiny)
+            if "betas" in group and eps < tiny and any(p.dtype == torch.float16 for p in group["params"]):
+                raise UserError(
+                    f"16-true keeps AdamW's moments in float16, where eps {eps:g} is (nearly) zero: the first updates "
+                    f"divide by it and the run diverges. Give --model.eps 1e-4 (--optimizer.eps with your own "
+                    f"--optimizer; at least float16's {tiny:.2g}), or train in 16-mixed (float32 weights and "
+                    "optimizer, float16 matmuls) or bf16-true where the device has bf16."
+                )
 
 
 def warn_if_bf16_is_emulated(trainer: Trainer) -> None:
