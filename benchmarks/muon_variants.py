@@ -153,6 +153,8 @@ def summarize(curves: dict[str, dict[int, list]], budget: int, earlier: dict | N
         if missing := sorted(set(seeds) - set(by_seed)):
             raise SystemExit(f"run {name!r} has no curve at seeds {missing}: train it there or --reuse a file that has")
     if earlier is not None:
+        if missing := [seed for seed in seeds if str(seed) not in earlier["best_adamw_final_val_loss"]]:
+            raise SystemExit(f"--targets: the earlier result has no targets at seeds {missing}")
         targets = {seed: earlier["best_adamw_final_val_loss"][str(seed)] for seed in seeds}
         muon_targets = {seed: earlier["muon_final_val_loss"][str(seed)] for seed in seeds}
         shape = earlier["shape"]
@@ -250,6 +252,8 @@ def main() -> None:
             earlier_targets.get("config_sha256") != configs
         ):
             raise SystemExit(f"--targets {args.targets}: another model, batch or configs than this run's")
+        if not earlier_targets.get("muon_final_val_loss"):
+            raise SystemExit(f"--targets {args.targets}: it has no Muon run, whose final loss is a target")
     for path in args.reuse:  # curves trained before at this shape: not trained again
         earlier = json.loads(path.read_text())
         if {k: earlier["shape"].get(k, "") for k in shape} != shape:

@@ -488,3 +488,10 @@ def test_muon_variants_measures_shorter_runs_against_an_earlier_result_s_targets
     (tmp_path / "other.json").write_text(json.dumps(other))
     with pytest.raises(SystemExit, match="another model, batch or configs"):
         run(tmp_path / "other.json")
+    (tmp_path / "no_muon.json").write_text(json.dumps({**earlier, "muon_final_val_loss": None}))
+    with pytest.raises(SystemExit, match="no Muon run"):
+        run(tmp_path / "no_muon.json")
+    fewer = {**earlier, "best_adamw_final_val_loss": {"0": earlier["best_adamw_final_val_loss"]["0"]}}
+    (tmp_path / "fewer.json").write_text(json.dumps(fewer))
+    with pytest.raises(SystemExit, match=r"no targets at seeds \[1, 2\]"):
+        run(tmp_path / "fewer.json")
