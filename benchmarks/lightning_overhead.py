@@ -239,7 +239,8 @@ def plain_loop(args, data: TokenStreamDataModule, compiled: bool, device: torch.
                 batch = next(batches)
             x, y = (t.to(device, non_blocking=True) for t in batch)
         with breakdown.part("forward"):
-            with autocast, attention_context(device_attention_backends(device) if ours else None):
+            backends = device_attention_backends(device, x.size(1), compiled, module.hparams.cudnn_attention)
+            with autocast, attention_context(backends if ours else None):
                 head_loss = chunked_cross_entropy if ours and module.hparams.chunked_loss else None
                 _, loss = model(x, y, head_loss=head_loss)  # as training_step
         if ours:

@@ -20,25 +20,31 @@ from gpt_lightning.training.module import GPTLightningModule
 FALLBACKS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
+def hopper(device, seq_len=None, compiled=False, cudnn_attention=True):
+    """``device_attention_backends`` as on a Hopper GPU (cuDNN 9), the module's other arguments kept."""
+    return training_attention_backends("cuda", (9, 0), cudnn_attention, seq_len, compiled)
+
+
 @pytest.mark.parametrize(
-    "device_type, capability, cudnn, expected",
+    "device_type, capability, cudnn, seq_len, compiled, expected",
     [
-        ("cuda", (9, 0), True, [SDPBackend.CUDNN_ATTENTION, *FALLBACKS]),  # Hopper: H100, H200
-        ("cuda", (10, 0), True, [SDPBackend.CUDNN_ATTENTION, *FALLBACKS]),  # Blackwell
-        ("cuda", (9, 0), False, None),  # cuDNN < 9: no attention in it
-        ("cuda", (8, 0), True, None),  # Ampere: flash, SDPA's own first choice
-        ("cpu", None, False, None),
+        ("cuda", (9, 0), True, 1024, True, [SDPBackend.CUDNN_ATTENTION, *FALLBACKS]),  # Hopper: H100, H200
+        ("cuda", (10, 0), True, 128, False, [SDPBackend.CUDNN_ATTENTION, *FALLBACKS]),  # Blackwell
+        ("cuda", (9, 0), False, 1024, True, None),  # cuDNN < 9: no attention in it
+        ("cuda", (8, 0), True, 128, True, None),  # Ampere: flash, SDPA's own first choice
+        ("cpu", None, False, 128, True, [SDPBackend.MATH]),  # a short compiled CPU step: fused math
+        ("cpu", None, False, 129, True, None),  # longer: the flash kernel
+        ("cpu", None, False, 128, False, None),  # eager: the flash kernel (eager math upcasts, keeps (T, T))
     ],
 )
-def test_cudnn_attention_first_where_the_gpu_has_it(device_type, capability, cudnn, expected):
-    assert training_attention_backends(device_type, capability, cudnn) == expected
+def test_the_training_attention_kernel_per_device_and_step(device_type, capability, cudnn, seq_len, compiled, expected):
+    assert training_attention_backends(device_type, capability, cudnn, seq_len, compiled) == expected
 
 
 def test_the_training_forward_runs_in_the_chosen_order_and_decode_does_not(monkeypatch):
     """On a CPU the order a Hopper GPU gets is stood in for; each SDPA call records the priority
     order it ran under."""
-    hopper = training_attention_backends("cuda", (9, 0), True)
-    monkeypatch.setattr(training_module, "device_attention_backends", lambda device: hopper)
+    monkeypatch.setattr(training_module, "device_attention_backends", hopper)
     orders, sdpa = [], F.scaled_dot_product_attention
 
     def recording(*args, **kwargs):
@@ -47,7 +53,6 @@ def test_the_training_forward_runs_in_the_chosen_order_and_decode_does_not(monke
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
     module = GPTLightningModule(n_layer=2, n_head=2, n_embd=32, block_size=16, compile=False)
-    module._attention_backends = training_module.device_attention_backends(module.device)  # what on_train_start sets
     idx = torch.randint(0, 50257, (2, 16))
     module.training_step((idx, idx), 0).backward()
     assert orders == [int(SDPBackend.CUDNN_ATTENTION)] * 2  # both blocks
@@ -62,8 +67,7 @@ def test_the_training_forward_runs_in_the_chosen_order_and_decode_does_not(monke
 def test_cudnn_attention_is_the_module_s_switch(cudnn_attention, monkeypatch, small_text, tmp_path):
     """A plain Trainer's step on a stood-in Hopper GPU: ``cudnn_attention`` (on by default) puts cuDNN's
     kernel first; off, the training forward keeps SDPA's own order, as on any other device."""
-    hopper = training_attention_backends("cuda", (9, 0), True)
-    monkeypatch.setattr(training_module, "device_attention_backends", lambda device: hopper)
+    monkeypatch.setattr(training_module, "device_attention_backends", hopper)
     orders, sdpa = [], F.scaled_dot_product_attention
 
     def recording(*args, **kwargs):
@@ -79,6 +83,25 @@ def test_cudnn_attention_is_the_module_s_switch(cudnn_attention, monkeypatch, sm
     trainer = Trainer(**ONE_QUIET_CPU_STEP)
     trainer.fit(module, data)
     assert orders == [int(SDPBackend.CUDNN_ATTENTION) if cudnn_attention else default]
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_short_compiled_cpu_step_runs_math_attention(compile, small_text, tmp_path):
+    """A plain Trainer's step on the CPU at 16 positions: compiled, SDPA's math (the graph's matmuls and
+    softmax), not the flash kernel, whose backward is the slow part of a short CPU step; eager, flash."""
+    module = GPTLightningModule(n_layer=1, n_head=2, n_embd=32, compile=compile)
+    data = TokenStreamDataModule(
+        str(small_text), batch_size=2, block_size=16, val_fraction=0.0, cache_dir=str(tmp_path)
+    )
+    with torch.profiler.profile() as profile:
+        Trainer(**ONE_QUIET_CPU_STEP).fit(module, data)
+    ran = {event.key for event in profile.key_averages()}
+    flash = {
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+    }
+    assert module.is_compiled == compile
+    assert ran.isdisjoint(flash) if compile else flash <= ran, sorted(name for name in ran if "attention" in name)
 
 
 COMPILED_ATTENTION = """

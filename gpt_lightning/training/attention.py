@@ -1,5 +1,6 @@
 """Which scaled-dot-product-attention kernel the training forward takes: cuDNN's on the GPUs where it
-is the fast one (Hopper and newer), SDPA's own choice elsewhere. Decode never runs under it."""
+is the fast one (Hopper and newer), SDPA's math in a compiled step on a CPU at short sequences, SDPA's
+own choice elsewhere. Decode never runs under it."""
 
 from __future__ import annotations
 
@@ -9,25 +10,41 @@ from contextlib import AbstractContextManager
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+# Sequences up to this long train faster compiled on a CPU with SDPA's math backend (two batched
+# matmuls and a softmax that inductor fuses) than with the flash kernel, whose backward ran tiny-cpu's
+# attention at 28 GFLOP/s: 10-14% a step at 128 positions, within the spread at 256, even or slower at
+# 512, 24% slower at 1,024 (docs/benchmarks.md). Eager keeps flash: SDPA's eager math upcasts bf16 to
+# float32 and keeps the (T, T) probabilities for the backward.
+CPU_COMPILED_MATH_MAX_LEN = 128
+
 
 def training_attention_backends(
-    device_type: str, capability: tuple[int, int] | None, cudnn_attention: bool
+    device_type: str,
+    capability: tuple[int, int] | None,
+    cudnn_attention: bool,
+    seq_len: int | None = None,
+    compiled: bool = False,
 ) -> list[SDPBackend] | None:
     """SDPA's backends in priority order for the training forward: cuDNN attention first on a CUDA GPU
     of compute capability >= 9.0 that has it, then flash, memory-efficient and math as fallbacks for
-    shapes it refuses; None (SDPA's own order, cuDNN last) elsewhere: a CPU, or Ampere, where flash is
-    as fast. Decode stays off cuDNN: it plans a graph per key length."""
+    shapes it refuses; math alone in a ``compiled`` step on a CPU at ``seq_len`` <= 128
+    (``CPU_COMPILED_MATH_MAX_LEN``); None (SDPA's own order, cuDNN last) elsewhere: a longer or eager
+    CPU step, or Ampere, where flash is as fast. Decode stays off cuDNN: it plans a graph per key length."""
+    if device_type == "cpu" and compiled and seq_len is not None and seq_len <= CPU_COMPILED_MATH_MAX_LEN:
+        return [SDPBackend.MATH]
     if device_type != "cuda" or capability is None or capability < (9, 0) or not cudnn_attention:
         return None
     return [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def device_attention_backends(device: torch.device) -> list[SDPBackend] | None:
+def device_attention_backends(
+    device: torch.device, seq_len: int | None = None, compiled: bool = False, cudnn_attention: bool = True
+) -> list[SDPBackend] | None:
     """``training_attention_backends`` for ``device``, asked of the device and of cuDNN (>= 9 has attention)."""
     if device.type != "cuda":
-        return None
-    cudnn = torch.backends.cudnn.is_available() and (torch.backends.cudnn.version() or 0) >= 90000
-    return training_attention_backends("cuda", torch.cuda.get_device_capability(device), cudnn)
+        return training_attention_backends(device.type, None, False, seq_len, compiled)
+    cudnn = cudnn_attention and torch.backends.cudnn.is_available() and (torch.backends.cudnn.version() or 0) >= 90000
+    return training_attention_backends("cuda", torch.cuda.get_device_capability(device), cudnn, seq_len, compiled)
 
 
 def attention_context(backends: list[SDPBackend] | None) -> AbstractContextManager:

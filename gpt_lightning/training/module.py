@@ -209,7 +209,6 @@ class GPTLightningModule(LightningModule):
         self._built: tuple[torch.optim.Optimizer, LambdaLR | None] | None = (
             None  # by configure_optimizers: resume's to set
         )
-        self._attention_backends = None  # the training forward's SDPA backends (``attention``), set at train start
         self._trained_at_end = TrainedWeightsAtEnd()  # for a last.ckpt written after weight averaging's end
 
     def configure_callbacks(self) -> list:
@@ -275,7 +274,6 @@ class GPTLightningModule(LightningModule):
         """The optimizer settings and schedule given now at the (restored) step, for the optimizer
         ``configure_optimizers`` built; a subclass's own is left alone (``resume``)."""
         resume.continue_own_schedule(self.trainer, self._built, group_settings(self.hparams), self.lr_multiplier)
-        self._attention_backends = device_attention_backends(self.device) if self.hparams.cudnn_attention else None
         steps = self.trainer.estimated_stepping_batches
         self._final_step = None if steps == float("inf") else int(steps)
 
@@ -288,7 +286,8 @@ class GPTLightningModule(LightningModule):
 
     def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch  # (B, T), (B, T)
-        with attention_context(self._attention_backends):  # outside the compiled regions
+        backends = device_attention_backends(x.device, x.size(1), self.is_compiled, self.hparams.cudnn_attention)
+        with attention_context(backends):  # outside the compiled regions
             return self.model(x, y, head_loss=chunked_cross_entropy if self.hparams.chunked_loss else None)[1]
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
