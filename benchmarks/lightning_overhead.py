@@ -8,8 +8,9 @@ weights and the same optimizer (``GPTLightningModule.configure_optimizers``: fus
   ``zero_grad(set_to_none=True)``), as build-nanogpt writes it.
 - ``plain_ours``: the same loop doing the work our module does: the data module's loader, the
   module's compile scope, ``NonFiniteGuard`` (the loss check, the gradient norm, the skip handed to
-  fused AdamW as ``found_inf``) and the micro-batch loss sum (its mean taken once per step). ``plain_ours / plain`` is what our
-  safety features and defaults cost; ``lightning / plain_ours`` is what Lightning costs.
+  fused AdamW as ``found_inf``), the micro-batch loss sum (its mean taken once per step) and the module's
+  attention kernel (``training/attention.py``). ``plain_ours / plain`` is what our safety features and
+  defaults cost or give; ``lightning / plain_ours`` is what Lightning costs.
 - ``lightning``: ``GPTLightningModule`` + ``Trainer`` + ``TokenStreamDataModule`` +
   ``ThroughputMonitor`` + TensorBoard, the progress bar a plain ``Trainer`` gives (``--progress_bar
   step``: the CLI's ``StepProgressBar``), logging every 10 steps (as every config does).
@@ -231,6 +232,11 @@ def plain_loop(args, data: TokenStreamDataModule, compiled: bool, device: torch.
     parameters = [p for p in model.parameters() if p.requires_grad]
     breakdown, batches = Breakdown(), iter(())
     clock = StepClock(device)
+    # the module's attention kernel (cuDNN's on Hopper, math in a short compiled CPU step): part of ours
+    hp = module.hparams
+    backends = device_attention_backends(
+        device, seq_len=args.block_size, static_graph=compiled, cudnn_attention=hp.cudnn_attention
+    )
     for step in range(args.steps):
         with breakdown.part("data"):
             batch = next(batches, None)
@@ -239,7 +245,6 @@ def plain_loop(args, data: TokenStreamDataModule, compiled: bool, device: torch.
                 batch = next(batches)
             x, y = (t.to(device, non_blocking=True) for t in batch)
         with breakdown.part("forward"):
-            backends = device_attention_backends(device, x.size(1), compiled, module.hparams.cudnn_attention)
             with autocast, attention_context(backends if ours else None):
                 head_loss = chunked_cross_entropy if ours and module.hparams.chunked_loss else None
                 _, loss = model(x, y, head_loss=head_loss)  # as training_step

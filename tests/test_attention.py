@@ -14,19 +14,19 @@ from torch.nn.attention import SDPBackend
 from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.generation import generate
 from gpt_lightning.training import module as training_module
-from gpt_lightning.training.attention import training_attention_backends
+from gpt_lightning.training.attention import device_attention_backends, training_attention_backends
 from gpt_lightning.training.module import GPTLightningModule
 
 FALLBACKS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def hopper(device, seq_len=None, compiled=False, cudnn_attention=True):
+def hopper(device, *, seq_len=None, static_graph=False, cudnn_attention=True):
     """``device_attention_backends`` as on a Hopper GPU (cuDNN 9), the module's other arguments kept."""
-    return training_attention_backends("cuda", (9, 0), cudnn_attention, seq_len, compiled)
+    return training_attention_backends("cuda", (9, 0), cudnn_attention, seq_len=seq_len, static_graph=static_graph)
 
 
 @pytest.mark.parametrize(
-    "device_type, capability, cudnn, seq_len, compiled, expected",
+    "device_type, capability, cudnn, seq_len, static_graph, expected",
     [
         ("cuda", (9, 0), True, 1024, True, [SDPBackend.CUDNN_ATTENTION, *FALLBACKS]),  # Hopper: H100, H200
         ("cuda", (10, 0), True, 128, False, [SDPBackend.CUDNN_ATTENTION, *FALLBACKS]),  # Blackwell
@@ -34,11 +34,24 @@ def hopper(device, seq_len=None, compiled=False, cudnn_attention=True):
         ("cuda", (8, 0), True, 128, True, None),  # Ampere: flash, SDPA's own first choice
         ("cpu", None, False, 128, True, [SDPBackend.MATH]),  # a short compiled CPU step: fused math
         ("cpu", None, False, 129, True, None),  # longer: the flash kernel
-        ("cpu", None, False, 128, False, None),  # eager: the flash kernel (eager math upcasts, keeps (T, T))
+        ("cpu", None, False, 128, False, None),  # eager or dynamic: flash (eager math upcasts, keeps (T, T))
     ],
 )
-def test_the_training_attention_kernel_per_device_and_step(device_type, capability, cudnn, seq_len, compiled, expected):
-    assert training_attention_backends(device_type, capability, cudnn, seq_len, compiled) == expected
+def test_the_training_attention_kernel_per_device_and_step(
+    device_type, capability, cudnn, seq_len, static_graph, expected
+):
+    backends = training_attention_backends(device_type, capability, cudnn, seq_len=seq_len, static_graph=static_graph)
+    assert backends == expected
+
+
+@pytest.mark.parametrize("cudnn_attention", [True, False])
+def test_the_module_s_switch_reaches_a_hopper_gpu_s_order(cudnn_attention, monkeypatch):
+    """``device_attention_backends`` itself on a stood-in Hopper with cuDNN 9: the switch decides."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91000)
+    backends = device_attention_backends(torch.device("cuda", 0), seq_len=1024, cudnn_attention=cudnn_attention)
+    assert backends == ([SDPBackend.CUDNN_ATTENTION, *FALLBACKS] if cudnn_attention else None)
 
 
 def test_the_training_forward_runs_in_the_chosen_order_and_decode_does_not(monkeypatch):
@@ -85,11 +98,21 @@ def test_cudnn_attention_is_the_module_s_switch(cudnn_attention, monkeypatch, sm
     assert orders == [int(SDPBackend.CUDNN_ATTENTION) if cudnn_attention else default]
 
 
-@pytest.mark.parametrize("compile", [True, False])
-def test_a_short_compiled_cpu_step_runs_math_attention(compile, small_text, tmp_path):
-    """A plain Trainer's step on the CPU at 16 positions: compiled, SDPA's math (the graph's matmuls and
-    softmax), not the flash kernel, whose backward is the slow part of a short CPU step; eager, flash."""
-    module = GPTLightningModule(n_layer=1, n_head=2, n_embd=32, compile=compile)
+@pytest.mark.parametrize(
+    "settings, math",
+    [
+        ({"compile": True}, True),
+        ({"compile": False}, False),  # eager
+        ({"compile": True, "activation_checkpointing": True}, False),  # the recompute runs outside the context
+        ({"compile": True, "compile_dynamic": None}, False),  # a graph that may serve other lengths
+    ],
+)
+def test_a_short_compiled_cpu_step_runs_math_attention(settings, math, small_text, tmp_path):
+    """A plain Trainer's step on the CPU at 16 positions: compiled for that length alone, SDPA's math (its
+    batched matmuls and the graph's softmax), not the flash kernel, whose backward is the slow part of a
+    short CPU step; eager, checkpointed or with dynamic shapes, flash."""
+    torch._dynamo.reset()  # a graph another test traced under another kernel would be reused: no guard on it
+    module = GPTLightningModule(n_layer=1, n_head=2, n_embd=32, **settings)
     data = TokenStreamDataModule(
         str(small_text), batch_size=2, block_size=16, val_fraction=0.0, cache_dir=str(tmp_path)
     )
@@ -100,8 +123,9 @@ def test_a_short_compiled_cpu_step_runs_math_attention(compile, small_text, tmp_
         "aten::_scaled_dot_product_flash_attention_for_cpu",
         "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
     }
-    assert module.is_compiled == compile
-    assert ran.isdisjoint(flash) if compile else flash <= ran, sorted(name for name in ran if "attention" in name)
+    assert module.is_compiled == settings["compile"]
+    attention = sorted(name for name in ran if "attention" in name or "bmm" in name)
+    assert (ran.isdisjoint(flash) and "aten::bmm" in ran) if math else flash <= ran, attention
 
 
 COMPILED_ATTENTION = """

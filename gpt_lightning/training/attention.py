@@ -12,7 +12,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # Sequences up to this long train faster compiled on a CPU with SDPA's math backend (two batched
 # matmuls and a softmax that inductor fuses) than with the flash kernel, whose backward ran tiny-cpu's
-# attention at 28 GFLOP/s: 10-14% a step at 128 positions, within the spread at 256, even or slower at
+# attention at 28 GFLOP/s: 8-14% a step at 128 positions, within the spread at 256, even or slower at
 # 512, 24% slower at 1,024 (docs/benchmarks.md). Eager keeps flash: SDPA's eager math upcasts bf16 to
 # float32 and keeps the (T, T) probabilities for the backward.
 CPU_COMPILED_MATH_MAX_LEN = 128
@@ -22,15 +22,17 @@ def training_attention_backends(
     device_type: str,
     capability: tuple[int, int] | None,
     cudnn_attention: bool,
+    *,
     seq_len: int | None = None,
-    compiled: bool = False,
+    static_graph: bool = False,
 ) -> list[SDPBackend] | None:
     """SDPA's backends in priority order for the training forward: cuDNN attention first on a CUDA GPU
     of compute capability >= 9.0 that has it, then flash, memory-efficient and math as fallbacks for
-    shapes it refuses; math alone in a ``compiled`` step on a CPU at ``seq_len`` <= 128
-    (``CPU_COMPILED_MATH_MAX_LEN``); None (SDPA's own order, cuDNN last) elsewhere: a longer or eager
-    CPU step, or Ampere, where flash is as fast. Decode stays off cuDNN: it plans a graph per key length."""
-    if device_type == "cpu" and compiled and seq_len is not None and seq_len <= CPU_COMPILED_MATH_MAX_LEN:
+    shapes it refuses; math alone on a CPU whose step is a compiled graph of fixed shapes
+    (``static_graph``) at ``seq_len`` <= 128 (``CPU_COMPILED_MATH_MAX_LEN``); None (SDPA's own order,
+    cuDNN last) elsewhere: a longer, eager or dynamic-shape CPU step, or Ampere, where flash is as fast.
+    Decode stays off cuDNN: it plans a graph per key length."""
+    if device_type == "cpu" and static_graph and seq_len is not None and seq_len <= CPU_COMPILED_MATH_MAX_LEN:
         return [SDPBackend.MATH]
     if device_type != "cuda" or capability is None or capability < (9, 0) or not cudnn_attention:
         return None
@@ -38,13 +40,16 @@ def training_attention_backends(
 
 
 def device_attention_backends(
-    device: torch.device, seq_len: int | None = None, compiled: bool = False, cudnn_attention: bool = True
+    device: torch.device, *, seq_len: int | None = None, static_graph: bool = False, cudnn_attention: bool = True
 ) -> list[SDPBackend] | None:
-    """``training_attention_backends`` for ``device``, asked of the device and of cuDNN (>= 9 has attention)."""
+    """``training_attention_backends`` for a step on ``device``, asked of the device and of cuDNN (>= 9
+    has attention): ``seq_len`` positions a row, ``static_graph`` where the step runs a compiled graph
+    traced for that length alone, ``cudnn_attention`` the module's switch."""
     if device.type != "cuda":
-        return training_attention_backends(device.type, None, False, seq_len, compiled)
+        return training_attention_backends(device.type, None, False, seq_len=seq_len, static_graph=static_graph)
     cudnn = cudnn_attention and torch.backends.cudnn.is_available() and (torch.backends.cudnn.version() or 0) >= 90000
-    return training_attention_backends("cuda", torch.cuda.get_device_capability(device), cudnn, seq_len, compiled)
+    capability = torch.cuda.get_device_capability(device)
+    return training_attention_backends("cuda", capability, cudnn, seq_len=seq_len, static_graph=static_graph)
 
 
 def attention_context(backends: list[SDPBackend] | None) -> AbstractContextManager:

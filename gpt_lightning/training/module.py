@@ -286,7 +286,13 @@ class GPTLightningModule(LightningModule):
 
     def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch  # (B, T), (B, T)
-        backends = device_attention_backends(x.device, x.size(1), self.is_compiled, self.hparams.cudnn_attention)
+        hp = self.hparams
+        # A graph for this length alone, every recompute in it: a checkpointed block's runs in the backward,
+        # outside this context, and must meet the kernel its forward saved tensors for.
+        static_graph = self.is_compiled and hp.compile_dynamic is False and not self.model.activation_checkpointing
+        backends = device_attention_backends(
+            x.device, seq_len=x.size(1), static_graph=static_graph, cudnn_attention=hp.cudnn_attention
+        )
         with attention_context(backends):  # outside the compiled regions
             return self.model(x, y, head_loss=chunked_cross_entropy if self.hparams.chunked_loss else None)[1]
 
