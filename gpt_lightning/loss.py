@@ -116,13 +116,20 @@ def _loss_and_gradients(
         if not (need_h or need_w):
             del logp, z  # before the next chunk's: one chunk's at a time (validation, float16's forward)
         else:
-            g = logp.exp_().scatter_add_(1, t, torch.full_like(t, -1, dtype=logp.dtype))  # (n, V): softmax - onehot
+            # softmax - onehot, scaled in float32 (ignored rows 0), then cast for the matmuls; the targets'
+            # entries made apart and written in after the cast: the rest of the row is then one pass from the
+            # logits to half precision, which inductor fuses (a scatter into it kept a float32 (n, V) copy).
+            rows = valid * scale  # (n, 1)
+            g = logp.exp_()  # (n, V)
+            g_t = g.gather(1, t) - 1  # (n, 1)
             if z is not None:  # d(cap * tanh(l / cap)) / dl = 1 - tanh^2
-                g.mul_(z.square_().neg_().add_(1))
+                slope = z.square_().neg_().add_(1)  # (n, V)
+                g.mul_(slope)
+                g_t = g_t * slope.gather(1, t)
+                del slope
             del logp, z
-            g = g.mul_(valid * scale).to(
-                h.dtype
-            )  # (n, V): scaled in float32, ignored rows 0, then cast for the matmuls
+            g = g.mul_(rows).to(h.dtype)  # (n, V)
+            g.index_put_((torch.arange(g.size(0), device=g.device)[:, None], t), (g_t * rows).to(h.dtype))
             if need_h:
                 grad_h[start : start + chunk_rows] = g @ w  # (n, C)
             if need_w:

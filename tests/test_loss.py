@@ -173,3 +173,30 @@ def test_the_chunked_loss_is_float64_under_64_true(softcap):
     plain, chunked = model(idx, idx)[1], model(idx, idx, head_loss=chunked_cross_entropy)[1]
     assert model.logits(torch.randn(16, dtype=torch.float64)).dtype == torch.float64
     torch.testing.assert_close(plain, chunked, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("softcap", [None, 15.0])
+def test_the_gradient_is_softmax_minus_the_one_hot_scaled_then_cast_bit_for_bit(dtype, softcap):
+    """The targets' entries, made apart and written in after the cast, are the values of the plain formula:
+    softmax with 1 taken off at the target, times the slope of the cap, times the scale, in float32 (float64
+    for float64), cast once; ignored rows 0."""
+    from gpt_lightning.loss import _loss_and_gradients
+
+    torch.manual_seed(0)
+    exact = torch.promote_types(dtype, torch.float32)
+    h, w = torch.randn(40, 16).to(dtype), torch.randn(300, 16)
+    targets = torch.randint(0, 300, (40,))
+    targets[::7] = -100
+    scale = torch.tensor(1 / 40, dtype=exact)
+    _, grad_h, grad_w = _loss_and_gradients(h, w, targets, scale, softcap, 64, -100, True, True)  # one chunk
+    x, t = h, targets[:, None]
+    valid = t != -100
+    logits = (x @ w.to(dtype).t()).to(exact)  # (40, 300)
+    z = None if softcap is None else (logits / softcap).tanh()
+    p = F.log_softmax(logits if z is None else z * softcap, dim=-1, dtype=exact).exp()  # as the loss takes it
+    g = p.scatter_add(1, t.where(valid, 0), torch.full_like(t, -1, dtype=exact))  # softmax - onehot
+    g = (g if z is None else g * (1 - z.square())) * (valid * scale)
+    g = g.to(dtype)
+    torch.testing.assert_close(grad_h, g @ w.to(dtype), rtol=0, atol=0)
+    torch.testing.assert_close(grad_w, (g.t() @ x).to(exact), rtol=0, atol=0)
