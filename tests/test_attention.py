@@ -99,7 +99,7 @@ def test_cudnn_attention_is_the_module_s_switch(cudnn_attention, monkeypatch, sm
 
 
 @pytest.mark.parametrize(
-    "settings, math",
+    "settings, static_graph",
     [
         ({"compile": True}, True),
         ({"compile": False}, False),  # eager
@@ -107,10 +107,22 @@ def test_cudnn_attention_is_the_module_s_switch(cudnn_attention, monkeypatch, sm
         ({"compile": True, "compile_dynamic": None}, False),  # a graph that may serve other lengths
     ],
 )
+def test_only_a_graph_for_the_step_s_length_alone_asks_for_the_cpu_s_math(settings, static_graph, monkeypatch):
+    """What the module's step tells ``device_attention_backends`` (its run stood in for, eager)."""
+    asked = []
+    monkeypatch.setattr(training_module, "device_attention_backends", lambda device, **kw: asked.append(kw))
+    monkeypatch.setattr(GPTLightningModule, "is_compiled", property(lambda self: settings["compile"]))
+    module = GPTLightningModule(n_layer=1, n_head=2, n_embd=32, block_size=16, **settings)
+    idx = torch.randint(0, 50257, (2, 16))
+    module.training_step((idx, idx), 0)
+    assert asked == [{"seq_len": 16, "static_graph": static_graph, "cudnn_attention": True}]
+
+
+@pytest.mark.parametrize("settings, math", [({"compile": True}, True), ({"compile": False}, False)])
 def test_a_short_compiled_cpu_step_runs_math_attention(settings, math, small_text, tmp_path):
-    """A plain Trainer's step on the CPU at 16 positions: compiled for that length alone, SDPA's math (its
-    batched matmuls and the graph's softmax), not the flash kernel, whose backward is the slow part of a
-    short CPU step; eager, checkpointed or with dynamic shapes, flash."""
+    """A plain Trainer's step on the CPU at 16 positions: compiled, SDPA's math (its batched matmuls and
+    the graph's softmax), not the flash kernel, whose backward is the slow part of a short CPU step;
+    eager, flash."""
     torch._dynamo.reset()  # a graph another test traced under another kernel would be reused: no guard on it
     module = GPTLightningModule(n_layer=1, n_head=2, n_embd=32, **settings)
     data = TokenStreamDataModule(

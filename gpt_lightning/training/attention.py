@@ -26,12 +26,10 @@ def training_attention_backends(
     seq_len: int | None = None,
     static_graph: bool = False,
 ) -> list[SDPBackend] | None:
-    """SDPA's backends in priority order for the training forward: cuDNN attention first on a CUDA GPU
-    of compute capability >= 9.0 that has it, then flash, memory-efficient and math as fallbacks for
-    shapes it refuses; math alone on a CPU whose step is a compiled graph of fixed shapes
-    (``static_graph``) at ``seq_len`` <= 128 (``CPU_COMPILED_MATH_MAX_LEN``); None (SDPA's own order,
-    cuDNN last) elsewhere: a longer, eager or dynamic-shape CPU step, or Ampere, where flash is as fast.
-    Decode stays off cuDNN: it plans a graph per key length."""
+    """SDPA's backends in priority order for the training forward: cuDNN first (then flash, efficient, math)
+    on a CUDA GPU of compute capability >= 9.0 that has it; math alone in a CPU step compiled for its
+    length alone (``static_graph``) of at most ``CPU_COMPILED_MATH_MAX_LEN`` positions; else None, SDPA's
+    own order (Ampere: flash is as fast). Decode stays off cuDNN: it plans a graph per key length."""
     if device_type == "cpu" and static_graph and seq_len is not None and seq_len <= CPU_COMPILED_MATH_MAX_LEN:
         return [SDPBackend.MATH]
     if device_type != "cuda" or capability is None or capability < (9, 0) or not cudnn_attention:
