@@ -70,10 +70,15 @@ def test_compiled_fit_really_compiles_and_checkpoints_keep_plain_keys(scope, sma
         limit_val_batches=1,
         default_root_dir=tmp_path,
     )
-    trainer.fit(module, data)
+    with torch.profiler.profile() as profile:
+        trainer.fit(module, data)
     assert module.is_compiled
     # Dynamo really captured graphs: fails if compile were a silent no-op.
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > frames_before
+    # A short compiled CPU step's attention is SDPA's math, in the graph (training/attention.py): batched
+    # matmuls, and no backward of the flash kernel (eager validation still runs its forward).
+    ran = {event.key for event in profile.key_averages()}
+    assert "aten::bmm" in ran and "aten::_scaled_dot_product_flash_attention_for_cpu_backward" not in ran
     ckpt = tmp_path / "compiled.ckpt"
     trainer.save_checkpoint(ckpt)
     keys = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"].keys()
