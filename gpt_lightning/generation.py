@@ -124,8 +124,10 @@ def _generate_cached(
     # on while dynamo traces too, so torch.compile(options=...) cannot do it. At batch 1, max_autotune
     # times inductor's C++ GEMM templates against MKL's and oneDNN's kernels for each matmul and keeps
     # the faster: 124M decoded 1.9x (float32) and 1.4x (bfloat16) faster; at batch 8 it gained nothing.
+    # The C++ wrapper calls the step's kernels without a Python line each (docs/sampling.md).
     cpu_options = torch._inductor.config.patch(
         freezing=True,
+        cpp_wrapper=True,
         max_autotune=B == 1,
         autotune_num_choices_displayed=0,  # the timings' tables stay off the user's console
         max_autotune_report_choices_stats=False,
