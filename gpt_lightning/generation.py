@@ -177,9 +177,7 @@ def compiled_decoding(
     decoding = _COMPILED.get(model)
     if decoding is None or decoding.weights != weights:
         decoding = _COMPILED[model] = CompiledDecoding(weights)
-    dtype = (
-        torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else model.lm_head.weight.dtype
-    )
+    dtype = model.compute_dtype(device.type)
     if (batch, length, device, dtype) not in decoding.caches:
         decoding.caches[batch, length, device, dtype] = [KVCache(length) for _ in model.transformer.h]
     # CUDA graphs record static shapes: a graph per batch size. On a CPU, batch 1 has static shapes

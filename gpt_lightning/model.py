@@ -555,6 +555,12 @@ class GPT(nn.Module):
         x = self.trunk(x, lambda i, x: blocks[i].forward_cached(x, idx, caches[i], pos, length))  # (B, T, C)
         return self.logits(x[:, -1])  # (B, vocab_size)
 
+    def compute_dtype(self, device_type: str) -> torch.dtype:
+        """The dtype the matmuls run in on ``device_type`` now: autocast's where it is on, else the weights'."""
+        if torch.is_autocast_enabled(device_type):
+            return torch.get_autocast_dtype(device_type)
+        return self.lm_head.weight.dtype
+
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm, LM head and the tanh ``logit_softcap``, in float32 at least (in bf16, logits near the
         cap round onto it; float64 stays float64): (..., C) -> (..., vocab_size)."""

@@ -290,12 +290,12 @@ class GPTLightningModule(LightningModule):
         # A graph for this length alone, every recompute in it: a checkpointed block's runs in the backward,
         # outside this context, and must meet the kernel its forward saved tensors for.
         static_graph = self.is_compiled and hp.compile_dynamic is False and not self.model.activation_checkpointing
-        device = x.device.type
-        dtype = (
-            torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.model.lm_head.weight.dtype
-        )
         backends = device_attention_backends(
-            x.device, seq_len=x.size(1), static_graph=static_graph, dtype=dtype, cudnn_attention=hp.cudnn_attention
+            x.device,
+            seq_len=x.size(1),
+            static_graph=static_graph,
+            dtype=self.model.compute_dtype(x.device.type),
+            cudnn_attention=hp.cudnn_attention,
         )
         with attention_context(backends):  # outside the compiled regions
             return self.model(x, y, head_loss=chunked_cross_entropy if self.hparams.chunked_loss else None)[1]
