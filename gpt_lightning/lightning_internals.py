@@ -11,7 +11,7 @@ and ``strategy._timeout`` (preemption), ``lightning_utilities.core.rank_zero.log
 ``ArgumentParser._actions`` ("did you mean"), ``Tensor._version`` (generation.py), ``_ChildProcessObserver`` (the launcher's watcher of the ranks it
 started: its ``_terminate_all`` and ``_child_processes``, launched_ranks.py), torch Muon's
 ``_zeropower_via_newtonschulz`` and ``_adjust_lr`` (optimizers.py), ``nn.Module._compiled_call_impl`` and
-inductor's ``default_cache_dir`` (compilation.py), ``WeightAveraging._average_model``, ``_swap_models`` and
+inductor's ``default_cache_dir`` and ``get_cpp_compiler`` (compilation.py), ``WeightAveraging._average_model``, ``_swap_models`` and
 ``_device`` (the averaged model, swapped in for our samples and evaluations, and where it lives:
 averaging.py).
 """
@@ -84,6 +84,18 @@ def inductor_default_cache_dir() -> str | None:
         except ImportError:
             return None
     return default_cache_dir()
+
+
+def inductor_cxx_compiler_missing() -> str | None:
+    """Why inductor finds no C++ compiler for CPU kernels (its search of ``$CXX`` and ``g++``), or None."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    try:
+        get_cpp_compiler()
+    except InvalidCxxCompiler as error:
+        return str(error)
+    return None
 
 
 def averaged_model(callback: Any) -> torch.nn.Module | None:
@@ -318,6 +330,7 @@ CHECKS: dict[str, Callable[[], bool]] = {
     "WeightAveraging._swap_models": lambda: _weight_averaging_has("_swap_models"),
     "WeightAveraging._device": lambda: _weight_averaging_has("_device"),
     "torch._inductor.runtime.cache_dir_utils.default_cache_dir": lambda: isinstance(inductor_default_cache_dir(), str),
+    "torch._inductor.cpp_builder.get_cpp_compiler": lambda: inductor_cxx_compiler_missing() is None,
 }
 
 

@@ -2,11 +2,14 @@
 
 import json
 import multiprocessing
+import sys
+import sysconfig
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch._inductor.config
 from conftest import REPO, TINY_MODEL
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -268,3 +271,25 @@ def test_a_nan_is_reported_at_the_next_logging_interval_and_no_update_follows_it
     assert "Traceback" not in str(info.value)
     # The advice fits the run: only a float16 one is told to use bf16-mixed.
     assert ("use bf16-mixed instead of float16" in str(info.value)) == (precision == "16-mixed")
+
+
+@pytest.mark.parametrize("missing", ["python headers", "c++ compiler"])
+def test_compiling_where_kernels_cannot_build_says_what_to_install(missing, monkeypatch, tmp_path, capsys):
+    """A machine without Python's headers (no python3-dev) or without a C++ compiler: the quick start's
+    compiled fit and `sample --compile` stop before compiling (and before reading the checkpoint), saying
+    what to install or how to run eager, rather than failing in the first step on a C++ error about Python.h."""
+    if missing == "python headers":
+        if sys.platform == "darwin":
+            pytest.skip("macOS: inductor also finds the headers in Python's framework")
+        get_path = sysconfig.get_path
+        monkeypatch.setattr(
+            sysconfig, "get_path", lambda name, *a, **k: str(tmp_path) if name == "include" else get_path(name, *a, **k)
+        )
+        message = "apt install python3-dev"
+    else:
+        message = "apt install g++"
+    with torch._inductor.config.patch({"cpp.cxx": ("no-such-c++",)} if missing == "c++ compiler" else {}):
+        code, err = run_main(fit_args(tmp_path, "--model.compile", "true"), capsys)
+        assert code != 0 and message in err and "--model.compile false" in err and "Traceback" not in err, err[-2000:]
+        code, err = run_main(["sample", "--ckpt_path", str(tmp_path / "none.ckpt"), "--compile"], capsys)
+        assert code != 0 and message in err and "without --compile" in err, err[-2000:]

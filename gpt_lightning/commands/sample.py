@@ -12,6 +12,7 @@ from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.errors import UserError
 from gpt_lightning.generation import generate
 from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
+from gpt_lightning.training.compilation import check_kernels_can_build
 
 
 def resolve_device(device: str) -> torch.device:
@@ -79,6 +80,8 @@ def sample(
     if dtype not in SAMPLE_DTYPES:
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(SAMPLE_DTYPES)}.")
     torch_device = resolve_device(device)
+    if compile:
+        check_kernels_can_build(torch_device.type)
     model = gpt_from_checkpoint(ckpt_path).to(torch_device, resolve_dtype(dtype, torch_device)).eval()
     encoding = gpt2_encoding()
     if model.config.vocab_size < encoding.n_vocab:

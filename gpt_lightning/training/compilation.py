@@ -6,15 +6,22 @@ import contextlib
 import getpass
 import os
 import re
+import sys
+import sysconfig
 import tempfile
 import types
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 import torch
 import torch._inductor
 
 from gpt_lightning.errors import UserError
-from gpt_lightning.lightning_internals import compiled_in_place, inductor_default_cache_dir
+from gpt_lightning.lightning_internals import (
+    compiled_in_place,
+    inductor_cxx_compiler_missing,
+    inductor_default_cache_dir,
+)
 from gpt_lightning.model import GPT
 
 
@@ -36,6 +43,29 @@ def compile_in_place(model: GPT, scope: str, **options: object) -> None:
     # function is bound as a method, so a deepcopy (an EMA copy) binds it to the copy's weights, and
     # the module pickles (the unpickled model runs this part eager, as the class defines it).
     model.head_and_loss = types.MethodType(torch.compile(type(model).head_and_loss, **options), model)
+
+
+def check_kernels_can_build(device_type: str) -> None:
+    """Raise ``UserError`` where ``torch.compile`` cannot build its kernels here, before it tries: inductor
+    builds them as Python extensions (Triton's launchers on a GPU too), with a C++ compiler on a CPU.
+
+    Args:
+        device_type: "cpu", "cuda", ...: the device the compiled code runs on.
+    """
+    eager = "or run eager: --model.compile false (fit), without --compile (sample)."
+    headers = Path(sysconfig.get_path("include")) / "Python.h"
+    if sys.platform != "darwin" and not headers.is_file():  # (macOS: inductor also looks in the framework)
+        raise UserError(
+            f"torch.compile builds its kernels against Python's headers, and this Python has none ({headers} "
+            "is missing). Install them (Debian/Ubuntu: apt install python3-dev, or pythonX.Y-dev for your "
+            f"version; python.org, pyenv, uv and conda Pythons ship them), {eager}"
+        )
+    missing = inductor_cxx_compiler_missing() if device_type == "cpu" else None
+    if missing:
+        raise UserError(
+            f"torch.compile builds its CPU kernels with a C++ compiler and found none ({missing}). Install one "
+            f"(Debian/Ubuntu: apt install g++) or name it in $CXX, {eager}"
+        )
 
 
 def check_cuda_graphs_accumulation(compile: bool, mode: str | None, accumulate: int, device: torch.device) -> None:

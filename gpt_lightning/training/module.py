@@ -38,6 +38,7 @@ from gpt_lightning.training.checks import (
 )
 from gpt_lightning.training.compilation import (
     check_cuda_graphs_accumulation,
+    check_kernels_can_build,
     compile_in_place,
     compile_notice,
     evaluation_stance,
@@ -258,6 +259,7 @@ class GPTLightningModule(LightningModule):
             materialize(self.model, device, self._init_rng_state)
         hp = self.hparams
         if hp.compile and not self.is_compiled:
+            check_kernels_can_build(self.trainer.strategy.root_device.type if self._trainer is not None else "cpu")
             options = dict(mode=hp.compile_mode, dynamic=hp.compile_dynamic, fullgraph=hp.compile_fullgraph)
             compile_in_place(self.model, hp.compile_scope, **options)
 
