@@ -19,6 +19,7 @@ averaging.py).
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -87,10 +88,13 @@ def inductor_default_cache_dir() -> str | None:
 
 
 def inductor_cxx_compiler_missing() -> str | None:
-    """Why inductor finds no C++ compiler for CPU kernels (its search of ``$CXX`` and ``g++``), or None."""
-    from torch._inductor.cpp_builder import get_cpp_compiler
-    from torch._inductor.exc import InvalidCxxCompiler
-
+    """Why inductor finds no C++ compiler for CPU kernels (its search of ``$CXX`` and ``g++``), or None:
+    also where this torch hides the search, so the compile goes ahead and says for itself."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        from torch._inductor.exc import InvalidCxxCompiler
+    except ImportError:
+        return None
     try:
         get_cpp_compiler()
     except InvalidCxxCompiler as error:
@@ -330,7 +334,10 @@ CHECKS: dict[str, Callable[[], bool]] = {
     "WeightAveraging._swap_models": lambda: _weight_averaging_has("_swap_models"),
     "WeightAveraging._device": lambda: _weight_averaging_has("_device"),
     "torch._inductor.runtime.cache_dir_utils.default_cache_dir": lambda: isinstance(inductor_default_cache_dir(), str),
-    "torch._inductor.cpp_builder.get_cpp_compiler": lambda: inductor_cxx_compiler_missing() is None,
+    "torch._inductor.cpp_builder.get_cpp_compiler": lambda: (
+        callable(getattr(importlib.import_module("torch._inductor.cpp_builder"), "get_cpp_compiler", None))
+        and _present(importlib.import_module("torch._inductor.exc"), "InvalidCxxCompiler")
+    ),
 }
 
 

@@ -2,6 +2,7 @@
 
 import json
 import multiprocessing
+import os
 import sys
 import sysconfig
 from pathlib import Path
@@ -19,6 +20,7 @@ from gpt_lightning.cli import main
 from gpt_lightning.data import TokenStreamDataModule, token_cache
 from gpt_lightning.data.corpus import Corpus
 from gpt_lightning.errors import UserError
+from gpt_lightning.training.compilation import check_kernels_can_build
 from gpt_lightning.training.module import GPTLightningModule
 
 
@@ -273,6 +275,22 @@ def test_a_nan_is_reported_at_the_next_logging_interval_and_no_update_follows_it
     assert ("use bf16-mixed instead of float16" in str(info.value)) == (precision == "16-mixed")
 
 
+def without_python_headers(monkeypatch, tmp_path, prefix_headers: Path | None = None) -> None:
+    """sysconfig as on a Python without headers: every include folder empty (the posix_prefix scheme's
+    holding ``prefix_headers`` if given, as a Debian Python's with python3-dev whose default scheme points elsewhere)."""
+    get_path, get_config_var = sysconfig.get_path, sysconfig.get_config_var
+
+    def path(name, *args, **kwargs):
+        if name != "include":
+            return get_path(name, *args, **kwargs)
+        return str(prefix_headers if prefix_headers and kwargs.get("scheme") == "posix_prefix" else tmp_path)
+
+    monkeypatch.setattr(sysconfig, "get_path", path)
+    monkeypatch.setattr(
+        sysconfig, "get_config_var", lambda name: str(tmp_path) if name == "INCLUDEPY" else get_config_var(name)
+    )
+
+
 @pytest.mark.parametrize("missing", ["python headers", "c++ compiler"])
 def test_compiling_where_kernels_cannot_build_says_what_to_install(missing, monkeypatch, tmp_path, capsys):
     """A machine without Python's headers (no python3-dev) or without a C++ compiler: the quick start's
@@ -281,10 +299,7 @@ def test_compiling_where_kernels_cannot_build_says_what_to_install(missing, monk
     if missing == "python headers":
         if sys.platform == "darwin":
             pytest.skip("macOS: inductor also finds the headers in Python's framework")
-        get_path = sysconfig.get_path
-        monkeypatch.setattr(
-            sysconfig, "get_path", lambda name, *a, **k: str(tmp_path) if name == "include" else get_path(name, *a, **k)
-        )
+        without_python_headers(monkeypatch, tmp_path)
         message = "apt install python3-dev"
     else:
         message = "apt install g++"
@@ -293,3 +308,22 @@ def test_compiling_where_kernels_cannot_build_says_what_to_install(missing, monk
         assert code != 0 and message in err and "--model.compile false" in err and "Traceback" not in err, err[-2000:]
         code, err = run_main(["sample", "--ckpt_path", str(tmp_path / "none.ckpt"), "--compile"], capsys)
         assert code != 0 and message in err and "without --compile" in err, err[-2000:]
+
+
+@pytest.mark.skipif(sys.platform == "darwin" or os.name != "posix", reason="the posix_prefix scheme: Linux")
+def test_the_kernel_check_asks_only_for_what_inductor_needs(monkeypatch, tmp_path):
+    """No C++ compiler refuses only a CPU's compile (a GPU's kernels are Triton's; None: the device is not
+    known yet, as for a model loaded outside a Trainer); Python.h in the posix_prefix scheme's folder alone,
+    which inductor also passes to the compiler, is enough."""
+    with torch._inductor.config.patch({"cpp.cxx": ("no-such-c++",)}):
+        check_kernels_can_build("cuda")
+        check_kernels_can_build(None)
+        with pytest.raises(UserError, match="found none"):
+            check_kernels_can_build("cpu")
+    prefix = tmp_path / "prefix"
+    prefix.mkdir()
+    without_python_headers(monkeypatch, tmp_path, prefix)
+    with pytest.raises(UserError, match="no Python.h"):
+        check_kernels_can_build("cuda")
+    (prefix / "Python.h").touch()
+    check_kernels_can_build("cpu")

@@ -45,26 +45,33 @@ def compile_in_place(model: GPT, scope: str, **options: object) -> None:
     model.head_and_loss = types.MethodType(torch.compile(type(model).head_and_loss, **options), model)
 
 
-def check_kernels_can_build(device_type: str) -> None:
+def check_kernels_can_build(device_type: str | None) -> None:
     """Raise ``UserError`` where ``torch.compile`` cannot build its kernels here, before it tries: inductor
-    builds them as Python extensions (Triton's launchers on a GPU too), with a C++ compiler on a CPU.
+    builds them as Python extensions against Python's headers (Triton's launchers on a GPU too), and a
+    CPU's with a C++ compiler.
 
     Args:
-        device_type: "cpu", "cuda", ...: the device the compiled code runs on.
+        device_type: "cpu", "cuda", ...: the device the compiled code runs on; None: not known yet (the
+            headers alone are checked).
     """
     eager = "or run eager: --model.compile false (fit), without --compile (sample)."
-    headers = Path(sysconfig.get_path("include")) / "Python.h"
-    if sys.platform != "darwin" and not headers.is_file():  # (macOS: inductor also looks in the framework)
+    # Inductor passes both of these to the compiler (a Debian Python's default scheme has its own include)
+    folders = {sysconfig.get_path("include"), sysconfig.get_config_var("INCLUDEPY")}
+    if os.name == "posix":
+        folders.add(sysconfig.get_path("include", scheme="posix_prefix"))
+    found = any(folder and (Path(folder) / "Python.h").is_file() for folder in folders)
+    if sys.platform != "darwin" and not found:  # (macOS: inductor also looks in Python's framework)
         raise UserError(
-            f"torch.compile builds its kernels against Python's headers, and this Python has none ({headers} "
-            "is missing). Install them (Debian/Ubuntu: apt install python3-dev, or pythonX.Y-dev for your "
-            f"version; python.org, pyenv, uv and conda Pythons ship them), {eager}"
+            "torch.compile builds its kernels against Python's headers, and this Python has none (no Python.h "
+            f"in {', '.join(sorted(f for f in folders if f))}). Install them (Debian/Ubuntu: apt install "
+            f"python3-dev, or pythonX.Y-dev for your version; python.org, pyenv, uv and conda Pythons ship them), {eager}"
         )
     missing = inductor_cxx_compiler_missing() if device_type == "cpu" else None
     if missing:
         raise UserError(
             f"torch.compile builds its CPU kernels with a C++ compiler and found none ({missing}). Install one "
-            f"(Debian/Ubuntu: apt install g++) or name it in $CXX, {eager}"
+            "(Debian/Ubuntu: apt install g++; macOS: xcode-select --install; Windows: Visual Studio's C++ build "
+            f"tools) or name it in $CXX, {eager}"
         )
 
 

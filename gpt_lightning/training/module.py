@@ -258,8 +258,9 @@ class GPTLightningModule(LightningModule):
             device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
             materialize(self.model, device, self._init_rng_state)
         hp = self.hparams
+        if hp.compile:  # checked again by a Trainer: a model loaded compiled outside one did not know its device
+            check_kernels_can_build(self.trainer.strategy.root_device.type if self._trainer is not None else None)
         if hp.compile and not self.is_compiled:
-            check_kernels_can_build(self.trainer.strategy.root_device.type if self._trainer is not None else "cpu")
             options = dict(mode=hp.compile_mode, dynamic=hp.compile_dynamic, fullgraph=hp.compile_fullgraph)
             compile_in_place(self.model, hp.compile_scope, **options)
 
