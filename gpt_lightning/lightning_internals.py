@@ -88,8 +88,8 @@ def inductor_default_cache_dir() -> str | None:
 
 
 def inductor_cxx_compiler_missing() -> str | None:
-    """Why inductor finds no C++ compiler for CPU kernels (its search of ``$CXX`` and ``g++``), or None:
-    also where this torch hides the search, so the compile goes ahead and says for itself."""
+    """Why inductor finds no C++ compiler for CPU kernels (its search of ``$CXX`` and ``g++``), or None,
+    also where this torch has moved the search (the compile then goes ahead and reports for itself)."""
     try:
         from torch._inductor.cpp_builder import get_cpp_compiler
         from torch._inductor.exc import InvalidCxxCompiler
