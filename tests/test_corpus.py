@@ -1,14 +1,12 @@
-"""Tiny Shakespeare (and GPT-2's BPE files) ship inside the package: read offline, verified, and inside the wheel."""
+"""Tiny Shakespeare (and GPT-2's BPE files) ship inside the package: read offline and verified (the wheel: test_release)."""
 
 import gzip
 import hashlib
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
-import zipfile
 
 import pytest
 from conftest import REPO
@@ -59,60 +57,6 @@ def test_the_default_corpus_trains_without_network(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "loaded 338025 tokens" in result.stdout + result.stderr
     assert list((tmp_path / "tb").rglob("last.ckpt"))
-
-
-def test_the_wheel_carries_the_corpus_and_the_bpe_files_and_reads_them_where_installed(tmp_path):
-    source = tmp_path / "source"  # a copy: building writes build/ and egg-info beside the sources
-    shutil.copytree(REPO / "gpt_lightning", source / "gpt_lightning", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(REPO / name, source / name)
-    build = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path / "dist"),
-            str(source),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert build.returncode == 0, build.stderr[-3000:]
-    (wheel,) = (tmp_path / "dist").glob("gpt_lightning-*.whl")
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(tmp_path / "site")
-        names = archive.namelist()
-    for name in ("encoder.json", "vocab.bpe", "LICENSE"):  # OpenAI's GPT-2 BPE files and their licence
-        assert f"gpt_lightning/data/gpt2_bpe/{name}" in names
-    # The licence as an SPDX expression, both licence files in the metadata (PEP 639).
-    (metadata,) = (tmp_path / "site").glob("gpt_lightning-*.dist-info/METADATA")
-    headers = metadata.read_text().split("\n\n")[0].splitlines()
-    assert "License-Expression: MIT" in headers
-    assert {"License-File: LICENSE", "License-File: gpt_lightning/data/gpt2_bpe/LICENSE"} <= set(headers)
-    read = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import gpt_lightning.data.corpus as c, gpt_lightning.data.tokenizer as tok; "
-            "t = c.Corpus.tiny_shakespeare(); text = t.read_text(); print(t.location); print(len(text)); "
-            "print(tok.bpe_files()[0]); print(len(tok.gpt2_encoding().encode_ordinary(text)))",
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert read.returncode == 0, read.stderr[-3000:]
-    location, length, vocab_bpe, n_tokens = read.stdout.split()
-    assert location.startswith(str(tmp_path / "site")) and int(length) == 1_115_394
-    assert vocab_bpe.startswith(str(tmp_path / "site")) and int(n_tokens) == 338_025
 
 
 def test_cached_files_get_normal_permissions_and_an_absolute_source(small_text, tmp_path, monkeypatch):
