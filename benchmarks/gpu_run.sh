@@ -22,9 +22,7 @@
 #   autotune      --model.compile_mode max-autotune through bench twice, sharing one cache: the first
 #                 pays the autotuning (autotune-cold/), the second is the figure from a warm cache
 #                 (autotune/); each bench.json has compile_time_s;
-#   hellaswag     batched vs per-example HellaSwag scoring (hellaswag.json);
-#   optimizers, architectures   the 300-step AdamW/Muon and GPT-2/modern comparisons: run only when
-#                 their whole limit fits in the time left.
+#   hellaswag     batched vs per-example HellaSwag scoring (hellaswag.json).
 # status.txt gets one line per step as it ends: done, failed (exit code), timed out, skipped for time.
 # A failing step never stops the next; the run exits 1 if any step did not end "done".
 # One compile cache serves the whole run (TORCHINDUCTOR_CACHE_DIR, default a fresh temporary folder);
@@ -38,7 +36,7 @@
 # what is missing (jsonargparse, pytest) is installed from it into .device-site/.
 set -uo pipefail  # no -e: one failing step must not stop the others
 start=$(date +%s)
-steps=" ${GPU_RUN_STEPS:-bench levers tests generation checks overhead fineweb autotune hellaswag optimizers architectures} "
+steps=" ${GPU_RUN_STEPS:-bench levers tests generation checks overhead fineweb autotune hellaswag} "
 want() { [[ "$steps" == *" $1 "* ]]; }
 if [ "${1:-}" = "--dry-run" ]; then
     export GPU_RUN_SMOKE=1
@@ -108,12 +106,6 @@ extra=()
 generation=(--dtype bfloat16 --compile --transformers_static --batch_sizes 1 8 --repeats 3 --new_tokens 256
             --uncached_batch_sizes)
 hellaswag=(--examples 256 --batch_sizes 1 8 32)
-# AdamW against Muon (benchmarks/optimizers.py, docs/optimizers.md), GPT-2 against the modern GPT
-# (benchmarks/architectures.py, docs/modern.md, both with Muon): 300 steps at the reference shape.
-optimizers=(--n_layer 12 --n_head 12 --n_embd 768 --batch_size 16 --block_size 1024 --steps 300 --warmup_steps 30
-            --eval_every 25 --adamw_lrs 1.2e-3 --muon_lrs 0.02)
-architectures=(--n_layer 12 --n_head 12 --n_embd 768 --batch_size 16 --block_size 1024 --steps 300
-               --warmup_steps 30 --eval_every 25)
 overhead=(--n_layer 12 --n_head 12 --n_embd 768 --batch_size 16 --block_size 1024 --steps 30 --rounds 2)
 # max-autotune-no-cudagraphs is left out: its autotuning at this shape takes minutes (GPU_CHECK_MODES to choose).
 checks=(--n_layer 12 --n_head 12 --n_embd 768 --batch_size 16 --block_size 1024 --micro_batches 8 --steps 3
@@ -135,9 +127,6 @@ if [ -n "${GPU_RUN_SMOKE:-}" ]; then  # the wiring, on a CPU, in seconds
     generation=("${tiny[@]}" --dtype bfloat16 --repeats 1 --block_size 32 --prompt_tokens 4 --new_tokens 6 --batch_sizes 1 2 --probe_mb 8
                 --compile --transformers_static)
     hellaswag=("${tiny[@]}" --repeats 1 --examples 5 --batch_sizes 2)  # 5: the last batch is a partial one
-    optimizers=("${tiny[@]}" --batch_size 2 --block_size 16 --steps 2 --warmup_steps 1 --eval_every 1 --eval_batches 1
-                --adamw_lrs 1e-3 --muon_lrs 0.02)
-    architectures=("${tiny[@]}" --batch_size 2 --block_size 16 --steps 2 --warmup_steps 1 --eval_every 1 --eval_batches 1)
     overhead=("${tiny[@]}" --batch_size 2 --block_size 32 --steps 8 --warmup 2 --rounds 2 --log_every 5)
     checks=("${tiny[@]}" --batch_size 2 --block_size 32 --micro_batches 2 --steps 2 --quiet_steps 2 --sample_tokens 8
             --modes eager --accelerator cpu)
@@ -160,10 +149,6 @@ step fineweb 90 30 python3 -m gpt_lightning bench "${bench[@]}" --runs blocks --
 step autotune_cold 240 60 env "${autotune_env[@]}" python3 -m gpt_lightning bench "${bench[@]}" --runs model --out "$dest/autotune-cold" "${extra[@]}" "${autotune[@]}"
 step autotune_warm 120 30 env "${autotune_env[@]}" python3 -m gpt_lightning bench "${bench[@]}" --runs model --out "$dest/autotune" "${extra[@]}" "${autotune[@]}"
 step hellaswag 60 20 python3 benchmarks/hellaswag.py "${hellaswag[@]}" --out "$dest/hellaswag.json"
-step optimizers 300 300 python3 benchmarks/optimizers.py "${optimizers[@]}" --out "$dest"
-step architectures 300 300 python3 benchmarks/architectures.py --preset configs/modern-124m-fineweb.yaml "${architectures[@]}" \
-    --groups "gpt2 muon" "modern muon" --gpt2_muon_lrs 0.02 --gpt2_muon_adamw_lrs 1.2e-3 --modern_muon_lrs 0.02 \
-    --embedding_lrs 0.3 --head_lrs 0.002 --out "$dest"
 
 rm -rf "$scratch"
 echo "results in $dest ($(($(date +%s) - start))s):"

@@ -49,14 +49,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import lockstep
-from architectures import preset_model
+import yaml
 
 from gpt_lightning.atomic import atomic_write_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 TINY, PRESET = "configs/tiny-cpu.yaml", "configs/modern-tiny-cpu.yaml"
-MUON = preset_model(Path(PRESET))  # its Muon and AdamW-part rates
+MUON = yaml.safe_load((REPO / PRESET).read_text())["model"]  # its Muon and AdamW-part rates
 MUON_BASE = ["--model.optimizer", "muon", "--model.muon_learning_rate", str(MUON["muon_learning_rate"])]
 MUON_BASE += ["--model.learning_rate", str(MUON["learning_rate"])]
 # Lightning's weight EMA, as a user adds it. Decay 0.95: a horizon of 1 / (1 - 0.95) = 20 steps, 1/12 of the
@@ -136,6 +135,16 @@ def train(args: argparse.Namespace, run: tuple[str, list[str]], seed: int) -> li
         return [[e.step * tokens_per_step, e.value] for e in events.Scalars("val/loss")]
 
 
+def tokens_to_reach(curve: list[list[float]], target: float) -> float | None:
+    """The tokens at which ``curve`` first reaches ``target``, interpolated linearly between evaluations."""
+    if curve and curve[0][1] <= target:  # at the first evaluation
+        return curve[0][0]
+    for (t0, l0), (t1, l1) in zip(curve, curve[1:]):
+        if l1 <= target:
+            return t0 + (t1 - t0) * (l0 - target) / (l0 - l1)
+    return None
+
+
 def spread(values: list[float]) -> dict:
     """Mean, sample standard deviation (None for one value), min and max."""
     sd = statistics.stdev(values) if len(values) > 1 else None
@@ -165,7 +174,7 @@ def summarize(curves: dict[str, dict[int, list]], budget: int, earlier: dict | N
         muon_targets = {seed: curves["muon"][seed][-1][1] for seed in seeds} if "muon" in curves else None
 
     def to(by_seed: dict[int, list], target: dict[int, float]) -> tuple[list, dict | None, str]:
-        reached = [lockstep.tokens_to_reach(by_seed[seed], target[seed]) for seed in seeds]
+        reached = [tokens_to_reach(by_seed[seed], target[seed]) for seed in seeds]
         ratios = [None if r is None else r / budget for r in reached]
         got = [r for r in ratios if r is not None]
         return ratios, spread(got) if got else None, f"{len(got)}/{len(seeds)}"

@@ -28,28 +28,6 @@ def test_data_loading_benchmark_reports_a_multiple(cache_dir, tmp_path):
     assert "x faster" in result.stdout
 
 
-def test_tokenize_benchmark_compares_with_build_nanogpt_on_the_same_tokens(tmp_path):
-    out = tmp_path / "tokenize.json"
-    result = run_script(
-        "tokenizing.py", "--size_mb", "0.4", "--workers", "2", "--repeats", "1", "--out", str(out), cwd=tmp_path
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(out.read_text())
-    runs = report["runs"]
-    assert set(runs) == {
-        "ours/parquet/full",
-        "ours/parquet/quarter",
-        "ours/jsonl/full",
-        "ours/jsonl/quarter",
-        "build-nanogpt/parquet/full",
-        "build-nanogpt/jsonl/full",
-    }
-    # The same corpus gives the same tokens both ways (the script checks the shards' counts too).
-    assert runs["ours/parquet/full"]["tokens"] == runs["build-nanogpt/jsonl/full"]["tokens"] > 50_000
-    assert all(r["peak_memory_mb"] > 10 and r["tokens_per_s"] > 0 for r in runs.values())
-    assert "speed_ratio_parquet" in report and "| parquet, 0.4 MB | ours |" in result.stdout
-
-
 def test_first_step_benchmark_splits_the_time_to_the_first_step(cache_dir, tmp_path):
     out = tmp_path / "first_step.json"
     result = run_script(
@@ -92,16 +70,6 @@ def test_first_step_benchmark_splits_the_time_to_the_first_step(cache_dir, tmp_p
     )  # this checkout ran, via the CLI (recorded relative to it)
     assert json.loads(out.read_text())["config"] == "configs/tiny-cpu.yaml"
     assert "eager (cold)" in result.stdout
-
-
-def test_export_memory_benchmark_reports_peaks_against_the_weights(tmp_path):
-    result = run_script(
-        "export_memory.py", "--shape", "tiny", "--modes", "export", "--workdir", str(tmp_path), cwd=tmp_path
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["weight_bytes"] == 4 * (50257 * 32 + 1024 * 32 + 12 * 32 * 32 + 13 * 32 + 2 * 32)  # tiny's weights
-    assert report["export"]["peak_bytes"] > report["weight_bytes"]
 
 
 def test_committed_results_name_no_directory_of_the_machine_that_made_them():
@@ -166,85 +134,6 @@ def test_the_lightning_cost_tables_in_the_docs_quote_the_committed_results():
     assert sentence in text, sentence
     estimates = [r[mode]["ratio_from_host_time"] for r in committed for mode in r]
     assert f"{min(estimates):.3f} to {max(estimates):.3f} in the four committed modes" in text
-
-
-def test_architecture_benchmark_compares_gpt2_and_the_modern_gpt_in_lockstep(tmp_path):
-    import yaml
-
-    from gpt_lightning.model import MODERN_SWITCHES
-
-    result = run_script(
-        "architectures.py",
-        "--n_layer",
-        "1",
-        "--n_head",
-        "2",
-        "--n_embd",
-        "32",
-        "--batch_size",
-        "2",
-        "--block_size",
-        "16",
-        "--steps",
-        "4",
-        "--warmup_steps",
-        "1",
-        "--eval_every",
-        "2",
-        "--eval_batches",
-        "1",
-        "--seeds",
-        "0",
-        "1",
-        "--gpt2_adamw_lrs",
-        "1e-3",
-        "3e-3",
-        "--gpt2_muon_lrs",
-        "0.02",
-        "--gpt2_muon_adamw_lrs",
-        "3e-3",
-        "--modern_adamw_lrs",
-        "3e-3",
-        "--modern_muon_lrs",
-        "0.02",
-        "--embedding_lrs",
-        "0.1",
-        "--head_lrs",
-        "0.004",
-        "--switches",
-        "tie_embeddings",
-        "--out",
-        str(tmp_path),
-        cwd=REPO,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads((tmp_path / "architectures.json").read_text())
-    preset = yaml.safe_load((REPO / "configs" / "modern-tiny-cpu.yaml").read_text())["model"]
-    assert report["modern"] == {k: preset[k] for k in (*MODERN_SWITCHES, "bias") if k in preset}  # every switch it sets
-    first, second = report["seeds"]
-    rows = {r["name"]: r for r in first["runs"]}
-    assert [r["group"] for r in first["runs"]] == ["gpt2 adamw"] * 2 + ["gpt2 muon", "modern adamw", "modern muon"] + [
-        "switch"
-    ]
-    untied = rows["gpt2 muon + tie_embeddings=False"]  # the untied head at the modern rows' own rates
-    assert (untied["embedding_learning_rate"], untied["head_learning_rate"], untied["architecture"]) == (
-        0.1,
-        0.004,
-        {"tie_embeddings": False},
-    )
-    assert all(
-        len(r["curve"]) == 3 and r["median_step_ms"] > 0 for r in first["runs"]
-    )  # before training, after steps 2 and 4
-    best = rows[first["best"]["gpt2 adamw"]]
-    assert best["final_val_loss"] == min(r["final_val_loss"] for r in first["runs"] if r["group"] == "gpt2 adamw")
-    assert 0 < best["tokens_ratio_to_best_gpt2_adamw"] <= 1.0
-    # the second seed runs the best of each headline group again, on other weights and windows
-    assert [r["name"] for r in second["runs"]] == [first["best"]["gpt2 adamw"], *list(rows)[2:5]]
-    assert all(r["seed"] == 1 and r["curve"] != rows[r["name"]]["curve"] for r in second["runs"])
-    targets = report["headline"]["targets"]
-    assert set(targets) == {"modern_muon_to_best_gpt2_muon", "modern_muon_to_best_gpt2_adamw"}
-    assert all(len(t["measured"]) == 2 for t in targets.values())
-    assert (tmp_path / "architectures.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_the_architecture_tables_in_the_docs_quote_the_committed_results():
@@ -371,7 +260,6 @@ def test_the_muon_variants_benchmark_adds_one_switch_at_a_time_and_reports_the_s
     modern preset's rates plus one switch, and each run's tokens to the best AdamW run's final loss at the same seed, then the mean and spread."""
     import argparse
 
-    sys.path.insert(0, str(REPO / "benchmarks"))  # its lockstep and architectures modules, as when run as a script
     bench = load_benchmark("muon_variants")
     shape = dict(steps=240, batch_size=16, block_size=64, eval_every=20)
     chosen = bench.runs(argparse.Namespace(adamw_lrs=[1.5e-3, 3e-3], runs=None, **shape))
@@ -428,7 +316,6 @@ def test_muon_variants_reuses_the_curves_of_the_configs_as_they_are_and_no_other
     """The committed curves are those of the configs as they are: reused whole, they give the committed
     table without a fit. A file from other configs (a run name meant another model: the preset before
     its windows) is refused, not silently reused."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
     bench = load_benchmark("muon_variants")
     committed = REPO / "benchmarks" / "results" / "cpu-2core" / "muon_variants.json"
     runs = ["adamw lr=0.0015", "muon", "modern preset", "modern preset - sliding_window"]
@@ -467,7 +354,6 @@ def test_muon_variants_measures_shorter_runs_against_an_earlier_result_s_targets
     """``--targets``: runs of fewer steps, each with its own schedule, against the final losses of the
     240-step runs at each seed, in fractions of those runs' budget: the committed short-budget tables
     come back from their curves without a fit, and targets from another batch shape are refused."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
     bench = load_benchmark("muon_variants")
     targets = REPO / "benchmarks" / "results" / "cpu-2core" / "muon_variants.json"
     committed = REPO / "benchmarks" / "results" / "cpu-2core-intel-amx" / "budget-108" / "muon_variants.json"

@@ -3,15 +3,15 @@ the warmup-stable-decay schedule; the combinations refused in one line; and a Mu
 checkpoint exported to Hugging Face GPT-2 unchanged."""
 
 import copy
-import importlib.util
 import json
-import sys
+import weakref
 
 import pytest
 import torch
 from conftest import REPO, TINY_MODEL
 from lightning.pytorch import Trainer
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpt_lightning.cli import main
 from gpt_lightning.errors import UserError
@@ -116,13 +116,29 @@ def test_a_set_found_inf_leaves_weights_and_moments_untouched():
         assert all(torch.equal(v, after[1][key][k]) for k, v in state.items()), key
 
 
-def _optimizer_bench():
-    if str(REPO / "benchmarks") not in sys.path:  # where its shared lockstep module lies, as when run as a script
-        sys.path.insert(0, str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("optimizers_bench", REPO / "benchmarks" / "optimizers.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+class LiveTensorPeak(TorchDispatchMode):
+    """The most bytes held at once by tensors created inside the mode (in-place results and views
+    are not new memory): a CPU stand-in for ``torch.cuda.max_memory_allocated`` that is exact and
+    does not depend on the allocator."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+
+    def _freed(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func._schema.is_mutable or func.is_view:
+            return out
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                nbytes = t.untyped_storage().nbytes()
+                self.live += nbytes
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._freed, nbytes)
+        return out
 
 
 def test_the_guarded_muon_step_is_torch_s_step_bit_for_bit_without_copying_the_weights():
@@ -142,7 +158,7 @@ def test_the_guarded_muon_step_is_torch_s_step_bit_for_bit_without_copying_the_w
             module(x, x)[1].backward()
             if guarded:
                 optimizer.found_inf = torch.zeros(())
-            with _optimizer_bench().LiveTensorPeak() as tracker:
+            with LiveTensorPeak() as tracker:
                 optimizer.step()
             peak = tracker.peak
             optimizer.zero_grad()
