@@ -83,8 +83,8 @@ def test_committed_results_name_no_directory_of_the_machine_that_made_them():
         assert not found, f"{path.relative_to(REPO)} records {found[:3]}"
 
 
-def test_the_generation_table_in_the_docs_quotes_the_committed_results():
-    text = (REPO / "docs" / "benchmarks.md").read_text()
+def test_the_generation_table_in_the_results_readme_quotes_the_committed_results():
+    text = (REPO / "benchmarks" / "results" / "cpu-2core" / "README.md").read_text()
     for name in (
         "generation-1thread.json",
         "generation-2thread.json",
@@ -101,8 +101,8 @@ def test_the_generation_table_in_the_docs_quotes_the_committed_results():
             assert quoted in text, quoted
 
 
-def test_the_lightning_cost_tables_in_the_docs_quote_the_committed_results():
-    text = (REPO / "docs" / "benchmarks.md").read_text()
+def test_the_lightning_cost_tables_in_the_results_readme_quote_the_committed_results():
+    text = (REPO / "benchmarks" / "results" / "cpu-2core" / "README.md").read_text()
     for name, bar, run in (
         ("lightning_overhead.json", "plain `Trainer`'s", "5, plain `Trainer`'s bar (committed)"),
         ("lightning_overhead_step_bar.json", "`StepProgressBar`", "6, `StepProgressBar` (committed)"),
@@ -136,8 +136,8 @@ def test_the_lightning_cost_tables_in_the_docs_quote_the_committed_results():
     assert f"{min(estimates):.3f} to {max(estimates):.3f} in the four committed modes" in text
 
 
-def test_the_architecture_tables_in_the_docs_quote_the_committed_results():
-    text = (REPO / "docs" / "modern.md").read_text()
+def test_the_architecture_tables_in_the_results_readme_quote_the_committed_results():
+    text = (REPO / "benchmarks" / "results" / "cpu-2core" / "README.md").read_text()
     results = REPO / "benchmarks" / "results" / "cpu-2core"
     report = json.loads((results / "architectures.json").read_text())
 
@@ -335,10 +335,10 @@ def test_muon_variants_reuses_the_curves_of_the_configs_as_they_are_and_no_other
         run(tmp_path / "stale.json")
 
 
-def test_the_per_token_tables_in_the_docs_quote_the_committed_results():
-    """docs/modern.md's tables of the newer steps are benchmarks/muon_variants.py's committed tables, row for
+def test_the_per_token_tables_in_the_results_readme_quote_the_committed_results():
+    """The results README's tables of the newer steps are benchmarks/muon_variants.py's committed tables, row for
     row, at both shapes (and the EMA's and the short budgets' runs on another machine)."""
-    text = (REPO / "docs" / "modern.md").read_text()
+    text = (REPO / "benchmarks" / "results" / "cpu-2core" / "README.md").read_text()
     for shape in (
         "cpu-2core",
         "cpu-2core-6x192",
