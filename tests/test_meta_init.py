@@ -1,8 +1,7 @@
 """Weights about to be replaced or sharded are never built at random first: loaders build the GPT on
 the meta device and take the checkpoint's tensors (no random numbers drawn, the LM head still tied),
 and under ModelParallelStrategy the CLI builds the model empty, shards it, then gives each rank its
-shard with the values an eager build from the same seed has. (Peak memory of `export` for a GPT-2
-XL shape: benchmarks/export_memory.py.)"""
+shard with the values an eager build from the same seed has."""
 
 import pytest
 import torch

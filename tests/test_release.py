@@ -52,7 +52,7 @@ def fresh_venv(path: Path) -> Path:
 
 def test_the_version_is_tag_ready():
     assert '\nversion = "0.1.0"\n' in (REPO / "pyproject.toml").read_text()
-    assert "## 0.1.0" in (REPO / "CHANGELOG.md").read_text()
+    assert "## [0.1.0]" in (REPO / "CHANGELOG.md").read_text()
 
 
 def test_the_wheel_and_the_sdist_carry_the_corpus_the_bpe_files_and_the_licences(dist):
