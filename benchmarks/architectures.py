@@ -43,7 +43,8 @@ import lockstep
 import torch
 import yaml
 
-from gpt_lightning.model import GPT, MODERN_SWITCHES, GPTConfig
+from gpt_lightning.config import MODERN_SWITCHES, GPTConfig
+from gpt_lightning.model import GPT
 from gpt_lightning.training.compilation import compile_in_place
 from gpt_lightning.training.optimizers import build_optimizer
 

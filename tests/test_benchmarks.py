@@ -171,7 +171,7 @@ def test_the_lightning_cost_tables_in_the_docs_quote_the_committed_results():
 def test_architecture_benchmark_compares_gpt2_and_the_modern_gpt_in_lockstep(tmp_path):
     import yaml
 
-    from gpt_lightning.model import MODERN_SWITCHES
+    from gpt_lightning.config import MODERN_SWITCHES
 
     result = run_script(
         "architectures.py",

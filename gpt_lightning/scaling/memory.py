@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
+from gpt_lightning.config import VALUE_GATE_CHANNELS, GPTConfig
 from gpt_lightning.loss import LOSS_CHUNK_ROWS
-from gpt_lightning.model import GPT, VALUE_GATE_CHANNELS, GPTConfig
+from gpt_lightning.model import GPT
 
 GIB = 2**30
 
