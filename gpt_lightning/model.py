@@ -247,8 +247,7 @@ class GPT(nn.Module):
                 )
             )
             self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-            # The residual scalars, registered only when on (GPT-2's keys and draws stay its own); values in
-            # init_weights.
+            # The residual scalars, registered only when on (GPT-2's keys and draws stay its own).
             if config.residual_scalars:
                 self.resid_lambdas = nn.Parameter(torch.empty(config.n_layer))  # (n_layer,)
                 self.x0_lambdas = nn.Parameter(torch.empty(config.n_layer))  # (n_layer,)
@@ -259,8 +258,7 @@ class GPT(nn.Module):
         self.activation_checkpointing = False
         if device.type != "meta":
             self.to_empty(device=device)
-            self.tie_weights()  # to_empty gives each module a Parameter of its own
-            self.init_weights()
+            self.init_weights()  # ties the weights again: to_empty gives each module a Parameter of its own
 
     def tie_weights(self) -> None:
         """Tie the output projection to the token embedding (with ``tie_embeddings``); again after
