@@ -29,14 +29,9 @@ def chunked_cross_entropy(
     ``targets`` (N,), for ``h`` (N, C) and ``weight`` (V, C): ``F.cross_entropy``'s loss and gradients
     (rows with ``ignore_index`` left out, as it does), without the (N, V) logits (``ChunkedCrossEntropy``);
     ``chunk_rows`` None: ``LOSS_CHUNK_ROWS``."""
+    h = h.to(compute_dtype(h.device.type, h.dtype))  # autocast's matmul dtype, as the head's Linear would run in
     return ChunkedCrossEntropy.apply(
-        h.to(compute_dtype(h.device.type, h.dtype)),
-        weight,
-        targets,
-        softcap,
-        chunk_rows or LOSS_CHUNK_ROWS,
-        ignore_index,
-        torch.is_grad_enabled(),
+        h, weight, targets, softcap, chunk_rows or LOSS_CHUNK_ROWS, ignore_index, torch.is_grad_enabled()
     )
 
 

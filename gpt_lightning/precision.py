@@ -36,6 +36,11 @@ PRECISIONS = {
 }
 
 
+def matmul_dtype(precision: str) -> torch.dtype | None:
+    """The dtype matmuls run in under a Lightning ``precision``; None for one not in ``PRECISIONS``."""
+    return PRECISIONS[precision].matmul if precision in PRECISIONS else None
+
+
 def compute_dtype(device_type: str, default: torch.dtype) -> torch.dtype:
     """The dtype a matmul runs in on ``device_type`` now: autocast's where it is on, else ``default`` (its inputs')."""
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else default

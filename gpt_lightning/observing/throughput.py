@@ -22,7 +22,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_lightning.atomic import atomic_write_bytes
-from gpt_lightning.precision import PRECISIONS
+from gpt_lightning.precision import matmul_dtype
 
 # Dense (not sparse) tensor-core peaks, (bf16/fp16, tf32) FLOP/s, for the GPUs people train GPT-2 on.
 # A row matches when every one of its words is a word of the device name (``torch.cuda.get_device_name``);
@@ -88,7 +88,7 @@ def dense_peak_flops(device_name: str, dtype: torch.dtype | str) -> float | None
 def precision_dtype(precision: str) -> torch.dtype | str:
     """The matmul dtype of a Lightning precision string, as ``get_available_flops`` takes it (``"tfloat32"``
     where ``float32_matmul_precision`` lets float32 matmuls use TF32)."""
-    dtype = PRECISIONS[precision].matmul if precision in PRECISIONS else torch.float32  # transformer-engine's
+    dtype = matmul_dtype(precision) or torch.float32  # transformer-engine's: float32's
     return TF32 if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest" else dtype
 
 
