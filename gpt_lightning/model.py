@@ -252,9 +252,8 @@ class GPT(nn.Module):
                 self.resid_lambdas = nn.Parameter(torch.empty(config.n_layer))  # (n_layer,)
                 self.x0_lambdas = nn.Parameter(torch.empty(config.n_layer))  # (n_layer,)
         self.tie_weights()
-        # Recompute each block's activations in the backward pass instead of keeping them: a run
-        # setting, not architecture, so it is an attribute (the training module sets it) and not a
-        # GPTConfig field. Parameter names do not change.
+        # Recompute each block's activations in the backward pass instead of keeping them: a run setting
+        # (the training module sets it), not architecture, so not a GPTConfig field.
         self.activation_checkpointing = False
         if device.type != "meta":
             self.to_empty(device=device)
