@@ -9,7 +9,7 @@ from typing import Any
 
 _WHERE = {
     "GPT": "gpt_lightning.model",
-    "GPTConfig": "gpt_lightning.model",
+    "GPTConfig": "gpt_lightning.config",
     "GPTLightningModule": "gpt_lightning.training.module",
     "HarnessEval": "gpt_lightning.evaluation.callback",
     "HellaSwagEval": "gpt_lightning.evaluation.hellaswag_callback",

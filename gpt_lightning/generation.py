@@ -109,9 +109,7 @@ def _generate_cached(
         step, caches = model.forward_cached, [KVCache(max_len) for _ in model.transformer.h]
     positions = torch.arange(max_len, device=idx.device)  # (max_len,)
     pos = torch.zeros(1, dtype=torch.long, device=idx.device)  # (1,): the decode step's position
-    token = torch.empty(
-        (B, 1), dtype=idx.dtype, device=idx.device
-    )  # (B, 1): its token, strides unchanged at any length
+    token = torch.empty((B, 1), dtype=idx.dtype, device=idx.device)  # (B, 1): its token, the same strides always
     start = max(0, T - block_size)  # the window: out[:, start:end] is in the cache
     logits = model.forward_cached(out[:, start:T], caches, positions[: T - start])  # prefill
     if compile and idx.is_cuda:  # the caches exist now and stay where they are: CUDA graphs keep their addresses
@@ -120,11 +118,9 @@ def _generate_cached(
     elif compile and B > 1:  # one CPU graph for every batch size above 1 (see compiled_decoding)
         for tensor in (token, *(t for cache in caches for t in cache.tensors())):
             torch._dynamo.mark_dynamic(tensor, 0)
-    # On a CPU, inductor freezes the weights while it compiles (at the first step); the option must be
-    # on while dynamo traces too, so torch.compile(options=...) cannot do it. At batch 1, max_autotune
-    # times inductor's C++ GEMM templates against MKL's and oneDNN's kernels for each matmul and keeps
-    # the faster: 124M decoded 1.9x (float32) and 1.4x (bfloat16) faster; at batch 8 it gained nothing.
-    # The C++ wrapper calls the step's kernels without a Python line each (docs/sampling.md).
+    # On a CPU, inductor freezes the weights while it compiles (at the first step): the option must be on
+    # while dynamo traces too, so not torch.compile(options=...). max_autotune keeps each matmul's fastest
+    # kernel (it pays at batch 1 only); the C++ wrapper calls the kernels without a Python line each.
     cpu_options = torch._inductor.config.patch(
         freezing=True,
         cpp_wrapper=True,

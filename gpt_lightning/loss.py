@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from gpt_lightning.precision import compute_dtype
+
 # Rows of (N, C) whose logits ``chunked_cross_entropy`` makes at a time: a chunk's logits, log-softmax
 # and gradient take 6 bytes a logit at their peak under bf16-mixed (eager, CUDA), 0.6 GB at V = 50304;
 # F.cross_entropy's backward takes 10 bytes a logit of the whole (N, V): 8 GB at B=16, T=1024.
@@ -27,10 +29,9 @@ def chunked_cross_entropy(
     ``targets`` (N,), for ``h`` (N, C) and ``weight`` (V, C): ``F.cross_entropy``'s loss and gradients
     (rows with ``ignore_index`` left out, as it does), without the (N, V) logits (``ChunkedCrossEntropy``);
     ``chunk_rows`` None: ``LOSS_CHUNK_ROWS``."""
-    device = h.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
+    h = h.to(compute_dtype(h.device.type, h.dtype))  # autocast's matmul dtype, as the head's Linear would run in
     return ChunkedCrossEntropy.apply(
-        h.to(dtype), weight, targets, softcap, chunk_rows or LOSS_CHUNK_ROWS, ignore_index, torch.is_grad_enabled()
+        h, weight, targets, softcap, chunk_rows or LOSS_CHUNK_ROWS, ignore_index, torch.is_grad_enabled()
     )
 
 

@@ -4,10 +4,8 @@ parameter names; ``forward_cached`` runs tokens through one ``KVCache`` per bloc
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn as nn
@@ -16,8 +14,9 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from torch.utils.checkpoint import checkpoint
 
-# The value-embedding gate reads the first this many channels of the attention's input (nanochat's 12).
-VALUE_GATE_CHANNELS = 12
+from gpt_lightning.config import VALUE_GATE_CHANNELS, GPTConfig
+from gpt_lightning.precision import compute_dtype
+
 # The GPT's own learned scalars, outside the blocks (residual_scalars): AdamW without weight decay, never Muon
 # (training/optimizers.py), as nanochat trains them with Adam.
 SCALAR_PARAMETERS = ("resid_lambdas", "x0_lambdas")
@@ -25,132 +24,6 @@ SCALAR_PARAMETERS = ("resid_lambdas", "x0_lambdas")
 # A training loss in place of the logits: (normed final states (N, C), the head's weight (V, C),
 # targets (N,), logit_softcap) -> the mean cross-entropy; ``loss.chunked_cross_entropy`` is one.
 HeadLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float | None], torch.Tensor]
-
-
-@dataclass
-class GPTConfig:
-    """Architecture of a GPT-2 style decoder. The defaults are GPT-2 124M (124,439,808 parameters)."""
-
-    # Longest sequence the model can see: the size of the learned position-embedding table.
-    block_size: int = 1024
-    # Token-embedding rows: the GPT-2 BPE has 50,000 merges + 256 byte tokens + <|endoftext|>.
-    # Padding it to a multiple of 64 (50304) makes the LM-head matmul faster on GPUs.
-    vocab_size: int = 50257
-    # Number of transformer blocks: depth.
-    n_layer: int = 12
-    # Attention heads per block; n_embd must divide evenly among them.
-    n_head: int = 12
-    # Width of the residual stream.
-    n_embd: int = 768
-    # Dropout on attention weights, residual branches and embeddings. GPT-2 pre-training used 0.1;
-    # 0.0 is best for short runs and is what the reference experiment uses.
-    dropout: float = 0.0
-    # Biases in Linear and LayerNorm layers, as GPT-2 has them. False is slightly faster.
-    bias: bool = True
-    # --- Modern switches (docs/modern.md). Each default is GPT-2's; configs/modern-*.yaml turn them on. ---
-    # Rotary position embeddings on queries and keys instead of the learned table: relative positions, no wpe.
-    rotary: bool = False
-    # Rotary base (the longest wavelength, in positions): 10000 as in RoFormer and nanochat.
-    rotary_base: float = 10000.0
-    # RMSNorm instead of LayerNorm (no mean subtraction, cheaper); with rmsnorm the embedding is normed too.
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    # Learned gains (and biases, with bias) in the norms; False makes them parameter-free, as nanochat's.
-    norm_affine: bool = True
-    # RMS-normalize each head's queries and keys: bounded attention logits, so higher learning rates stay stable.
-    qk_norm: bool = False
-    # The MLP's nonlinearity: GPT-2's tanh-GELU, or ReLU squared (modded-nanogpt: fewer tokens to a loss).
-    activation: Literal["gelu", "relu2"] = "gelu"
-    # Share the LM head with the token embedding (GPT-2); untied, each gets its own weights and rate.
-    tie_embeddings: bool = True
-    # Start the residual output projections (attn.c_proj, mlp.c_proj) and an untied head at zero (modded-nanogpt).
-    zero_init_proj: bool = False
-    # Logits squashed to (-c, c) by c * tanh(logits / c) (modded-nanogpt: 30; Gemma 2); None: none.
-    logit_softcap: float | None = None
-    # nanochat's value embeddings (ResFormer): every other block, the last included, adds a token-indexed
-    # table to its attention values through a per-head gate; extra parameters for a lower loss per token.
-    value_embeddings: bool = False
-    # Sliding-window attention, nanochat's window_pattern (nanochat/gpt.py at commit 92d63d4e8bb4,
-    # GPTConfig.window_pattern and GPT._compute_window_sizes): one letter a block, the string tiled over
-    # the blocks, S a short window, L the whole context, the last block always L. "L": GPT-2's attention.
-    window_pattern: str = "L"
-    # An S block's window W as a fraction of block_size, rounded up (nanochat's quarter, without its round
-    # up to a 128-token tile): a query at position i sees the keys at i - W to i; W = 16 at T = 64, 32 at 128.
-    short_window_fraction: float = 0.25
-    # nanochat's per-layer residual scalars (nanochat/gpt.py @ 92d63d4, after modded-nanogpt's block lambdas):
-    # before block i, x = resid_lambdas[i] * x + x0_lambdas[i] * x0, x0 the blocks' input (the normed
-    # embedding): every block can re-read the tokens and rescale the stream; 2 x n_layer learned scalars.
-    residual_scalars: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}.")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): "
-                "each head gets n_embd // n_head channels."
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout}.")
-        if self.norm not in ("layernorm", "rmsnorm"):
-            raise ValueError(f"GPTConfig.norm must be layernorm or rmsnorm, got {self.norm!r}.")
-        if self.activation not in ("gelu", "relu2"):
-            raise ValueError(f"GPTConfig.activation must be gelu or relu2, got {self.activation!r}.")
-        if self.rotary and (self.n_embd // self.n_head) % 2:
-            raise ValueError(
-                f"GPTConfig.rotary needs an even head size, got n_embd // n_head = {self.n_embd // self.n_head}."
-            )
-        if self.logit_softcap is not None and self.logit_softcap <= 0:
-            raise ValueError(f"GPTConfig.logit_softcap must be positive or null, got {self.logit_softcap}.")
-        if self.value_embeddings and self.n_embd < VALUE_GATE_CHANNELS:
-            raise ValueError(
-                f"GPTConfig.value_embeddings needs n_embd >= {VALUE_GATE_CHANNELS} (the gate reads that "
-                f"many channels), got {self.n_embd}."
-            )
-        if not self.window_pattern or set(self.window_pattern) - {"S", "L"}:
-            raise ValueError(f"GPTConfig.window_pattern must be letters S and L, got {self.window_pattern!r}.")
-        if not 0.0 < self.short_window_fraction <= 1.0:
-            raise ValueError(f"GPTConfig.short_window_fraction must be in (0, 1], got {self.short_window_fraction}.")
-
-    def has_value_embedding(self, layer: int) -> bool:
-        """Whether block ``layer`` gets a value embedding: every other block, counted back from the last (nanochat)."""
-        return self.value_embeddings and layer % 2 == (self.n_layer - 1) % 2
-
-    def attention_window(self, layer: int) -> int | None:
-        """Block ``layer``'s window W (a query at position i sees the keys at i - W to i), or None: the whole
-        causal context (an L block, the last block, or a window that reaches back to position 0 anyway)."""
-        if layer == self.n_layer - 1 or self.window_pattern[layer % len(self.window_pattern)] == "L":
-            return None
-        window = math.ceil(self.short_window_fraction * self.block_size - 1e-9)  # 0.1 x 30 is 3.0000000000000004
-        return window if window < self.block_size - 1 else None
-
-
-MODERN_SWITCHES = (
-    "rotary",
-    "norm",
-    "norm_affine",
-    "qk_norm",
-    "activation",
-    "tie_embeddings",
-    "zero_init_proj",
-    "logit_softcap",
-    "value_embeddings",
-    "window_pattern",
-    "residual_scalars",
-)
-
-
-def modern_switches_on(config: GPTConfig) -> list[str]:
-    """The modern switches ``config`` sets away from GPT-2's defaults that Hugging Face GPT-2 cannot
-    hold (``zero_init_proj`` changes only the starting weights, not the layout: not one of them)."""
-    default = GPTConfig()
-    return [
-        name
-        for name in MODERN_SWITCHES
-        if name != "zero_init_proj" and getattr(config, name) != getattr(default, name)
-        if name != "window_pattern" or any(config.attention_window(i) is not None for i in range(config.n_layer))
-    ]
 
 
 @dataclass
@@ -175,16 +48,6 @@ class KVCache:
     def tensors(self) -> list[torch.Tensor]:
         """The cache's tensors a compiled decode step reads and writes in place: keys and values."""
         return [t for t in (self.k, self.v) if t is not None]
-
-
-def _normal_(weight: torch.Tensor, std: float, generator: torch.Generator | None) -> None:
-    """``weight ~ N(0, std)`` in place, the draw made on the CPU as if ``weight`` were one whole CPU tensor."""
-    _draw_(weight, lambda t: t.normal_(0.0, std, generator=generator))
-
-
-def _uniform_(weight: torch.Tensor, low: float, high: float, generator: torch.Generator | None) -> None:
-    """``weight ~ U(low, high)`` in place, the draw made on the CPU as if ``weight`` were one whole CPU tensor."""
-    _draw_(weight, lambda t: t.uniform_(low, high, generator=generator))
 
 
 def _draw_(weight: torch.Tensor, draw: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -384,20 +247,17 @@ class GPT(nn.Module):
                 )
             )
             self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-            # The residual scalars, registered only when on (GPT-2's keys and draws stay its own); values in
-            # init_weights.
+            # The residual scalars, registered only when on (GPT-2's keys and draws stay its own).
             if config.residual_scalars:
                 self.resid_lambdas = nn.Parameter(torch.empty(config.n_layer))  # (n_layer,)
                 self.x0_lambdas = nn.Parameter(torch.empty(config.n_layer))  # (n_layer,)
         self.tie_weights()
-        # Recompute each block's activations in the backward pass instead of keeping them: a run
-        # setting, not architecture, so it is an attribute (the training module sets it) and not a
-        # GPTConfig field. Parameter names do not change.
+        # Recompute each block's activations in the backward pass instead of keeping them: a run setting
+        # (the training module sets it), not architecture, so not a GPTConfig field.
         self.activation_checkpointing = False
         if device.type != "meta":
             self.to_empty(device=device)
-            self.tie_weights()  # to_empty gives each module a Parameter of its own
-            self.init_weights()
+            self.init_weights()  # ties the weights again: to_empty gives each module a Parameter of its own
 
     def tie_weights(self) -> None:
         """Tie the output projection to the token embedding (with ``tie_embeddings``); again after
@@ -425,55 +285,38 @@ class GPT(nn.Module):
         for any placement (GPU, FSDP2 shard), so every placement gets a CPU build's values."""
         if self.config.tie_embeddings and self.lm_head.weight is not self.transformer.wte.weight:
             self.tie_weights()  # to_empty gave each module a Parameter of its own
-        self._draw_default_inits(generator)
-        self.apply(lambda module: self._init_weights(module, generator))
-
-    def _draw_default_inits(self, generator: torch.Generator | None) -> None:
-        """Consume the CPU generator as the layers' default inits do, so a seed gives nanoGPT's weights."""
+        layers = [m for m in self.modules() if isinstance(m, (nn.Linear, nn.Embedding))]
+        # First consume the generator as the layers' default inits do, so a seed gives nanoGPT's weights.
         with torch.random.fork_rng(devices=[], enabled=generator is not None):
             if generator is not None:  # the layers draw from the global generator: lend it this state
                 torch.random.set_rng_state(generator.get_state())
-            for m in self.modules():
+            for m in layers:
                 if isinstance(m, nn.Linear):
                     nn.Linear(m.in_features, m.out_features, bias=m.bias is not None, device="cpu")
-                elif isinstance(m, nn.Embedding):
+                else:
                     nn.Embedding(m.num_embeddings, m.embedding_dim, device="cpu")
             if generator is not None:
                 generator.set_state(torch.random.get_rng_state())
-
-    def _init_weights(self, module: nn.Module, generator: torch.Generator | None = None) -> None:
-        if isinstance(module, nn.Linear) and getattr(module, "gate_init", False):
-            _uniform_(module.weight, 0.0, 0.02, generator)  # nanochat: small positive, gates start just above 1.5
-        elif isinstance(module, nn.Linear):
-            std = 0.02
-            if getattr(module, "residual_projection", False):
-                # GPT-2: scale residual projections by 1/sqrt(number of residual additions)
-                std *= (2 * self.config.n_layer) ** -0.5
-            _normal_(module.weight, std, generator)
-            zeroed = getattr(module, "residual_projection", False) or module is self.lm_head  # (an untied head)
-            if self.config.zero_init_proj and zeroed and module.weight is not self.transformer.wte.weight:
-                nn.init.zeros_(module.weight)  # drawn first all the same: the other weights keep their draws
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):  # value embeddings too: drawn as the value weights (nanochat)
-            _normal_(module.weight, 0.02, generator)
-        elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
-            module.reset_parameters()  # gain 1, bias 0: no random numbers
-        elif module is self:  # the switches' scalars (no random numbers), after every layer's draws
-            self._init_scalars()
-
-    def _init_scalars(self) -> None:
-        """The residual scalars at their source's starts (nanochat/gpt.py @ 92d63d4's init_weights): the residual
-        scales from 1.15 down to 1.05 and the x0 scales from 0.20 down to 0.05 over the layers."""
-        n = self.config.n_layer
-        depth = torch.arange(n, dtype=torch.float32) / max(n - 1, 1)  # (n_layer,): 0 at the first block, 1 at the last
-        starts = {
-            "resid_lambdas": 1.15 - 0.10 * depth,
-            "x0_lambdas": 0.20 - 0.15 * depth,
-        }
-        for name, value in starts.items():
-            if hasattr(self, name):
-                _draw_(getattr(self, name), lambda t, value=value: t.copy_(value))
+        for m in layers:  # value embeddings too: drawn as the value weights (nanochat)
+            if getattr(m, "gate_init", False):  # nanochat: small positive, gates start just above 1.5
+                _draw_(m.weight, lambda t: t.uniform_(0.0, 0.02, generator=generator))
+                continue
+            residual = getattr(m, "residual_projection", False)
+            # GPT-2: residual projections scaled by 1/sqrt(number of residual additions)
+            std = 0.02 * (2 * self.config.n_layer) ** -0.5 if residual else 0.02
+            _draw_(m.weight, lambda t, std=std: t.normal_(0.0, std, generator=generator))
+            zeroed = residual or m is self.lm_head  # (an untied head)
+            if self.config.zero_init_proj and zeroed and m.weight is not self.transformer.wte.weight:
+                nn.init.zeros_(m.weight)  # drawn first all the same: the other weights keep their draws
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+        for m in self.modules():
+            if isinstance(m, (nn.LayerNorm, nn.RMSNorm)):
+                m.reset_parameters()  # gain 1, bias 0: no random numbers
+        if self.config.residual_scalars:  # nanochat's starts: 1.15 down to 1.05 and 0.20 down to 0.05 over the layers
+            depth = torch.arange(self.config.n_layer, dtype=torch.float32) / max(self.config.n_layer - 1, 1)
+            _draw_(self.resid_lambdas, lambda t: t.copy_(1.15 - 0.10 * depth))
+            _draw_(self.x0_lambdas, lambda t: t.copy_(0.20 - 0.15 * depth))
 
     def embed(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Token plus position embeddings (B, T, C) of ``idx`` (B, T) at positions ``pos`` (T,); with
@@ -557,9 +400,7 @@ class GPT(nn.Module):
 
     def compute_dtype(self, device_type: str) -> torch.dtype:
         """The dtype the matmuls run in on ``device_type`` now: autocast's where it is on, else the weights'."""
-        if torch.is_autocast_enabled(device_type):
-            return torch.get_autocast_dtype(device_type)
-        return self.lm_head.weight.dtype
+        return compute_dtype(device_type, self.lm_head.weight.dtype)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm, LM head and the tanh ``logit_softcap``, in float32 at least (in bf16, logits near the

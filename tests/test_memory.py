@@ -12,8 +12,9 @@ from torch.utils._pytree import tree_flatten
 
 import gpt_lightning.loss
 import gpt_lightning.scaling.memory
+from gpt_lightning.config import MODERN_SWITCHES, GPTConfig
 from gpt_lightning.loss import chunked_cross_entropy
-from gpt_lightning.model import GPT, MODERN_SWITCHES, GPTConfig
+from gpt_lightning.model import GPT
 from gpt_lightning.scaling.memory import (
     GPT2_FAMILY,
     activation_bytes_per_token,

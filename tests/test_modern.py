@@ -15,13 +15,14 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from test_readme import README
 
 from gpt_lightning.cli import main
+from gpt_lightning.config import VALUE_GATE_CHANNELS, GPTConfig, modern_switches_on
 from gpt_lightning.errors import UserError
 from gpt_lightning.evaluation.continuations import score_continuations
 from gpt_lightning.generation import generate
 from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.interop.pretrained import export_hf
 from gpt_lightning.interop.weights import load_gpt
-from gpt_lightning.model import GPT, VALUE_GATE_CHANNELS, GPTConfig, KVCache, flex_window, modern_switches_on
+from gpt_lightning.model import GPT, KVCache, flex_window
 from gpt_lightning.scaling.flops import training_flops
 from gpt_lightning.training.optimizers import build_optimizer, group_settings
 

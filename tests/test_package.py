@@ -19,8 +19,9 @@ PACKAGE = REPO / "gpt_lightning"
 LAYERS = (
     {"errors"},  # UserError: what every layer raises for a user's mistake
     # host_memory: glibc's malloc kept from unmapping freed blocks; lightning_internals: the one room
-    # that reaches into Lightning's private names
-    {"atomic", "host_memory", "lightning_internals"},
+    # that reaches into Lightning's private names; config: the GPT's architecture; precision: what a
+    # Lightning precision means (dtypes, a GradScaler)
+    {"atomic", "host_memory", "lightning_internals", "config", "precision"},
     {"model", "data", "loss"},  # loss: the training loss in chunks, plain torch as the model
     {"scaling", "interop", "generation", "averaging"},  # generation: sampling from a GPT; averaging: the weight EMA
     {"training", "observing", "evaluation"},  # evaluation: lm-evaluation-harness on a GPT (the optional eval extra)
@@ -75,7 +76,15 @@ def test_imports_run_downwards_only():
     # the two ends of the house: the pure model and the data never import anything that trains or watches
     for module, targets in GRAPH.items():
         if room(module) in ("model", "data"):
-            assert {room(t) for t in targets} <= {"model", "data", "errors", "atomic", "lightning_internals"}, module
+            assert {room(t) for t in targets} <= {
+                "model",
+                "data",
+                "errors",
+                "atomic",
+                "lightning_internals",
+                "config",
+                "precision",
+            }, module
 
 
 def test_no_import_cycles():

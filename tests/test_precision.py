@@ -12,15 +12,34 @@ import pytest
 import torch
 from conftest import ONE_QUIET_CPU_STEP, REPO, TINY_MODEL
 from lightning.pytorch import Trainer
+from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader
 
 from gpt_lightning.cli import main
 from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.precision import PRECISIONS
 from gpt_lightning.training import precision
 from gpt_lightning.training.module import GPTLightningModule
 
 # Without native bf16 (AMD before Zen 4, Intel's client cores) oneDNN falls back to AVX2: these force it.
 EMULATE = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+
+
+@pytest.mark.parametrize("name", PRECISIONS)
+@pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled, but CUDA is not available")
+def test_each_precision_is_what_lightning_runs(name):
+    """The table's dtypes and GradScaler are Lightning's own: a Linear under its precision plugin (16-mixed's
+    built for CUDA, where it runs: on a CPU Lightning makes it bf16-mixed)."""
+    if name == "16-mixed":
+        plugin = MixedPrecision(name, "cuda")
+        plugin.forward_context = lambda: torch.autocast("cpu", dtype=torch.float16)  # the CUDA one, on the CPU
+    else:
+        plugin = Trainer(accelerator="cpu", precision=name, logger=False).precision_plugin
+    layer = plugin.convert_module(torch.nn.Linear(2, 2))
+    with plugin.forward_context():
+        out = layer(torch.ones(1, 2, dtype=layer.weight.dtype))
+    assert (out.dtype, layer.weight.dtype) == (PRECISIONS[name].matmul, PRECISIONS[name].weights)
+    assert (getattr(plugin, "scaler", None) is not None) == PRECISIONS[name].scaler
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,9 @@ from typing import Any
 import torch
 
 from gpt_lightning.atomic import atomic_output
+from gpt_lightning.config import MODERN_SWITCHES, GPTConfig, modern_switches_on
 from gpt_lightning.errors import UserError
-from gpt_lightning.model import GPT, MODERN_SWITCHES, GPTConfig, modern_switches_on
+from gpt_lightning.model import GPT
 
 HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")

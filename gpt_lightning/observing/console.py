@@ -17,7 +17,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from gpt_lightning.averaging import averages_on_device
 from gpt_lightning.lightning_internals import format_summary_table
 from gpt_lightning.model import GPTConfig
-from gpt_lightning.scaling.memory import GIB, PRECISION_BYTES, TrainingMemory, fit_warning, training_memory
+from gpt_lightning.precision import PRECISIONS
+from gpt_lightning.scaling.memory import GIB, TrainingMemory, fit_warning, training_memory
 from gpt_lightning.scaling.sharding import shard_count
 
 # Shown on the bar under short names, so the line fits a terminal. The first two are logged without
@@ -170,7 +171,7 @@ def run_memory(trainer: Trainer, pl_module: LightningModule) -> TrainingMemory |
     block_size = getattr(trainer.datamodule, "block_size", None)
     if not isinstance(config, GPTConfig) or not batch_size or not block_size:
         return None
-    if str(trainer.precision) not in PRECISION_BYTES:  # transformer-engine's: not counted
+    if str(trainer.precision) not in PRECISIONS:  # transformer-engine's: not counted
         return None
     mesh = getattr(pl_module, "device_mesh", None) if isinstance(trainer.strategy, ModelParallelStrategy) else None
     return training_memory(

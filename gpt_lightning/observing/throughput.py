@@ -22,6 +22,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_lightning.atomic import atomic_write_bytes
+from gpt_lightning.precision import matmul_dtype
 
 # Dense (not sparse) tensor-core peaks, (bf16/fp16, tf32) FLOP/s, for the GPUs people train GPT-2 on.
 # A row matches when every one of its words is a word of the device name (``torch.cuda.get_device_name``);
@@ -87,15 +88,8 @@ def dense_peak_flops(device_name: str, dtype: torch.dtype | str) -> float | None
 def precision_dtype(precision: str) -> torch.dtype | str:
     """The matmul dtype of a Lightning precision string, as ``get_available_flops`` takes it (``"tfloat32"``
     where ``float32_matmul_precision`` lets float32 matmuls use TF32)."""
-    if "bf16" in precision:
-        return torch.bfloat16
-    if precision.startswith("16"):
-        return torch.float16
-    if precision.startswith("64"):
-        return torch.float64
-    if torch.get_float32_matmul_precision() != "highest":
-        return TF32
-    return torch.float32
+    dtype = matmul_dtype(precision) or torch.float32  # transformer-engine's: float32's
+    return TF32 if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest" else dtype
 
 
 def peak_flops_for(device: torch.device, precision: str) -> float | None:

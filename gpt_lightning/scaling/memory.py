@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
+from gpt_lightning.config import VALUE_GATE_CHANNELS, GPTConfig
 from gpt_lightning.loss import LOSS_CHUNK_ROWS
-from gpt_lightning.model import GPT, VALUE_GATE_CHANNELS, GPTConfig
+from gpt_lightning.model import GPT
+from gpt_lightning.precision import PRECISIONS
 
 GIB = 2**30
 
@@ -21,24 +23,12 @@ def parameter_count(config: GPTConfig) -> int:
         return GPT(config).num_parameters()
 
 
-# Bytes of a matmul input and of the model's own values (weights, gradients, optimizer states, the residual
-# stream, norms) under each Lightning precision: bf16/fp16 copies and float32 values under the mixed ones
-# (autocast), the dtype's under the true ones (the whole module cast).
-PRECISION_BYTES = {
-    "bf16-mixed": (2, 4),
-    "16-mixed": (2, 4),
-    "32-true": (4, 4),
-    "bf16-true": (2, 2),
-    "16-true": (2, 2),
-    "64-true": (8, 8),
-}
-
-
 def value_bytes(precision: str) -> tuple[int, int]:
-    """``PRECISION_BYTES`` of a Lightning precision string."""
-    if precision not in PRECISION_BYTES:
-        raise ValueError(f"no memory estimate for precision {precision!r}: one of {', '.join(PRECISION_BYTES)}")
-    return PRECISION_BYTES[precision]
+    """Bytes of a matmul input and of the model's own values (weights, gradients, optimizer states, the residual
+    stream, norms) under a Lightning precision (``PRECISIONS``): 2 and 4 under bf16-mixed."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"no memory estimate for precision {precision!r}: one of {', '.join(PRECISIONS)}")
+    return PRECISIONS[precision].matmul.itemsize, PRECISIONS[precision].weights.itemsize
 
 
 def activation_bytes_per_token(

@@ -11,6 +11,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from gpt_lightning.model import GPT
+from gpt_lightning.precision import PRECISIONS
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -60,9 +61,12 @@ def shard_gpt(model: GPT, mesh: DeviceMesh, param_dtype: torch.dtype | None = No
 
 def shard_once(model: GPT, device_mesh: DeviceMesh, precision: str) -> None:
     """``shard_gpt`` over the strategy's mesh unless already sharded (``configure_model`` runs again in
-    each ``fit`` / ``validate``); bf16 gathers under ``bf16-mixed``."""
+    each ``fit`` / ``validate``); parameters gathered in autocast's dtype under a mixed precision without a
+    GradScaler (bf16-mixed), else as stored (16-mixed's float32 too)."""
     if not isinstance(model, FSDPModule):
-        shard_gpt(model, sharding_mesh(device_mesh), param_dtype=torch.bfloat16 if precision == "bf16-mixed" else None)
+        p = PRECISIONS.get(precision)
+        gather = p.matmul if p is not None and p.matmul != p.weights and not p.scaler else None
+        shard_gpt(model, sharding_mesh(device_mesh), param_dtype=gather)
 
 
 def sync_at_last_micro_batch(model: GPT, trainer: Trainer, batch_idx: int) -> None:

@@ -11,6 +11,7 @@ from torch.distributed.tensor import DTensor
 
 from gpt_lightning.errors import UserError
 from gpt_lightning.lightning_internals import loss_scale, unscales_in_step
+from gpt_lightning.precision import matmul_dtype
 from gpt_lightning.training.optimizers import MuonWithAdamW
 
 
@@ -82,7 +83,7 @@ class NonFiniteGuard:
         pre-clipping norm is left in ``grad_norm`` (a device tensor, the same on every rank; unscaled under
         ``16-mixed``, where it is logged but an overflow is the GradScaler's to skip)."""
         scaler = getattr(module.trainer.precision_plugin, "scaler", None)  # 16-mixed: it handles overflows
-        self._float16 = str(module.trainer.precision).startswith("16")
+        self._float16 = matmul_dtype(str(module.trainer.precision)) == torch.float16
         grads = _gradients(module)
         skip = self.skip_update(module.global_step, None if scaler is not None else grads)
         if scaler is not None and grads:

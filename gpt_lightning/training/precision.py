@@ -16,6 +16,7 @@ from lightning.pytorch.accelerators import Accelerator, CPUAccelerator, CUDAAcce
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from gpt_lightning.errors import UserError
+from gpt_lightning.precision import matmul_dtype
 
 # A bf16 matmul this many times slower than float32's means emulation: native bf16 takes 0.5-1x
 # float32's time (AVX512-BF16, AMX), emulated 20-50x (AVX2: AMD before Zen 4, Intel client cores).
@@ -112,7 +113,7 @@ def fast_dtype(device: torch.device) -> tuple[torch.dtype, str]:
     if device.type == "cuda":
         torch.cuda.init()  # they run on it next: its bf16 is asked here, not in a child process
     precision, why = fast_precision(device.type)
-    return (torch.bfloat16 if precision == "bf16-mixed" else torch.float32), why
+    return matmul_dtype(precision), why
 
 
 class AutoPrecisionTrainer(Trainer):
@@ -153,7 +154,7 @@ def check_float16_epsilon(optimizers: typing.Iterable[torch.optim.Optimizer]) ->
 def warn_if_bf16_is_emulated(trainer: Trainer) -> None:
     """One line, once per trainer on rank 0, when it runs bf16 on a CPU that emulates it: how much slower, and the fix."""
     precision = str(trainer.precision)
-    if not precision.startswith("bf16") or trainer.strategy.root_device.type != "cpu" or trainer in _told:
+    if matmul_dtype(precision) != torch.bfloat16 or trainer.strategy.root_device.type != "cpu" or trainer in _told:
         return
     _told.add(trainer)
     slowdown = cpu_bf16_slowdown()
