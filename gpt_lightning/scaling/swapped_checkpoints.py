@@ -16,7 +16,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 
 from gpt_lightning.atomic import no_room_message, sync_folder
 from gpt_lightning.errors import UserError
-from gpt_lightning.scaling.dead_rank import PROCESS_GROUP_TIMEOUT
+from gpt_lightning.stopping.dead_rank import PROCESS_GROUP_TIMEOUT
 
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2  # <fcntl.h>, <linux/fs.h>
 

@@ -20,8 +20,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from gpt_lightning.lightning_internals import process_group_timeout, skip_sigterm_broadcast
-from gpt_lightning.scaling.dead_rank import PROCESS_GROUP_TIMEOUT
-from gpt_lightning.scaling.launched_ranks import run_ends
+from gpt_lightning.stopping.dead_rank import PROCESS_GROUP_TIMEOUT
+from gpt_lightning.stopping.launched_ranks import run_ends
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from gpt_lightning.atomic import atomic_write_bytes
 from gpt_lightning.errors import UserError
-from gpt_lightning.scaling.launched_ranks import went_away_message
+from gpt_lightning.stopping.launched_ranks import went_away_message
 
 # How long a rank waits at a collective for the others before it gives up (what a rank that hangs,
 # or a dead one under NCCL, costs the survivors). Where healthy ranks wait for each other: a first
