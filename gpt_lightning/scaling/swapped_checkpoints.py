@@ -1,6 +1,5 @@
 """FSDP2 checkpoint folders replaced whole, so a folder that resumes exists after a crash at any moment
-(Lightning's ``ModelParallelStrategy`` overwrites the folder in place; docs/resume.md).
-"""
+(Lightning's ``ModelParallelStrategy`` overwrites the folder in place; docs/resume.md)."""
 
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ class SwappedCheckpointStrategy(ModelParallelStrategy):
     exchange where the filesystem has one (Linux ``renameat2``), else two renames (docs/resume.md).
 
     Args:
-        timeout: how long a rank waits at a collective for the others (``dead_rank.PROCESS_GROUP_TIMEOUT``,
+        timeout: how long a rank waits at a collective for the others (``stopping.dead_rank.PROCESS_GROUP_TIMEOUT``,
             not Lightning's 30 minutes); the other arguments are ``ModelParallelStrategy``'s.
     """
 
