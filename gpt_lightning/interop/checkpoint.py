@@ -19,8 +19,9 @@ from gpt_lightning.model import GPT, GPTConfig
 LIGHTNING_CKPT_ALIASES = ("last", "best", "hpc", "registry")
 # What Lightning writes beside the shards of a sharded checkpoint: everything but the tensors.
 SHARDED_METADATA = "meta.pt"
-# Keys Lightning adds to saved hyper-parameters that are not constructor arguments.
-_BOOKKEEPING_KEYS = ("_instantiator", "_class_path")
+# Keys saved with the hyper-parameters that are not constructor arguments: Lightning's, and the source of
+# an ``init_from`` run's weights (``training/architecture.py``).
+_BOOKKEEPING_KEYS = ("_instantiator", "_class_path", "pretrained_from")
 
 
 def refuse_unknown_settings(saved: dict[str, Any], known: Iterable[str], source: str) -> None:
