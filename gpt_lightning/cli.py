@@ -10,7 +10,7 @@ import signal
 import sys
 
 from gpt_lightning.errors import UserError
-from gpt_lightning.scaling.launched_ranks import LAUNCHER_PID, LaunchedRanks, die_with_launcher
+from gpt_lightning.stopping.launched_ranks import LAUNCHER_PID, LaunchedRanks, die_with_launcher
 
 # Our own commands, each a module of gpt_lightning.commands with a main(argv); imported on use.
 COMMANDS = {
@@ -80,7 +80,7 @@ def _main(argv: list[str], args: list[str] | None) -> None:
         else:
             from gpt_lightning.lightning_cli import GPTLightningCLI
             from gpt_lightning.lightning_internals import watch_launched_ranks
-            from gpt_lightning.training.preemption import Preempted
+            from gpt_lightning.stopping.preemption import Preempted
 
             ranks = LaunchedRanks()
             with watch_launched_ranks(ranks.started, ranks.ended):
@@ -95,7 +95,7 @@ def _main(argv: list[str], args: list[str] | None) -> None:
         print(f"gpt-lightning: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     except RuntimeError as err:  # a collective failed: another rank may have gone away
-        from gpt_lightning.scaling.dead_rank import exit_if_peer_went_away
+        from gpt_lightning.stopping.dead_rank import exit_if_peer_went_away
 
         exit_if_peer_went_away(err)  # one line and exit 1 for a peer gone after training started
         raise

@@ -36,11 +36,11 @@ from gpt_lightning.lightning_internals import (
 from gpt_lightning.observing.console import StepProgressBar, TrainingFlopsSummary
 from gpt_lightning.observing.samples import ValidationSamples
 from gpt_lightning.observing.throughput import ThroughputMonitor
-from gpt_lightning.scaling.dead_rank import PeerGoneReport, shorten_strategy_timeouts
 from gpt_lightning.scaling.swapped_checkpoints import put_back_swapped_aside
+from gpt_lightning.stopping.dead_rank import PeerGoneReport, shorten_strategy_timeouts
+from gpt_lightning.stopping.preemption import Preemption
 from gpt_lightning.training.module import GPTLightningModule
 from gpt_lightning.training.precision import AutoPrecisionTrainer
-from gpt_lightning.training.preemption import Preemption
 
 # Lightning messages a CLI user cannot act on, by how they start.
 _UNACTIONABLE = (

@@ -1,25 +1,11 @@
 """The one place gpt-lightning reaches past Lightning's public API (and the private torch and argparse
 names that go with it); none has a public equivalent. ``tests/test_lightning_internals.py`` checks each
-against the installed versions (``check()`` names what moved), hence ``lightning<2.7`` in pyproject.toml.
-
-Names (user): ``epoch_loop._batches_that_stepped`` (resume), ``batch_progress.current.ready`` (mid-epoch
-resume), the other ``batch_progress`` counts (a resume on another layout), ``_format_summary_table``
-(FLOPs line in the summary), ``LightningCLI._parse_ckpt_path`` and
-``_add_configure_optimizers_method_to_model`` (lightning_cli.py), ``epoch_loop._broadcast_sigterm_tensor``
-and ``strategy._timeout`` (preemption), ``lightning_utilities.core.rank_zero.log`` (CLI log filter, ``fit_loop.done`` read quietly),
-``GradScaler._get_scale_async`` (nonfinite), ``Optimizer._step_supports_amp_scaling`` (fused AdamW),
-``ArgumentParser._actions`` ("did you mean"), ``Tensor._version`` (generation.py), ``_ChildProcessObserver`` (the launcher's watcher of the ranks it
-started: its ``_terminate_all`` and ``_child_processes``, launched_ranks.py), torch Muon's
-``_zeropower_via_newtonschulz`` and ``_adjust_lr`` (optimizers.py), ``nn.Module._compiled_call_impl`` and
-inductor's ``default_cache_dir`` and ``get_cpp_compiler`` (compilation.py), ``WeightAveraging._average_model``, ``_swap_models`` and
-``_device`` (the averaged model, swapped in for our samples and evaluations, and where it lives:
-averaging.py).
+against the installed versions and names what moved, hence ``lightning<2.7`` in pyproject.toml.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,7 +15,6 @@ from typing import Any
 import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.strategies import DDPStrategy
 
 
 def batches_that_stepped(trainer: Trainer) -> int:
@@ -213,141 +198,3 @@ def watch_launched_ranks(on_start: Callable[[list[Any]], None], on_end: Callable
         yield
     finally:
         subprocess_script._ChildProcessObserver = lightnings
-
-
-def _watcher_ends_through_terminate_all() -> bool:
-    """Whether the launcher builds its watcher by the module's name, and the watcher, seeing a rank ended
-    non-zero, ends the run through ``_terminate_all`` with the ranks in ``_child_processes``."""
-    import inspect
-    from types import SimpleNamespace
-
-    from lightning.fabric.strategies.launchers import subprocess_script
-
-    observer = subprocess_script._ChildProcessObserver
-    ended, seen = SimpleNamespace(poll=lambda: None, returncode=-9, pid=0), []
-
-    class Probe(observer):  # type: ignore[misc, valid-type]
-        def _terminate_all(self) -> None:
-            seen.append(list(self._child_processes))
-
-    Probe(main_pid=0, child_processes=[ended])._run()
-    return seen == [[ended]] and "_ChildProcessObserver(" in inspect.getsource(
-        subprocess_script._launch_process_observer
-    )
-
-
-def _bumps_version() -> bool:
-    tensor = torch.zeros(1)
-    before = getattr(tensor, "_version", None)
-    tensor.add_(1)
-    return isinstance(before, int) and tensor._version > before
-
-
-def _present(obj: object, name: str) -> bool:
-    return hasattr(obj, name)
-
-
-def _calls_sigterm_broadcast() -> bool:
-    """Whether the training epoch loop's ``advance`` still calls ``self._broadcast_sigterm_tensor()``,
-    and that method still broadcasts: replacing it with a no-op then turns the broadcast off."""
-    import ast
-    import inspect
-    import textwrap
-
-    loop = type(Trainer(logger=False).fit_loop.epoch_loop)
-    method = getattr(loop, "_broadcast_sigterm_tensor", None)
-    try:
-        if not callable(method) or "broadcast(" not in inspect.getsource(method):
-            return False
-        tree = ast.parse(textwrap.dedent(inspect.getsource(loop.advance)))
-    except (OSError, TypeError):  # no source to read: unknown, so not vouched for
-        return False
-    return any(
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr == "_broadcast_sigterm_tensor"
-        and isinstance(node.func.value, ast.Name)
-        and node.func.value.id == "self"
-        for node in ast.walk(tree)
-    )
-
-
-def _weight_averaging_has(name: str) -> bool:
-    from lightning.pytorch.callbacks import EMAWeightAveraging
-
-    callback = EMAWeightAveraging(device="cpu")
-    if name == "_swap_models":
-        return callable(getattr(callback, name, None))
-    return name in vars(callback)
-
-
-def _compile_sets_compiled_call_impl() -> bool:
-    module = torch.nn.Linear(1, 1)
-    before = compiled_in_place(module)
-    module.compile()  # lazy: nothing compiles until a call
-    return not before and compiled_in_place(module)
-
-
-# name -> (a check that returns True while the installed version still has it)
-CHECKS: dict[str, Callable[[], bool]] = {
-    "fit_loop.epoch_loop._batches_that_stepped": lambda: _present(
-        Trainer(logger=False).fit_loop.epoch_loop, "_batches_that_stepped"
-    ),
-    "fit_loop.epoch_loop.batch_progress.current.ready": lambda: _present(
-        getattr(getattr(Trainer(logger=False).fit_loop.epoch_loop, "batch_progress", None), "current", None), "ready"
-    ),
-    "fit_loop.epoch_loop.batch_progress": lambda: (
-        all(
-            _present(getattr(Trainer(logger=False).fit_loop.epoch_loop.batch_progress, part), name)
-            for part in ("current", "total")
-            for name in ("ready", "started", "processed", "completed")
-        )
-        and _present(Trainer(logger=False).fit_loop.epoch_loop.batch_progress, "is_last_batch")
-    ),
-    "fit_loop.epoch_loop._broadcast_sigterm_tensor": lambda: _calls_sigterm_broadcast(),
-    "strategy._timeout": lambda: (
-        getattr(DDPStrategy(timeout=timedelta(seconds=7)), "_timeout", None) == timedelta(seconds=7)
-    ),
-    "model_summary._format_summary_table": lambda: _present(
-        __import__("lightning.pytorch.utilities.model_summary.model_summary", fromlist=["_"]), "_format_summary_table"
-    ),
-    "LightningCLI._parse_ckpt_path": lambda: _present(LightningCLI, "_parse_ckpt_path"),
-    "LightningCLI._add_configure_optimizers_method_to_model": lambda: _present(
-        LightningCLI, "_add_configure_optimizers_method_to_model"
-    ),
-    "lightning_utilities.core.rank_zero.log": lambda: isinstance(
-        getattr(__import__("lightning_utilities.core.rank_zero", fromlist=["_"]), "log", None), logging.Logger
-    ),
-    "GradScaler._get_scale_async": lambda: _present(torch.amp.GradScaler, "_get_scale_async"),
-    "Optimizer._step_supports_amp_scaling": lambda: (
-        getattr(torch.optim.AdamW([torch.zeros(1, requires_grad=True)], fused=True), "_step_supports_amp_scaling", None)
-        is True
-    ),
-    "ArgumentParser._actions": lambda: isinstance(getattr(argparse.ArgumentParser(), "_actions", None), list),
-    "Tensor._version": lambda: _bumps_version(),
-    "launchers.subprocess_script._ChildProcessObserver._terminate_all": lambda: _watcher_ends_through_terminate_all(),
-    "torch.optim._muon._zeropower_via_newtonschulz": lambda: (
-        not hasattr(torch.optim, "Muon") or all(callable(f) for f in muon_math())
-    ),
-    "nn.Module._compiled_call_impl": lambda: _compile_sets_compiled_call_impl(),
-    "WeightAveraging._average_model": lambda: _weight_averaging_has("_average_model"),
-    "WeightAveraging._swap_models": lambda: _weight_averaging_has("_swap_models"),
-    "WeightAveraging._device": lambda: _weight_averaging_has("_device"),
-    "torch._inductor.runtime.cache_dir_utils.default_cache_dir": lambda: isinstance(inductor_default_cache_dir(), str),
-    "torch._inductor.cpp_builder.get_cpp_compiler": lambda: (
-        callable(getattr(importlib.import_module("torch._inductor.cpp_builder"), "get_cpp_compiler", None))
-        and _present(importlib.import_module("torch._inductor.exc"), "InvalidCxxCompiler")
-    ),
-}
-
-
-def check(name: str) -> str | None:
-    """None while ``name`` (a key of ``CHECKS``) is where this module reaches for it, else what to do."""
-    if CHECKS[name]():
-        return None
-    import lightning
-
-    return (
-        f"{name} is gone in lightning {lightning.__version__} / torch {torch.__version__}: "
-        f"gpt_lightning/lightning_internals.py uses it (see its docstring for why); update it there."
-    )

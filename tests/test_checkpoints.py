@@ -71,60 +71,32 @@ def test_checkpoint_of_another_architecture_names_the_mismatch(eager_ckpt):
         GPTLightningModule.load_from_checkpoint(ckpt, n_layer=3)
 
 
-def with_settings(ckpt, model=None, data=None):
-    """A copy of ``ckpt`` whose saved settings also hold ``model`` and ``data`` (a checkpoint written before
-    a setting's removal records it)."""
+def with_settings(ckpt, model):
+    """A copy of ``ckpt`` whose saved settings also hold ``model``."""
     checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
-    checkpoint["hyper_parameters"].update(model or {})
-    checkpoint.setdefault("datamodule_hyper_parameters", {}).update(data or {})
+    checkpoint["hyper_parameters"].update(model)
     path = ckpt.with_name(f"{ckpt.stem}-{len(list(ckpt.parent.glob('*.ckpt')))}.ckpt")
     torch.save(checkpoint, path)
     return path
 
 
-# every checkpoint before their removal
-OFF = {"backout": False, "muon_orthogonalizer": "newton_schulz", "smear": False, "unet_skips": False}
-
-
-def test_files_written_before_a_settings_removal_load_where_it_was_off_and_are_refused_where_on(
-    eager_ckpt, small_text, tmp_path
-):
+def test_a_file_with_settings_this_version_does_not_have_is_refused_naming_them(eager_ckpt, small_text, tmp_path):
     eager, ckpt = eager_ckpt
-    old = with_settings(ckpt, OFF, {"tokens_per_step_schedule": None})
-    assert GPTLightningModule.load_from_checkpoint(old).config == eager.config
-    export_weights(old, tmp_path / "w.safetensors")
+    export_weights(ckpt, tmp_path / "w.safetensors")
     from safetensors.torch import load_file, save_file
 
-    save_file(
-        load_file(tmp_path / "w.safetensors"),
-        tmp_path / "old.safetensors",
-        metadata={"gpt_config": json.dumps({**dataclasses.asdict(eager.config), "backout": False, "smear": False})},
-    )
-    assert load_gpt(tmp_path / "old.safetensors").config == eager.config
-    save_file(
-        load_file(tmp_path / "w.safetensors"),
-        tmp_path / "skips.safetensors",
-        metadata={"gpt_config": json.dumps({**dataclasses.asdict(eager.config), "unet_skips": True})},
-    )
-    with pytest.raises(UserError, match="trained with unet_skips True.*at commit 56660a2"):
-        load_gpt(tmp_path / "skips.safetensors")
-    with pytest.raises(UserError, match="trained with backout True, which this gpt-lightning no longer has"):
-        GPTLightningModule.load_from_checkpoint(with_settings(ckpt, {"backout": True}))
-    with pytest.raises(UserError, match="trained with backout True.*at commit 18e6e29"):
-        export_weights(with_settings(ckpt, {"backout": True}), tmp_path / "x.safetensors")
-    with pytest.raises(UserError, match="trained with smear True"):
-        GPTLightningModule.load_from_checkpoint(with_settings(ckpt, {"smear": True}))
-
-    def resume(path):
-        data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0)
-        trainer = Trainer(**{**ONE_QUIET_CPU_STEP, "max_steps": 3}, default_root_dir=tmp_path)
-        trainer.fit(GPTLightningModule(**TINY_MODEL), data, ckpt_path=path)
-
-    resume(old)  # off: resumes
-    with pytest.raises(UserError, match="trained with muon_orthogonalizer 'polar_express'"):
-        resume(with_settings(ckpt, {"muon_orthogonalizer": "polar_express"}))
-    with pytest.raises(UserError, match=r"trained with tokens_per_step_schedule \[\[0, 64\], \[2, 128\]\]"):
-        resume(with_settings(ckpt, data={"tokens_per_step_schedule": [[0, 64], [2, 128]]}))
+    weights = tmp_path / "newer.safetensors"
+    config = {**dataclasses.asdict(eager.config), "smear": False}
+    save_file(load_file(tmp_path / "w.safetensors"), weights, metadata={"gpt_config": json.dumps(config)})
+    with pytest.raises(UserError, match=f"Weights file {weights} records settings .* does not have: smear. Load it"):
+        load_gpt(weights)
+    newer = with_settings(ckpt, {"smear": False, "backout": True})
+    with pytest.raises(UserError, match="The checkpoint records settings .* does not have: backout, smear. Load"):
+        GPTLightningModule.load_from_checkpoint(newer)
+    data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, val_fraction=0.0)
+    trainer = Trainer(**{**ONE_QUIET_CPU_STEP, "max_steps": 3}, default_root_dir=tmp_path)
+    with pytest.raises(UserError, match=f"Checkpoint {newer} records settings .* does not have: backout, smear"):
+        trainer.fit(GPTLightningModule(**TINY_MODEL), data, ckpt_path=newer)
 
 
 def test_export_of_a_missing_checkpoint_is_a_clear_error(tmp_path):

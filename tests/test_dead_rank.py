@@ -136,7 +136,7 @@ def real_errors():
 def test_real_errors_keep_their_traceback_even_after_training_started(tmp_path, monkeypatch):
     import torch.distributed as dist
 
-    from gpt_lightning.scaling.dead_rank import PeerGoneReport, exit_if_peer_went_away, peer_went_away
+    from gpt_lightning.stopping.dead_rank import PeerGoneReport, exit_if_peer_went_away, peer_went_away
 
     errors = real_errors()
     assert "1/2 clients joined" in str(errors[3])

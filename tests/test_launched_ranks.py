@@ -27,7 +27,7 @@ def subprocess_env() -> dict[str, str]:
 
 RANK = """
 import os, sys, time
-from gpt_lightning.scaling.launched_ranks import die_with_launcher
+from gpt_lightning.stopping.launched_ranks import die_with_launcher
 die_with_launcher()
 print(os.getpid(), flush=True)
 time.sleep(60)
@@ -106,9 +106,9 @@ def test_torchrun_s_ranks_and_a_launcher_s_own_process_are_left_alone():
 def test_rank_0_waits_30_s_in_all_for_the_ranks_it_started_not_30_s_each(monkeypatch, capsys):
     """Three ranks that hang after rank 0 finished. Before, rank 0 waited the limit for each in turn (8 ranks:
     4 minutes) and exited 0."""
-    from gpt_lightning.scaling.launched_ranks import LaunchedRanks
+    from gpt_lightning.stopping.launched_ranks import LaunchedRanks
 
-    monkeypatch.setattr("gpt_lightning.scaling.launched_ranks.FINISH_WAIT_S", 2.0)
+    monkeypatch.setattr("gpt_lightning.stopping.launched_ranks.FINISH_WAIT_S", 2.0)
     ranks = LaunchedRanks()
     ranks.started([subprocess.Popen(["sleep", "60"]) for _ in range(3)])
     started = time.monotonic()

@@ -23,6 +23,7 @@ LAYERS = (
     # Lightning precision means (dtypes, a GradScaler)
     {"atomic", "host_memory", "lightning_internals", "config", "precision"},
     {"model", "data", "loss"},  # loss: the training loss in chunks, plain torch as the model
+    {"stopping"},  # how a run stops: a signal, a rank gone, the process-group timeout scaling's strategy takes
     {"scaling", "interop", "generation", "averaging"},  # generation: sampling from a GPT; averaging: the weight EMA
     {"training", "observing", "evaluation"},  # evaluation: lm-evaluation-harness on a GPT (the optional eval extra)
     {"lightning_cli"},  # GPTLightningCLI: the module, the data and the callbacks put together

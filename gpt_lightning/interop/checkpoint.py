@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -18,35 +19,19 @@ from gpt_lightning.model import GPT, GPTConfig
 LIGHTNING_CKPT_ALIASES = ("last", "best", "hpc", "registry")
 # What Lightning writes beside the shards of a sharded checkpoint: everything but the tensors.
 SHARDED_METADATA = "meta.pt"
-# Keys Lightning adds to saved hyper-parameters that are not constructor arguments.
-_BOOKKEEPING_KEYS = ("_instantiator", "_class_path")
-# Settings measured without gain and removed (docs/modern.md), each with the value that meant off and the last
-# commit that had it. Checkpoints and exports written before record them: off, they are dropped; on, refused.
-REMOVED_SETTINGS = {
-    "backout": (False, "18e6e29"),
-    "muon_orthogonalizer": ("newton_schulz", "18e6e29"),
-    "muon_normuon": (False, "18e6e29"),
-    "muon_cautious_weight_decay": (False, "18e6e29"),
-    "tokens_per_step_schedule": (None, "18e6e29"),
-    "smear": (False, "56660a2"),
-    "unet_skips": (False, "56660a2"),
-}
-# Of those, the ones that change the architecture: refused wherever the weights are loaded, not only on resume.
-REMOVED_ARCHITECTURE = ("backout", "smear", "unet_skips")
+# Keys saved with the hyper-parameters that are not constructor arguments: Lightning's, and the source of
+# an ``init_from`` run's weights (``training/architecture.py``).
+_BOOKKEEPING_KEYS = ("_instantiator", "_class_path", "pretrained_from")
 
 
-def refuse_removed_settings(
-    saved: dict[str, Any], source: str, names: tuple[str, ...] = tuple(REMOVED_SETTINGS)
-) -> None:
-    """Raise ``UserError`` where ``saved`` (a checkpoint's or an export's settings) has one of ``names`` on."""
-    for name in names:
-        off, last_commit = REMOVED_SETTINGS[name]
-        if saved.get(name, off) != off:
-            raise UserError(
-                f"{source} was trained with {name} {saved[name]!r}, which this gpt-lightning no longer has (measured "
-                f"without gain and removed: docs/modern.md). Use gpt-lightning at commit {last_commit}, where it last "
-                "existed."
-            )
+def refuse_unknown_settings(saved: dict[str, Any], known: Iterable[str], source: str) -> None:
+    """Raise ``UserError`` where ``saved`` (a file's recorded settings) names one that is not in ``known``."""
+    unknown = sorted(set(saved) - set(known) - set(_BOOKKEEPING_KEYS))
+    if unknown:
+        raise UserError(
+            f"{source} records settings this gpt-lightning does not have: {', '.join(unknown)}. "
+            "Load it with the gpt-lightning version that wrote it."
+        )
 
 
 def read_checkpoint(path: str | Path, option: str = "--ckpt_path", weights: bool = True) -> dict[str, Any]:
@@ -128,7 +113,6 @@ def saved_arguments(checkpoint: dict[str, Any], cls: type, key: str = "hyper_par
 def saved_config(checkpoint: dict[str, Any]) -> GPTConfig:
     """The architecture recorded in a checkpoint's hyper-parameters."""
     hparams = checkpoint.get("hyper_parameters") or {}
-    refuse_removed_settings(hparams, "The checkpoint", REMOVED_ARCHITECTURE)
     return GPTConfig(**{f.name: hparams[f.name] for f in fields(GPTConfig) if f.name in hparams})
 
 

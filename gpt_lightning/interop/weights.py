@@ -4,7 +4,7 @@ dict (tied head stored once) with the ``GPTConfig`` in its metadata."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
@@ -12,12 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from gpt_lightning.atomic import atomic_output
 from gpt_lightning.errors import UserError
-from gpt_lightning.interop.checkpoint import (
-    REMOVED_ARCHITECTURE,
-    REMOVED_SETTINGS,
-    gpt_from_checkpoint,
-    refuse_removed_settings,
-)
+from gpt_lightning.interop.checkpoint import gpt_from_checkpoint, refuse_unknown_settings
 from gpt_lightning.model import GPT, GPTConfig
 
 _TIED = "lm_head.weight"  # the same tensor as transformer.wte.weight
@@ -47,6 +42,6 @@ def load_gpt(path: str | Path, map_location: str | torch.device = "cpu") -> GPT:
     if "gpt_config" not in metadata:
         raise UserError(f"{path} has no gpt_config metadata: it was not written by gpt-lightning export.")
     saved = json.loads(metadata["gpt_config"])
-    refuse_removed_settings(saved, str(path), REMOVED_ARCHITECTURE)
-    config = GPTConfig(**{name: value for name, value in saved.items() if name not in REMOVED_SETTINGS})
+    refuse_unknown_settings(saved, [f.name for f in fields(GPTConfig)], f"Weights file {path}")
+    config = GPTConfig(**saved)
     return GPT.from_state_dict(config, load_file(str(path), device=str(map_location)))

@@ -1,1 +1,1 @@
-"""Sizing a run to its hardware: ``sharding`` (FSDP2), ``memory``, ``flops``, ``dead_rank``, ``launched_ranks``."""
+"""Sizing a run to its hardware: ``sharding`` (FSDP2), ``swapped_checkpoints``, ``memory``, ``flops``."""

@@ -1,6 +1,5 @@
 """FSDP2 checkpoint folders replaced whole, so a folder that resumes exists after a crash at any moment
-(Lightning's ``ModelParallelStrategy`` overwrites the folder in place; docs/resume.md).
-"""
+(Lightning's ``ModelParallelStrategy`` overwrites the folder in place; docs/resume.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 
 from gpt_lightning.atomic import no_room_message, sync_folder
 from gpt_lightning.errors import UserError
-from gpt_lightning.scaling.dead_rank import PROCESS_GROUP_TIMEOUT
+from gpt_lightning.stopping.dead_rank import PROCESS_GROUP_TIMEOUT
 
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2  # <fcntl.h>, <linux/fs.h>
 
@@ -29,7 +28,7 @@ class SwappedCheckpointStrategy(ModelParallelStrategy):
     exchange where the filesystem has one (Linux ``renameat2``), else two renames (docs/resume.md).
 
     Args:
-        timeout: how long a rank waits at a collective for the others (``dead_rank.PROCESS_GROUP_TIMEOUT``,
+        timeout: how long a rank waits at a collective for the others (``stopping.dead_rank.PROCESS_GROUP_TIMEOUT``,
             not Lightning's 30 minutes); the other arguments are ``ModelParallelStrategy``'s.
     """
 

@@ -20,7 +20,7 @@ from gpt_lightning.averaging import (
     train_on_from_trained_weights,
 )
 from gpt_lightning.host_memory import keep_freed_memory
-from gpt_lightning.interop.checkpoint import REMOVED_ARCHITECTURE, REMOVED_SETTINGS, refuse_removed_settings
+from gpt_lightning.interop.checkpoint import refuse_unknown_settings
 from gpt_lightning.loss import chunked_cross_entropy
 from gpt_lightning.scaling.flops import training_flops
 from gpt_lightning.scaling.sharding import is_empty, materialize, shard_once, sync_at_last_micro_batch
@@ -238,12 +238,12 @@ class GPTLightningModule(LightningModule):
         warn_if_bf16_is_emulated(trainer)  # here, so a plain Trainer's and a stock LightningCLI's runs are told too
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint of another architecture or optimizer (``resume``), or trained with a setting
-        since removed; without weight averaging, train on from the trained weights of a checkpoint written
+        """Refuse a checkpoint with settings this module does not have, or of another architecture or optimizer
+        (``resume``); without weight averaging, train on from the trained weights of a checkpoint written
         with it (``averaging``)."""
-        fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
-        saved = {**(checkpoint.get("datamodule_hyper_parameters") or {}), **(checkpoint.get("hyper_parameters") or {})}
-        refuse_removed_settings(saved, "The checkpoint", tuple(REMOVED_SETTINGS) if fitting else REMOVED_ARCHITECTURE)
+        path = self._trainer.ckpt_path if self._trainer is not None else None
+        source = f"Checkpoint {path}" if path else "The checkpoint"
+        refuse_unknown_settings(checkpoint.get("hyper_parameters") or {}, self.hparams, source)
         resume.refuse_other_architecture(checkpoint, self.config)
         resume.refuse_other_optimizer(checkpoint, self.hparams.optimizer)
         if self._trainer is not None:

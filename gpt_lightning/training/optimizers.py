@@ -20,9 +20,6 @@ MUON_GROUPS = ("muon", "adamw", "adamw_no_decay")
 # With an untied head (``tie_embeddings: false``) the embeddings and the head are groups of their own,
 # at their own rates (nanochat: a high one for the input embedding, a low one for the output head).
 UNTIED_GROUPS = ("embedding", "head")
-# Keys of removed switches of Muon's step that a checkpoint written before their removal keeps in its
-# Muon group (docs/optimizers.md): dropped on load.
-REMOVED_MUON_KEYS = ("orthogonalizer", "normuon", "cautious_weight_decay")
 
 
 def is_embedding(name: str) -> bool:
@@ -94,9 +91,6 @@ class MuonWithAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)  # builds new group dicts and a new state: share them again
         self._share_with_parts()
-        for group in self.muon.param_groups:
-            for key in REMOVED_MUON_KEYS:
-                group.pop(key, None)
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:

@@ -20,8 +20,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from gpt_lightning.lightning_internals import process_group_timeout, skip_sigterm_broadcast
-from gpt_lightning.scaling.dead_rank import PROCESS_GROUP_TIMEOUT
-from gpt_lightning.scaling.launched_ranks import run_ends
+from gpt_lightning.stopping.dead_rank import PROCESS_GROUP_TIMEOUT
+from gpt_lightning.stopping.launched_ranks import run_ends
 
 log = logging.getLogger(__name__)
 
@@ -146,15 +146,7 @@ class Preemption(Callback):
         self._listen(trainer)
         self._announce(trainer)
 
-    def on_validation_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         self._announce(trainer, in_step=False)
 
     # --- agreeing and stopping ----------------------------------------------------------------------
@@ -210,9 +202,7 @@ class Preemption(Callback):
                 self._stop(trainer, signum)
         self._between_steps = False
 
-    def on_train_batch_end(
-        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         self._announce(trainer)
         if trainer.global_step == self._step:
             return  # mid-accumulation: the optimizer step is not done yet

@@ -1,6 +1,6 @@
 """A rank that went away (killed, out of memory, lost, hung), noticed by a collective: the CLI ends each
 survivor with one line naming a file with the full error and how to resume (where Lightning's launcher
-notices first: launched_ranks.py), and sets ``PROCESS_GROUP_TIMEOUT`` (docs/multi-gpu.md)."""
+notices first: launched_ranks.py), and gives each strategy ``PROCESS_GROUP_TIMEOUT`` (docs/multi-gpu.md)."""
 
 from __future__ import annotations
 
@@ -17,20 +17,17 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from gpt_lightning.atomic import atomic_write_bytes
 from gpt_lightning.errors import UserError
-from gpt_lightning.scaling.launched_ranks import went_away_message
+from gpt_lightning.stopping.launched_ranks import went_away_message
 
-# How long a rank waits at a collective for the others before it gives up (what a rank that hangs,
-# or a dead one under NCCL, costs the survivors). Where healthy ranks wait for each other: a first
-# step's compile that takes longer on one rank (GPT-2 XL: minutes), and rank 0 writing a whole DDP
-# checkpoint while the others wait at the barrier after it (GPT-2 large, 9 GB: 1.5 min at 100 MB/s).
-# (A text's tokenizing in ``prepare_data`` is waited for at Lightning's own gloo barrier, not under it.)
-# 10 minutes is torch's own default for NCCL; Lightning's is 30.
+# How long a rank waits at a collective for the others (what a hung rank, or a dead one under NCCL, costs
+# the survivors); long enough for one rank's slower first compile or rank 0 writing a whole DDP checkpoint.
+# torch's own default for NCCL; Lightning's is 30 minutes.
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=10)
 
 # What gloo's transport raises (a plain RuntimeError) when the other end of a pair is gone: killed
 # ("Connection closed by peer", as seen with a SIGKILLed rank), or hung past the timeout.
 GLOO_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out waiting")
-# NCCL's error for a peer that exited (ncclRemoteError), raised as a DistBackendError. Verified by reading.
+# NCCL's error for a peer that exited (ncclRemoteError), raised as a DistBackendError.
 NCCL_PEER_GONE = ("ncclRemoteError", "remote process exited")
 # Set on an exception by ``PeerGoneReport``: the file its traceback goes to.
 ERROR_FILE_ATTRIBUTE = "gpt_lightning_error_file"
