@@ -41,16 +41,10 @@ def check_optimizer_settings(
 def check_untied_rates(
     config: GPTConfig, embedding_learning_rate: float | None, head_learning_rate: float | None
 ) -> None:
-    """Raise ``UserError`` for a rate of the untied embedding or head given to a model whose head is
-    tied (it would be ignored: both train in the ``learning_rate`` group), or one that is not > 0."""
-    given = {
-        name: rate
-        for name, rate in (
-            ("embedding_learning_rate", embedding_learning_rate),
-            ("head_learning_rate", head_learning_rate),
-        )
-        if rate is not None
-    }
+    """Raise ``UserError`` for an untied embedding or head rate that is not > 0 or given to a tied head
+    (where it would be ignored)."""
+    rates = {"embedding_learning_rate": embedding_learning_rate, "head_learning_rate": head_learning_rate}
+    given = {name: rate for name, rate in rates.items() if rate is not None}
     if given and config.tie_embeddings:
         raise UserError(
             f"model.{next(iter(given))} is the rate of an untied embedding and head (model.tie_embeddings false); "
@@ -62,8 +56,7 @@ def check_untied_rates(
 
 
 def check_strategy_supports(optimizer: str, strategy: Any) -> None:
-    """Raise ``UserError`` for Muon under FSDP2: ``torch.optim.Muon`` would orthogonalize each rank's
-    shard of a matrix (a ``DTensor``'s local rows), not the matrix."""
+    """Raise ``UserError`` for Muon under FSDP2, which would orthogonalize each rank's shard."""
     if optimizer == "muon" and isinstance(strategy, ModelParallelStrategy):
         raise UserError(
             "model.optimizer muon does not run under FSDP2 (ModelParallelStrategy): torch.optim.Muon would "
@@ -73,8 +66,7 @@ def check_strategy_supports(optimizer: str, strategy: Any) -> None:
 
 
 def run_length(estimated_stepping_batches: float) -> int:
-    """The run's optimizer steps, which the "wsd" schedule decays at the end of; ``UserError`` when
-    the run has no end (``max_steps`` -1 and ``max_epochs`` -1)."""
+    """The run's optimizer steps, for the "wsd" schedule; ``UserError`` when the run has no end."""
     if estimated_stepping_batches == float("inf"):
         raise UserError(
             "model.lr_schedule wsd decays over the end of the run, which has no end here: set "
