@@ -18,14 +18,11 @@ from gpt_lightning.evaluation.tasks import import_lm_eval, is_offline_error, qui
 
 
 class HarnessEval(PeriodicEvaluation):
-    """Score the model being trained on lm-evaluation-harness tasks every ``every_n_steps`` optimizer steps.
-
-    Also at step 0 and at the end; logs ``eval/<task>/<metric>`` and ``eval/<task>/samples`` (a filter
-    other than ``none`` as ``<metric>_<filter>``). One device or DDP, not FSDP2 (docs/evaluation.md).
+    """Score the model being trained on lm-evaluation-harness tasks at step 0, every ``every_n_steps``
+    optimizer steps and at the end, logged as ``eval/<task>/<metric>``. One device or DDP, not FSDP2.
 
     Args:
-        tasks: task, group or tag names, as a list or comma-separated (``gpt2-suite``, this
-            package's reference suite, included).
+        tasks: task, group or tag names, as a list or comma-separated (``gpt2-suite`` included).
         every_n_steps: optimizer steps between evaluations.
         limit: score only the first N examples of each task (None: all of them).
         num_fewshot: examples in each prompt; None keeps each task's own.
@@ -129,8 +126,8 @@ class HarnessEval(PeriodicEvaluation):
 
 
 def logged_metrics(results: dict[str, Any]) -> dict[str, float]:
-    """``eval/<task>/<metric>`` of the harness's results dict: numbers only, no standard errors; and
-    ``eval/<task>/samples``, the examples scored (over all ranks)."""
+    """``eval/<task>/<metric>`` (``<metric>_<filter>`` for a filter other than ``none``) of the harness's
+    results dict, no standard errors; and ``eval/<task>/samples``, the examples scored."""
     metrics = {}
     for task, values in results["results"].items():
         if "sample_len" in values:
@@ -166,9 +163,8 @@ def restore_random_states(saved: tuple) -> None:
 
 @functools.cache
 def ranked_lm_class() -> type:
-    """``GPTHarnessLM`` with the harness's data-parallel hooks on a Lightning ``Strategy``: each rank
-    builds its share of the requests, and rank 0 gathers the scores (built on first use: the harness
-    is an optional extra)."""
+    """``GPTHarnessLM`` with the harness's data-parallel hooks on a Lightning ``Strategy`` (built on first
+    use: the harness is an optional extra)."""
     from gpt_lightning.evaluation.harness_model import GPTHarnessLM
 
     class RankedHarnessLM(GPTHarnessLM):

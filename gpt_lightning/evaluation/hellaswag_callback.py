@@ -21,9 +21,7 @@ class HellaSwagEval(PeriodicEvaluation):
     (``eval/hellaswag_acc_norm``, ``eval/hellaswag_acc``); without the file it says where to put it, never downloads.
 
     Args:
-        data_file: ``hellaswag_val.jsonl``. None: the copy in the cache, where
-            ``gpt-lightning eval --task hellaswag`` downloads it
-            (``$GPT_LIGHTNING_CACHE_DIR/hellaswag/hellaswag_val.jsonl``).
+        data_file: ``hellaswag_val.jsonl``. None: where ``gpt-lightning eval --task hellaswag`` downloads it.
         every_n_steps: optimizer steps between evaluations.
         limit: score only the first N examples (None: all 10,042).
         batch_size: examples per forward pass (4 rows each).

@@ -14,14 +14,8 @@ from gpt_lightning.averaging import averaged_weights
 
 class PeriodicEvaluation(Callback):
     """Run ``evaluate`` as step 0 starts, every ``every_n_steps`` optimizer steps and at the end of
-    training; once a step, however many micro-batches it has, on the averaged weights where a
-    weight-averaging callback keeps them (``EMAWeightAveraging``: what validation and the checkpoint
-    hold). Each pass's wall seconds go to ``durations``, which ``ThroughputMonitor`` takes out of the
-    step they ran in.
-
-    Args:
-        every_n_steps: optimizer steps between evaluations.
-    """
+    training, on the averaged weights where kept. Each pass's seconds go to ``durations``, which
+    ``ThroughputMonitor`` takes out of the step they ran in."""
 
     def __init__(self, every_n_steps: int) -> None:
         self.every_n_steps = every_n_steps
@@ -30,12 +24,10 @@ class PeriodicEvaluation(Callback):
 
     @property
     def enabled(self) -> bool:
-        """Whether there is anything to score (False: every pass is skipped, untimed)."""
         return True
 
     def evaluate(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Score the model at ``trainer.global_step`` and log the results; it returns after a host
-        read of the scores, so that the device's work is inside the pass's time."""
+        """Score the model and log the results, returning after a host read of the scores."""
         raise NotImplementedError
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
