@@ -264,12 +264,8 @@ def main(argv: list[str]) -> None:
         default=["eager", "compiled"],
         help="how to train --config: eager, compiled (as the config says), model or blocks (compile scopes; default: %(default)s)",
     )
-    parser.add_argument(
-        "--also", nargs="*", default=[], metavar="CONFIG", help="more configs, each run once as written"
-    )
-    parser.add_argument(
-        "--cold", action="store_true", help="each run starts from an empty inductor cache (a first-time user's compile)"
-    )
+    parser.add_argument("--also", nargs="*", default=[], metavar="CONFIG", help="more configs, each run as written")
+    parser.add_argument("--cold", action="store_true", help="each run starts from an empty inductor cache")
     parser.add_argument("--every", type=int, default=10, help="print a table row every N steps (default: %(default)s)")
     parser.add_argument(
         "--tolerance",
@@ -278,9 +274,7 @@ def main(argv: list[str]) -> None:
         help="largest allowed difference of eager's and a compiled run's mean loss over any --window "
         "steps; beyond it the bench exits 1 (default: %(default)s)",
     )
-    parser.add_argument(
-        "--window", type=int, default=10, help="steps per mean loss compared against --tolerance (default: %(default)s)"
-    )
+    parser.add_argument("--window", type=int, default=10, help="steps per mean loss for --tolerance (default: 10)")
     parser.add_argument("--out", type=Path, help="folder for bench.json and bench.png (default: beside the runs' logs)")
     args, extra = parser.parse_known_args(argv)
     parent = f"bench/{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
