@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from test_data import saved_at
 
 from gpt_lightning.cli import main
 from gpt_lightning.data import TokenStreamDataModule
@@ -63,7 +64,7 @@ def test_windows_run_shard_after_shard_and_never_straddle(tmp_path):
     assert per_rank == [[0, 100], [8, 108]]  # each shard holds one batch per rank (2 x 8 + 1 <= 20)
     # Resuming mid-stream skips whole shards, then part of one.
     resumed = ShardWindows(splits["train"], 2, 4)
-    resumed.load_state_dict({"epoch": 0, "batches": 3})
+    resumed.load_state_dict(saved_at(resumed, 0, 3))
     assert [x[0, 0].item() for x, _ in resumed] == [108, 116]
 
 
@@ -87,7 +88,7 @@ def test_shuffled_shards_change_order_each_epoch_and_resume_in_it(tmp_path):
     rows = [r for batch in both for r in batch]
     assert len(rows) == len(set(rows)) == 4 * 12  # ranks disjoint, every row of every shard once
     windows = ShardWindows(shards, 2, 4, 0, 2, shuffle=True, seed=3)
-    windows.load_state_dict({"epoch": 0, "batches": 5})
+    windows.load_state_dict(saved_at(windows, 0, 5))
     assert [x[:, 0].tolist() for x, _ in windows] == first[5:]
 
 
@@ -99,7 +100,7 @@ def test_an_epoch_of_shards_is_a_whole_number_of_optimizer_steps(tmp_path):
     windows = ShardWindows(shards, 2, 4, accumulate=4)
     assert (len(windows), windows.available()) == (4, 6)
     assert [x[0, 0].item() for x, _ in windows] == whole[:4] == [0, 8, 16, 1000]  # the last shard's tail left out
-    windows.load_state_dict({"epoch": 0, "batches": 3})
+    windows.load_state_dict(saved_at(windows, 0, 3))
     assert [x[0, 0].item() for x, _ in windows] == [1000]
 
 
