@@ -19,22 +19,11 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class ResumableStream(IterableDataset):
-    """An epoch is a sequence of rows (``T + 1`` tokens each) in an order that depends on the data, the
-    seed and the epoch only. Optimizer step ``s`` trains rows ``[s G, (s + 1) G)`` (``G`` rows a step over
-    all processes), and the position saved counts rows: a resume on another layout goes on (docs/resume.md).
-
-    Args:
-        batch_size: rows per batch (B).
-        block_size: tokens per row (T).
-        rank: this process's rank; its batch ``i`` holds rows ``(i * world_size + rank) * B`` on.
-        world_size: number of processes sharing the stream.
-        shuffle: a seeded random order of rows, a new one each epoch.
-        progress: under a trainer, ``(epoch, batches of it already done)`` when a pass starts; None:
-            each ``iter()`` is the next epoch.
-        accumulate: micro-batches per optimizer step (``trainer.accumulate_grad_batches``).
-        moved: called as ``moved(batches_done, saved_accumulate, ended)`` when a position saved on another
-            layout is restored, to tell the trainer this layout's counts.
-    """
+    """An epoch of rows (``T + 1`` tokens each) in an order fixed by the data, the seed and the epoch; batch
+    ``i`` of ``rank`` holds rows ``(i * world_size + rank) * B`` on, and the position saved counts rows, so a
+    resume on another layout goes on (docs/resume.md). ``progress``: under a trainer, ``(epoch, batches of it
+    done)`` when a pass starts (None: each ``iter()`` is the next epoch); ``moved(batches_done,
+    saved_accumulate, ended)`` tells the trainer this layout's counts after such a resume."""
 
     def __init__(
         self,

@@ -59,7 +59,7 @@ class GPTLightningModule(LightningModule):
 
     Args:
         vocab_size: token-embedding rows; at least the tokenizer's 50257 (50304 is faster on GPUs).
-        block_size: longest sequence. None: ``init_from``'s, else 1024; the CLI sets ``data.block_size`` to it unless given.
+        block_size: longest sequence. None: ``init_from``'s, else 1024; the CLI sets it from ``data.block_size``.
         n_layer: transformer blocks.
         n_head: attention heads per block.
         n_embd: residual-stream width; divisible by ``n_head``.
