@@ -44,15 +44,10 @@ class HarnessEval(PeriodicEvaluation):
             tasks = [name.strip() for name in tasks.split(",") if name.strip()]
         if not tasks:
             raise UserError("HarnessEval needs at least one task.")
-        for name, value in (("every_n_steps", every_n_steps), ("limit", limit), ("batch_size", batch_size)):
-            if value is not None and value < 1:
-                raise UserError(f"HarnessEval {name} must be at least 1, got {value}.")
-        super().__init__(every_n_steps)
+        super().__init__(every_n_steps, limit, batch_size)
         self.tasks = list(tasks)
-        self.limit = limit
         self.num_fewshot = num_fewshot
         self.include_path = include_path
-        self.batch_size = batch_size
         self.results: list[dict[str, Any]] = []  # {"step": ..., "eval/<task>/<metric>": value, ...}, every rank
         self._task_manager: Any = None
 
@@ -97,7 +92,6 @@ class HarnessEval(PeriodicEvaluation):
         model = getattr(pl_module, "model", pl_module)
         lm = ranked_lm_class()(model, trainer.strategy, batch_size=self.batch_size, device=pl_module.device)
         saved = random_states()
-        was_training = pl_module.training
         try:
             # Eager, even when the model is compiled for the training shapes: every batch has its own.
             with (
@@ -117,7 +111,6 @@ class HarnessEval(PeriodicEvaluation):
                 )
         finally:
             restore_random_states(saved)
-            pl_module.train(was_training)
         metrics = trainer.strategy.broadcast(logged_metrics(results) if results is not None else None, src=0)
         self.results.append({"step": step, **metrics})
         for logger in trainer.loggers:

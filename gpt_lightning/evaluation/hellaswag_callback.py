@@ -30,13 +30,8 @@ class HellaSwagEval(PeriodicEvaluation):
     def __init__(
         self, data_file: str | None = None, every_n_steps: int = 250, limit: int | None = None, batch_size: int = 8
     ) -> None:
-        for name, value in (("every_n_steps", every_n_steps), ("limit", limit), ("batch_size", batch_size)):
-            if value is not None and value < 1:
-                raise UserError(f"HellaSwagEval {name} must be at least 1, got {value}.")
-        super().__init__(every_n_steps)
+        super().__init__(every_n_steps, limit, batch_size)
         self.data_file = data_file
-        self.limit = limit
-        self.batch_size = batch_size
         self.examples: list[Example] | None = None
         self.results: list[dict] = []  # step, acc_norm, acc, examples (all ranks), examples_here (this rank)
 
@@ -68,12 +63,7 @@ class HellaSwagEval(PeriodicEvaluation):
         most = -(-len(self.examples[0::world]) // self.batch_size)  # forward passes of rank 0, the busiest
         own = list(batches(mine, encode, model.config.block_size, self.batch_size))
         padded = own + [None] * (most - len(own))  # every rank runs as many forward passes
-        was_training = pl_module.training
-        pl_module.eval()
-        try:
-            counts = count_correct(model, padded, pl_module.device, trainer.precision_plugin.forward_context)
-        finally:
-            pl_module.train(was_training)
+        counts = count_correct(model, padded, pl_module.device, trainer.precision_plugin.forward_context)
         correct_norm, correct, n = trainer.strategy.reduce(counts, reduce_op="sum").tolist()  # the host read
         result = {
             "step": step,

@@ -3,6 +3,7 @@ when the module is built, and the data against the model's tables when training 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -12,29 +13,19 @@ from gpt_lightning.model import GPTConfig
 from gpt_lightning.training.optimizers import require_muon
 
 
-def check_optimizer_settings(
-    optimizer: str,
-    learning_rate: float,
-    weight_decay: float,
-    warmup_steps: int,
-    cosine_decay_steps: int | None,
-    lr_schedule: str,
-    decay_fraction: float,
-    muon_learning_rate: float,
-    muon_weight_decay: float,
-) -> None:
-    """Raise ``UserError`` for an optimizer or schedule setting outside its range."""
-    if not learning_rate > 0:
-        raise UserError(f"model.learning_rate must be > 0, got {learning_rate!r}.")
-    if weight_decay < 0:
-        raise UserError(f"model.weight_decay must be >= 0, got {weight_decay!r}.")
-    if warmup_steps < 0 or (cosine_decay_steps is not None and cosine_decay_steps <= 0):
+def check_optimizer_settings(hp: Mapping[str, Any]) -> None:
+    """Raise ``UserError`` for an optimizer or schedule setting of the module's ``hp`` outside its range."""
+    if not hp["learning_rate"] > 0:
+        raise UserError(f"model.learning_rate must be > 0, got {hp['learning_rate']!r}.")
+    if hp["weight_decay"] < 0:
+        raise UserError(f"model.weight_decay must be >= 0, got {hp['weight_decay']!r}.")
+    if hp["warmup_steps"] < 0 or (hp["cosine_decay_steps"] is not None and hp["cosine_decay_steps"] <= 0):
         raise UserError("model.warmup_steps must be >= 0 and model.cosine_decay_steps > 0.")
-    if lr_schedule == "wsd" and not 0 < decay_fraction <= 1:
-        raise UserError(f"model.decay_fraction must be in (0, 1], got {decay_fraction!r}.")
-    if optimizer == "muon":
+    if hp["lr_schedule"] == "wsd" and not 0 < hp["decay_fraction"] <= 1:
+        raise UserError(f"model.decay_fraction must be in (0, 1], got {hp['decay_fraction']!r}.")
+    if hp["optimizer"] == "muon":
         require_muon()
-        if not muon_learning_rate > 0 or muon_weight_decay < 0:
+        if not hp["muon_learning_rate"] > 0 or hp["muon_weight_decay"] < 0:
             raise UserError("model.muon_learning_rate must be > 0 and model.muon_weight_decay >= 0.")
 
 

@@ -163,18 +163,8 @@ class GPTLightningModule(LightningModule):
         init_from: str | None = None,
     ) -> None:
         super().__init__()
-        check_optimizer_settings(
-            optimizer,
-            learning_rate,
-            weight_decay,
-            warmup_steps,
-            cosine_decay_steps,
-            lr_schedule,
-            decay_fraction,
-            muon_learning_rate,
-            muon_weight_decay,
-        )
         self.save_hyperparameters()
+        check_optimizer_settings(self.hparams)
         self.config, self.model, to_record = build_gpt(self.hparams)
         self.save_hyperparameters(to_record)  # checkpoints record the architecture built, without init_from
         check_untied_rates(self.config, embedding_learning_rate, head_learning_rate)
@@ -402,13 +392,5 @@ class GPTLightningModule(LightningModule):
 
     def lr_multiplier(self, step: int) -> float:
         """Learning rate at optimizer step ``step`` as a fraction of the peak."""
-        hp = self.hparams
-        return lr_multiplier(
-            step,
-            warmup_steps=hp.warmup_steps,
-            lr_schedule=hp.lr_schedule,
-            cosine_decay_steps=hp.cosine_decay_steps,
-            decay_fraction=hp.decay_fraction,
-            min_lr_ratio=hp.min_lr_ratio,
-            total_steps=self._total_steps,
-        )
+        schedule = ("warmup_steps", "lr_schedule", "cosine_decay_steps", "decay_fraction", "min_lr_ratio")
+        return lr_multiplier(step, **{name: self.hparams[name] for name in schedule}, total_steps=self._total_steps)
