@@ -91,10 +91,11 @@ class HarnessEval(PeriodicEvaluation):
         step = trainer.global_step
         model = getattr(pl_module, "model", pl_module)
         lm = ranked_lm_class()(model, trainer.strategy, batch_size=self.batch_size, device=pl_module.device)
-        saved = random_states()
+        saved = random.getstate(), np.random.get_state()  # the harness seeds them; training goes on as it was
+        cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
         try:
-            # Eager, even when the model is compiled for the training shapes: every batch has its own.
             with (
+                torch.random.fork_rng(devices=cuda),
                 torch.no_grad(),
                 torch.compiler.set_stance("force_eager"),
                 trainer.precision_plugin.forward_context(),
@@ -110,7 +111,8 @@ class HarnessEval(PeriodicEvaluation):
                     bootstrap_iters=0,  # no standard errors
                 )
         finally:
-            restore_random_states(saved)
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])
         metrics = trainer.strategy.broadcast(logged_metrics(results) if results is not None else None, src=0)
         self.results.append({"step": step, **metrics})
         for logger in trainer.loggers:
@@ -137,21 +139,6 @@ def logged_metrics(results: dict[str, Any]) -> dict[str, float]:
             name = metric if filter_name == "none" else f"{metric}_{filter_name}"
             metrics[f"eval/{task}/{name}"] = float(value)
     return metrics
-
-
-def random_states() -> tuple:
-    """Python's, NumPy's, torch's CPU and every initialized CUDA device's random state."""
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
-
-
-def restore_random_states(saved: tuple) -> None:
-    python, numpy, cpu, cuda = saved
-    random.setstate(python)
-    np.random.set_state(numpy)
-    torch.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state_all(cuda)
 
 
 @functools.cache
