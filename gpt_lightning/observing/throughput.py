@@ -153,9 +153,7 @@ class ThroughputMonitor(Callback):
         self.flops_per_batch = flops_per_batch
         self.filename = filename
         self.summary: dict[str, Any] | None = None
-        self._step_start: Any = None
-        self._step_spans: list[tuple[Any, Any]] = []
-        self._step_tokens = 0
+        self._step_start: Any = None  # the rest is set at on_train_start; a sanity check may pause before it
         self._step_index = 0
 
     @staticmethod
