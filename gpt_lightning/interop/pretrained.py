@@ -112,24 +112,14 @@ def export_hf(model: GPT, out_dir: str | Path) -> Path:
         for key, value in model.state_dict().items()
         if key != _TIED
     }
-    config: dict[str, Any] = {
+    config: dict[str, Any] = {  # the rest (layer norm epsilon, tied head, end-of-text ids) GPT2Config's defaults
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
         "activation_function": "gelu_new",
-        "n_positions": c.block_size,
-        "n_ctx": c.block_size,
-        "vocab_size": c.vocab_size,
-        "n_layer": c.n_layer,
-        "n_head": c.n_head,
-        "n_embd": c.n_embd,
-        "layer_norm_epsilon": 1e-5,
-        "initializer_range": 0.02,
+        **{theirs: getattr(c, ours) for ours, theirs in _CONFIG_KEYS.items()},
         "resid_pdrop": c.dropout,
         "embd_pdrop": c.dropout,
         "attn_pdrop": c.dropout,
-        "tie_word_embeddings": True,
-        "bos_token_id": 50256,
-        "eos_token_id": 50256,
         "gpt_lightning_config": asdict(c),
     }
     vocab_bpe, encoder_json = bpe_files()
