@@ -72,37 +72,18 @@ def continue_own_schedule(
     multiplier: Callable[[int], float],
 ) -> None:
     """At train start, give the module's own optimizer and scheduler (``built``) each group's
-    ``settings`` (``lr``: the peak) and the schedule ``multiplier`` given now, at the restored step;
-    a subclass's own are left as restored."""
+    ``settings`` (``lr``: the peak) and the schedule ``multiplier`` given now, at the restored step,
+    keeping the moments; a subclass's own are left as restored."""
     if built is None or not any(optimizer is built[0] for optimizer in trainer.optimizers):
         return
-    optimizer, scheduler = built
-    apply_optimizer_settings(optimizer, settings)
-    schedulers = [config.scheduler for config in trainer.lr_scheduler_configs if config.scheduler is scheduler]
-    place_schedule(trainer.global_step, optimizer, schedulers, [given["lr"] for given in settings], multiplier)
-
-
-def apply_optimizer_settings(optimizer: torch.optim.Optimizer, settings: Sequence[Mapping[str, Any]]) -> None:
-    """Rewrite the restored group settings with ``settings``, keeping the moments; not the rates."""
+    (optimizer, scheduler), step = built, trainer.global_step
     for group, given in zip(optimizer.param_groups, settings):
         group.update({key: value for key, value in given.items() if key != "lr"})
+        group["lr"] = given["lr"] * multiplier(step)
         if "initial_lr" in group:  # LambdaLR's record of the peak
             group["initial_lr"] = given["lr"]
-
-
-def place_schedule(
-    step: int,
-    optimizer: torch.optim.Optimizer,
-    schedulers: Sequence[Any],
-    peaks: Sequence[float],
-    multiplier: Callable[[int], float],
-) -> None:
-    """Set each group's rate (its peak x ``multiplier(step)``) and each scheduler's position to the
-    schedule given now after ``step`` optimizer steps."""
-    for group, peak in zip(optimizer.param_groups, peaks):
-        group["lr"] = peak * multiplier(step)
-    for scheduler in schedulers:
-        scheduler.base_lrs = list(peaks[: len(scheduler.optimizer.param_groups)])
+    if any(config.scheduler is scheduler for config in trainer.lr_scheduler_configs):
+        scheduler.base_lrs = [given["lr"] for given in settings][: len(optimizer.param_groups)]
         # One public step from the step before, so get_last_lr() reports the rate too.
         scheduler.last_epoch = step - 1
         with warnings.catch_warnings():
