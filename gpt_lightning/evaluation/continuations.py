@@ -101,17 +101,9 @@ def _score_batch(model, batch, requests, answers, device, on_batch=None) -> None
         owner = torch.tensor([g for g, _ in rows], device=device)  # (R,)
         ends = torch.tensor([t + [pad] * (length - len(t)) for _, t in rows], device=device)  # (R, T)
         pos = (lengths[owner, None] + torch.arange(length, device=device)).clamp(max=block_size - 1)  # (R, T)
-        visible = torch.cat(
-            (
-                (torch.arange(width, device=device) < lengths[owner, None])[:, None, :].expand(
-                    -1, length, -1
-                ),  # (R, T, P)
-                torch.ones(length, length, dtype=torch.bool, device=device)
-                .tril()
-                .expand(len(rows), -1, -1),  # (R, T, T)
-            ),
-            dim=2,
-        )[:, None]  # (R, 1, T, P + T)
+        to_context = (torch.arange(width, device=device) < lengths[owner, None])[:, None, :]  # (R, 1, P)
+        causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()  # (T, T)
+        visible = torch.cat((to_context.expand(-1, length, -1), causal.expand(len(rows), -1, -1)), dim=2)[:, None]
         y = model.embed(ends, pos)  # (R, T, C)
         prefix = [(k.index_select(0, owner), v.index_select(0, owner)) for k, v in kv]
         y = _trunk(model, y, ends, pos, prefix, visible, [])  # (R, T, C)
