@@ -1,6 +1,5 @@
 """Train GPT-2 style language models with PyTorch Lightning, fast. Names below are imported on first use
-(PEP 562), so ``gpt-lightning tokenize`` does not load torch and Lightning.
-"""
+(PEP 562), so ``gpt-lightning tokenize`` does not load torch and Lightning."""
 
 from __future__ import annotations
 

@@ -45,8 +45,7 @@ def atomic_output(path: Path) -> Iterator[Path]:
 
 
 def remove_leftovers(path: Path) -> None:
-    """Remove the temporary files that killed writers of ``path`` left beside it (only for a file one
-    process writes at a time: another writer's file in progress would go too)."""
+    """Remove the temporary files that killed writers of ``path`` left beside it (one writer at a time)."""
     path = Path(path)
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.*{_TMP}{glob.escape(path.suffix)}"):
         tmp.unlink(missing_ok=True)

@@ -1,13 +1,6 @@
-"""Lightning's own weight averaging (``lightning.pytorch.callbacks.EMAWeightAveraging``, or any
-``WeightAveraging``) with the rest of gpt-lightning (docs/optimizers.md, "A weight EMA").
-
-The stock callback keeps a copy of the module, updates it after each optimizer step, swaps it in for
-validation, saves it as the checkpoint's ``state_dict`` (the trained weights as ``current_model_state``,
-restored on resume) and copies it into the module when training ends. What it does not know about,
-added here: our samples and evaluations run outside its swap (``averaged_weights``), a fit resumed
-without it would train on from the averaged weights (``train_on_from_trained_weights``), and FSDP2
-would shard nothing of its copy (``check_weight_averaging``).
-"""
+"""Lightning's own weight averaging (``EMAWeightAveraging``, any ``WeightAveraging``) with the rest of
+gpt-lightning: our samples and evaluations on the average, a fit resumed without the callback on the
+trained weights, FSDP2 refused (docs/optimizers.md, "A weight EMA")."""
 
 from __future__ import annotations
 
@@ -35,7 +28,6 @@ CURRENT_WEIGHTS = "current_model_state"
 
 
 def averaging_callback(trainer: Trainer) -> WeightAveraging | None:
-    """The trainer's ``WeightAveraging`` callback (``EMAWeightAveraging``...), None without one."""
     return next((c for c in getattr(trainer, "callbacks", None) or [] if isinstance(c, WeightAveraging)), None)
 
 
@@ -74,10 +66,8 @@ def _position(trainer: Trainer, callback: Callback) -> int:
 
 
 def holds_average(trainer: Trainer, callback: WeightAveraging, caller: Callback, hook: str) -> bool:
-    """Whether the module holds the averaged weights while ``caller``'s ``hook`` runs. Lightning calls a
-    hook of every callback in the order of ``trainer.callbacks``: the averaging swaps the trained weights
-    back at its own ``on_validation_epoch_end``, and copies the average in at its ``on_train_end``. ``hook``:
-    one of those two, or a training hook."""
+    """Whether the module holds the averaged weights while ``caller``'s ``hook`` runs, by the callbacks'
+    order: the averaging swaps them out at its ``on_validation_epoch_end`` and in at its ``on_train_end``."""
     averaging_first = _position(trainer, callback) < _position(trainer, caller)
     if hook == "on_validation_epoch_end":
         return not averaging_first
@@ -103,8 +93,7 @@ def averaged_weights(trainer: Trainer, pl_module: LightningModule, caller: Callb
 
 def train_on_from_trained_weights(checkpoint: dict[str, Any], trainer: Trainer) -> None:
     """A fit resumed without the averaging callback from a checkpoint written with it trains on from the
-    trained weights, not the averaged ones its ``state_dict`` holds (what export, eval and validate read).
-    Called from the module's ``on_load_checkpoint``, before Lightning loads ``state_dict``."""
+    trained weights, not the averaged ones its ``state_dict`` holds. Called from ``on_load_checkpoint``."""
     if CURRENT_WEIGHTS not in checkpoint or trainer.state.fn != TrainerFn.FITTING:
         return
     if averaging_callback(trainer) is not None:
@@ -117,10 +106,8 @@ def train_on_from_trained_weights(checkpoint: dict[str, Any], trainer: Trainer) 
 
 
 class TrainedWeightsAtEnd:
-    """The trained weights of a fit's end, for a ``last.ckpt`` written after the averaging callback's
-    ``on_train_end`` has copied the average over them (``ModelCheckpoint`` writes one there when the fit
-    saved none before): without them its ``current_model_state`` would be the average, and a resume
-    would train on from it. Kept on the CPU, once, only with an averaging callback."""
+    """The trained weights of a fit's end (on the CPU, only with an averaging callback), for a ``last.ckpt``
+    written after the callback's ``on_train_end`` has copied the average over them."""
 
     def __init__(self) -> None:
         self._kept: dict[str, Any] | None = None

@@ -42,12 +42,9 @@ def _lightning_errors() -> tuple[type[Exception], ...]:
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of ``gpt-lightning`` and ``python -m gpt_lightning``. Called from Python (a notebook),
-    it returns, or raises ``SystemExit``: code 2 for a user's mistake, 143 / 130 for a SIGTERM / Ctrl-C
-    during training (``Preempted``), 130 for a Ctrl-C outside it, never ``KeyboardInterrupt``. Outside
-    training it handles no signal: a SIGTERM there takes the process's own action (``gpt-lightning``'s: it
-    ends at once), and a Ctrl-C while the main thread waits in one long C call (a store, a big
-    ``torch.load``) is acted on when the call returns (docs/resume.md, "How a run stops")."""
+    """Entry point of ``gpt-lightning`` and ``python -m gpt_lightning``. Called from Python it returns or
+    raises ``SystemExit`` (2: a user's mistake; 143 / 130: SIGTERM / Ctrl-C), never ``KeyboardInterrupt``;
+    the caller's signal handlers are restored (docs/resume.md, "How a run stops")."""
     argv = sys.argv[1:] if args is None else args
     launcher, handlers = os.environ.get(LAUNCHER_PID), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     die_with_launcher()  # first: a rank Lightning's launcher started never outlives it
@@ -100,8 +97,7 @@ def _main(argv: list[str], args: list[str] | None) -> None:
         exit_if_peer_went_away(err)  # one line and exit 1 for a peer gone after training started
         raise
     except OSError as err:
-        # A path that cannot be read or written (a file where a folder should be, no permission):
-        # the system's words and the path, one line. Anything else keeps its traceback.
+        # A path that cannot be read or written: the system's words and the path, one line.
         if err.filename is None or isinstance(err, (ConnectionError, TimeoutError)):
             raise
         print(f"gpt-lightning: error: {err}. Check the paths given.", file=sys.stderr)

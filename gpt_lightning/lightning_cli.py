@@ -56,9 +56,7 @@ class _DropUnactionable(logging.Filter):
 
 
 def quiet_lightning_console() -> None:
-    """Drop the messages a CLI user cannot act on (above and below: wrong for step-driven training, or true
-    by design). Called by ``GPTLightningCLI`` only: importing the package filters nothing."""
-    # Lightning routes rank-zero messages through this module-level logger (set when it is imported).
+    """Drop the messages a CLI user cannot act on. Called by ``GPTLightningCLI`` only."""
     if not any(isinstance(f, _DropUnactionable) for f in rank_zero_logger().filters):
         rank_zero_logger().addFilter(_DropUnactionable())
     for message in (
@@ -67,7 +65,6 @@ def quiet_lightning_console() -> None:
         r".*is smaller than the logging interval.*",  # logging counts optimizer steps across epochs
         r".*Your `IterableDataset` has `__len__` defined.*",
         r".*Total length of `list` across ranks is zero.*",
-        # EMAWeightAveraging: our configure_model shards only under FSDP2, which refuses the callback
         r".*WeightAveraging callback with a model that overrides the configure_model.*",
     ):
         warnings.filterwarnings("ignore", message=message)
@@ -183,8 +180,7 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
         kwargs.setdefault("parser_class", GPTArgumentParser)
         kwargs.setdefault("trainer_class", AutoPrecisionTrainer)  # --trainer.precision auto: the fast one here
         kwargs["parser_kwargs"] = {"prog": "gpt-lightning", **(kwargs.get("parser_kwargs") or {})}
-        # A config.yaml left in the log directory (a run without a logger writes it to the working
-        # directory) must not stop the next run.
+        # A config.yaml left by a run without a logger must not stop the next run.
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         self._cli_args: list[str] | None = None
         quiet_lightning_console()
@@ -207,14 +203,12 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
                     "init_args": {"save_dir": "logs", "name": "gpt", "default_hp_metric": False},
                 },
                 "checkpoint.save_last": True,
-                # last.ckpt is the run's one checkpoint: Lightning's default top-1 by step would be a
-                # second copy of it (no metric is monitored), twice the disk for a big model.
+                # last.ckpt is the run's one checkpoint: a top-1 by step would be a second copy of it.
                 "checkpoint.save_top_k": 0,
                 "checkpoint.every_n_train_steps": 100,
             }
         )
 
-    # --- parsing: the user's arguments win over the checkpoint's ---------------------------------
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         if args is None or isinstance(args, list):
             self._cli_args = list(sys.argv[1:] if args is None else args)
@@ -257,14 +251,11 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
         logger = fit.trainer.get("logger")
         init_args = getattr(logger, "init_args", None) or {}
         save_dir, name = init_args.get("save_dir"), init_args.get("name") or ""
-        fixed_run = any(
-            init_args.get(key) is not None for key in ("version", "id", "run_id")
-        )  # W&B: id, MLflow: run_id
+        fixed_run = any(init_args.get(key) is not None for key in ("version", "id", "run_id"))
         if fixed_run or fit.get("checkpoint", {}).get("dirpath"):
             return None
         located = pydoc.locate(str(getattr(logger, "class_path", "")))
         if isinstance(located, type) and not issubclass(located, (TensorBoardLogger, CSVLogger)):
-            # W&B, MLflow, ...: each launch is a new run folder, where last.ckpt would never be found.
             raise UserError(
                 f"--ckpt_path last resumes the newest numbered run (version_N/), and {located.__name__} starts a new "
                 "run folder at each launch. Give every launch the same --checkpoint.dirpath (e.g. --checkpoint.dirpath "
@@ -287,7 +278,6 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
         rank_zero_info(f"--ckpt_path last: resuming from {newest}")
         return newest
 
-    # --- building ---------------------------------------------------------------------------------
     def before_instantiate_classes(self) -> None:
         """``model.block_size`` follows ``data.block_size`` unless it, or ``model.init_from``, is given."""
         config = self.config[self.subcommand] if self.subcommand else self.config

@@ -26,6 +26,18 @@ class ReferenceLoader:
         return x, y
 
 
+def saved_at(windows, epoch: int, batches: int) -> dict:
+    """The state ``windows`` saves after ``batches`` batches of ``epoch``, in its own layout."""
+    whole = batches // windows.accumulate * windows.accumulate  # the rows count whole optimizer steps
+    state = {
+        "epoch": epoch,
+        "batches": batches,
+        "ended": batches >= len(windows),
+        "rows": whole * windows.rows_per_batch,
+    }
+    return {**windows.state_dict(), **state}
+
+
 def epochs(windows: TokenWindows, n: int):
     return [batch for _ in range(n) for batch in windows]
 
@@ -75,22 +87,22 @@ def test_ranks_read_disjoint_windows():
 def test_a_restored_position_applies_to_its_own_epoch_only():
     tokens = np.arange(101, dtype=np.uint16)
     windows = TokenWindows(tokens, 2, 4)
-    windows.load_state_dict({"epoch": 0, "batches": 3})
+    windows.load_state_dict(saved_at(windows, 0, 3))
     first = [x[0, 0].item() for x, _ in windows]
     second = [x[0, 0].item() for x, _ in windows]
     assert first == [24, 32, 40, 48, 56, 64, 72, 80, 88]
     assert second[0] == 0 and len(second) == 12
     # Saved on an epoch's last batch, the position means nothing to the next epoch: it starts at 0.
-    windows.load_state_dict({"epoch": 0, "batches": 12})
+    windows.load_state_dict(saved_at(windows, 0, 12))
     assert len(list(windows)) == 12 and windows.state_dict()["epoch"] == 1
     # Under a trainer, the trainer says whether the epoch goes on: with limit_train_batches it ends early.
     windows = TokenWindows(tokens, 2, 4, progress=lambda: (0, 0))
-    windows.load_state_dict({"epoch": 0, "batches": 7})
+    windows.load_state_dict(saved_at(windows, 0, 7))
     assert len(list(windows)) == 12 and windows.state_dict()["epoch"] == 1
     # A checkpoint written after fit stopped mid-epoch at max_steps: the trainer counts the epoch as
     # ended (epoch 1) but goes on with its batches; the stream goes on with its own epoch 0.
     windows = TokenWindows(tokens, 2, 4, progress=lambda: (1, 3))
-    windows.load_state_dict({"epoch": 0, "batches": 3})
+    windows.load_state_dict(saved_at(windows, 0, 3))
     assert next(iter(windows))[0][0, 0].item() == 24 and windows.state_dict()["epoch"] == 0
 
 
@@ -113,18 +125,13 @@ def test_the_state_counts_the_batches_served_so_far():
     assert [x[0, 0].item() for x, _ in resumed] == [x[0, 0].item() for x, _ in stream]
 
 
-def test_a_position_saved_before_rows_were_counted_is_refused_in_another_layout():
+def test_a_position_saved_before_0_1_0_is_refused_in_one_line():
     from gpt_lightning.errors import UserError
 
     windows = TokenWindows(np.arange(101, dtype=np.uint16), 2, 4)
-    with pytest.raises(
-        UserError,
-        match=r"batches of 2 process\(es\) x 4 rows of 4 tokens .* this run's are 1 x 2 x 4: "
-        r"resume it once with 2 process\(es\), --data.batch_size 4 and --data.block_size 4;",
-    ):
-        windows.load_state_dict({"epoch": 0, "batches": 3, "layout": [4, 4, 2, 101]})
-    windows.load_state_dict({"epoch": 0, "batches": 3, "layout": [2, 4, 1, 101]})  # its own layout: goes on
-    assert next(iter(windows))[0][0, 0].item() == 24
+    for old in ({"epoch": 0, "batches": 3, "layout": [2, 4, 1, 101]}, {"epoch": 0, "batches": 3}):
+        with pytest.raises(UserError, match=r"written by a gpt-lightning before 0\.1\.0.*start a new run"):
+            windows.load_state_dict(old)
 
 
 def first_rows(ranks, epoch_passes=1):
@@ -200,7 +207,7 @@ def test_shuffled_rows_are_a_new_permutation_each_epoch_and_the_same_every_run()
     # Iterated as a dataset, each pass is the next epoch; resuming mid-epoch continues the same order.
     passes = TokenWindows(tokens, 2, 4, shuffle=True, seed=7)
     assert [x[:, 0].tolist() for x, _ in passes] == epoch0
-    passes.load_state_dict({"epoch": 1, "batches": 100})
+    passes.load_state_dict(saved_at(passes, 1, 100))
     assert [x[:, 0].tolist() for x, _ in passes] == epoch1[100:]
 
 
@@ -214,7 +221,7 @@ def test_an_epoch_is_a_whole_number_of_optimizer_steps():
         assert (len(windows), windows.available()) == (10, 12)
         assert [x[:, 0].tolist() for x, _ in windows] == whole[:10]
         assert windows.state_dict()["batches"] == 10
-        windows.load_state_dict({"epoch": 0, "batches": 7})
+        windows.load_state_dict(saved_at(windows, 0, 7))
         assert [x[:, 0].tolist() for x, _ in windows] == whole[7:10]  # the resumed epoch ends where it should
     ranks = [TokenWindows(tokens, 2, 4, rank=r, world_size=2, accumulate=4) for r in (0, 1)]
     assert [len(w) for w in ranks] == [4, 4] and [len(list(w)) for w in ranks] == [4, 4]  # 6 each, 4 served

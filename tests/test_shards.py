@@ -3,16 +3,13 @@
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_MODEL
-from lightning.pytorch import Callback, Trainer
+from test_data import saved_at
 
 from gpt_lightning.cli import main
 from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.data.shards import LLMC_MAGIC, ShardWindows, find_shards, open_shard
 from gpt_lightning.data.tokenizer import gpt2_encoding
-from gpt_lightning.data.windows import TokenWindows
 from gpt_lightning.errors import UserError
-from gpt_lightning.training.module import GPTLightningModule
 
 
 def write_raw_bin(path, tokens):  # nanoGPT
@@ -67,7 +64,7 @@ def test_windows_run_shard_after_shard_and_never_straddle(tmp_path):
     assert per_rank == [[0, 100], [8, 108]]  # each shard holds one batch per rank (2 x 8 + 1 <= 20)
     # Resuming mid-stream skips whole shards, then part of one.
     resumed = ShardWindows(splits["train"], 2, 4)
-    resumed.load_state_dict({"epoch": 0, "batches": 3})
+    resumed.load_state_dict(saved_at(resumed, 0, 3))
     assert [x[0, 0].item() for x, _ in resumed] == [108, 116]
 
 
@@ -91,7 +88,7 @@ def test_shuffled_shards_change_order_each_epoch_and_resume_in_it(tmp_path):
     rows = [r for batch in both for r in batch]
     assert len(rows) == len(set(rows)) == 4 * 12  # ranks disjoint, every row of every shard once
     windows = ShardWindows(shards, 2, 4, 0, 2, shuffle=True, seed=3)
-    windows.load_state_dict({"epoch": 0, "batches": 5})
+    windows.load_state_dict(saved_at(windows, 0, 5))
     assert [x[:, 0].tolist() for x, _ in windows] == first[5:]
 
 
@@ -103,7 +100,7 @@ def test_an_epoch_of_shards_is_a_whole_number_of_optimizer_steps(tmp_path):
     windows = ShardWindows(shards, 2, 4, accumulate=4)
     assert (len(windows), windows.available()) == (4, 6)
     assert [x[0, 0].item() for x, _ in windows] == whole[:4] == [0, 8, 16, 1000]  # the last shard's tail left out
-    windows.load_state_dict({"epoch": 0, "batches": 3})
+    windows.load_state_dict(saved_at(windows, 0, 3))
     assert [x[0, 0].item() for x, _ in windows] == [1000]
 
 
@@ -179,96 +176,3 @@ def test_an_epoch_of_shards_is_the_same_rows_on_any_number_of_processes(tmp_path
         resumed = ShardWindows(shards, 2, 4, shuffle=shuffle, seed=3)
         resumed.load_state_dict(ranks[0].state_dict())
         assert rows(resumed) == rows(ShardWindows(shards, 2, 4, shuffle=shuffle, seed=3).batches(0, 0))[8:]
-
-
-def old_layout_batches(shards, B, T, rank, world, shuffle, seed, epoch):
-    """gpt-lightning's shard reader before the row layout: each shard cut into whole batches of its own
-    (the rest of its rows unread), read as a text is, in the epoch's shard order."""
-    order = ShardWindows(shards, B, T, shuffle=shuffle, seed=seed).segment_order(epoch)
-    for i in order:
-        text = TokenWindows(open_shard(shards[i]), B, T, rank, world, shuffle=shuffle, seed=[seed, i])
-        yield from text.batches(epoch, 0)
-
-
-def test_a_position_of_shards_saved_before_the_row_layout_goes_on_where_it_stood(tmp_path):
-    """Shards of 5, 7 and 6 rows, 2 processes x 2 rows: the old layout read one batch of each (3 an
-    epoch, a shard's rows past its whole batches unread), this one 4 batches of the 18 rows in a row. A
-    position saved after 2 old batches goes on, shuffled or not, on each rank, from the row the old
-    layout read next, no row trained twice, the trainer told the batches this layout counts as done;
-    one saved at that epoch's end starts the next epoch; one saved on other shards is refused in one line."""
-    for i, rows in enumerate((5, 7, 6)):
-        write_npy(tmp_path / f"s_train_{i}.npy", np.arange(1000 * i, 1000 * i + 4 * rows + 1))
-    shards = find_shards(tmp_path)["train"]
-    state = {"epoch": 0, "batches": 2, "layout": [2, 4, 2, 1, 1, 1]}  # B, T, processes, batches per shard
-    for shuffle in (False, True):
-        order = [x[0, 0].item() for x, _ in ShardWindows(shards, 1, 4, shuffle=shuffle, seed=3)]  # the 18 rows
-        old = [list(old_layout_batches(shards, 2, 4, r, 2, shuffle, 3, 0)) for r in (0, 1)]
-        assert len(old[0]) == 3
-        trained = {row for rank in old for x, _ in rank[:2] for row in x[:, 0].tolist()}
-        moves, resumed = [], []
-        for r in (0, 1):
-            windows = ShardWindows(
-                shards, 2, 4, r, 2, shuffle=shuffle, seed=3, moved=lambda *a, seen=moves: seen.append(a)
-            )
-            windows.load_state_dict(state)
-            resumed.append([x[:, 0].tolist() for x, _ in windows])
-        rows = [row for batch in zip(*resumed) for rows in batch for row in rows]
-        start = order.index(old[0][2][0][0, 0].item())  # the old layout's next batch, on rank 0
-        assert rows == order[start : start + len(rows)] and len(rows) == (18 - start) // 4 * 4, shuffle
-        assert not trained & set(rows), "a row trained twice"
-        assert moves == [(4 - len(resumed[0]), 1, False)] * 2  # the trainer's epoch ends with the stream's
-        windows = ShardWindows(shards, 2, 4, world_size=2, shuffle=shuffle, seed=3)
-        windows.load_state_dict({**state, "batches": 3})  # that epoch's end
-        assert [x[:, 0].tolist() for x, _ in windows] == [x[:, 0].tolist() for x, _ in windows.batches(1, 0)]
-    with pytest.raises(UserError, match=r"batches per shard \(\[1, 2, 1\].* do not hold \(\[1, 1, 1\]\): resume it on"):
-        ShardWindows(shards, 2, 4, world_size=2).load_state_dict({**state, "layout": [2, 4, 2, 1, 2, 1]})
-
-
-def test_a_checkpoint_of_shards_from_before_the_row_layout_resumes_where_it_stopped(tmp_path):
-    """Issue 52's case, through a Trainer: 3 shards of 5, 5 and 7 rows of 8 tokens, batches of 2 rows.
-    The old layout's epoch was 2 + 2 + 3 = 7 batches, this one's 8 (17 rows in a row). A checkpoint in
-    the old format after 3 batches (shard 0's rows 0-3, shard 1's 0-1) resumes at shard 1's row 2, where
-    the old run stood (it resumed at this layout's batch 3, rows 6-7: shard 1's row 1 trained twice),
-    runs the 5 batches the epoch has left from there as the trainer's batches 3 to 7, then the next
-    epoch from its start."""
-    for i, rows in enumerate((5, 5, 7)):
-        write_npy(tmp_path / f"s_train_{i}.npy", np.arange(1000 * i, 1000 * i + 8 * rows + 1))
-
-    class Served(Callback):  # each batch's index in its epoch and first token
-        def __init__(self):
-            self.batches = []
-
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            self.batches.append((batch_idx, int(batch[0][0, 0])))
-
-    def fit(max_steps, ckpt_path=None):
-        served = Served()
-        trainer = Trainer(
-            accelerator="cpu",
-            max_steps=max_steps,
-            limit_val_batches=0,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            callbacks=[served],
-        )
-        data = TokenStreamDataModule(str(tmp_path), batch_size=2, block_size=8, cache_dir=str(tmp_path / "cache"))
-        trainer.fit(GPTLightningModule(**TINY_MODEL, block_size=8), data, ckpt_path=ckpt_path)
-        return trainer, served.batches
-
-    trainer, _ = fit(3)
-    trainer.save_checkpoint(tmp_path / "old.ckpt")
-    checkpoint = torch.load(tmp_path / "old.ckpt", weights_only=False)
-    loader = checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]
-    loader[0] = {"epoch": 0, "batches": 3, "layout": [2, 8, 1, 2, 2, 3]}  # B, T, processes, batches per shard
-    torch.save(checkpoint, tmp_path / "old.ckpt")
-    _, batches = fit(9, tmp_path / "old.ckpt")
-    assert batches == [
-        (3, 1016),
-        (4, 1032),
-        (5, 2008),
-        (6, 2024),
-        (7, 2040),
-        (0, 0),
-    ]  # the trainer's epoch ends with it

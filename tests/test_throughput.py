@@ -12,7 +12,7 @@ from lightning.pytorch import Callback
 from gpt_lightning.observing.throughput import (
     ThroughputMonitor,
     _deciles,
-    dense_bf16_peak_flops,
+    dense_peak_flops,
     peak_flops_for,
     precision_dtype,
 )
@@ -325,7 +325,7 @@ def test_cpu_without_peak_logs_no_mfu(tmp_path, monkeypatch):
     ],
 )
 def test_dense_bf16_peaks(name, peak):
-    assert dense_bf16_peak_flops(name) == peak
+    assert dense_peak_flops(name, torch.bfloat16) == peak
 
 
 @pytest.fixture

@@ -1,2 +1,1 @@
-"""The ``gpt-lightning`` commands beyond Lightning's own fit / validate / test: ``bench``, ``sample``,
-``export`` and ``tokenize``. Each module has a ``main(argv)``; ``gpt_lightning.cli`` dispatches to them."""
+"""The ``gpt-lightning`` commands beyond Lightning's own, each a module with a ``main(argv)``."""

@@ -65,7 +65,6 @@ def train_one(args: list[str]) -> dict[str, Any]:
 
     with warnings.catch_warnings():  # args are built by the parent bench on purpose
         warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended.*")
-        # its options are fit's, and `gpt-lightning fit --help` lists them
         cli = GPTLightningCLI(run=False, args=args, parser_kwargs={"prog": "gpt-lightning fit"})
     recorder = LossRecorder()
     cli.trainer.callbacks.append(recorder)
@@ -84,9 +83,8 @@ def train_one(args: list[str]) -> dict[str, Any]:
 
 
 def training_bound(trainer: Trainer, flops_per_token: float | None) -> dict[str, Any] | None:
-    """The tokens/s no run of this model passes on this machine: training FLOPs per token over the
-    matmul FLOP/s of the run's dtype on its device (bf16 under bf16-mixed; TF32 where allowed),
-    measured in this process after training, on every device of the job. None without FLOPs."""
+    """The tokens/s no run of this model passes here: training FLOPs per token over the matmul FLOP/s
+    of the run's dtype measured on its device after training. None without FLOPs."""
     if not flops_per_token:
         return None
     dtype = precision_dtype(str(trainer.precision))
@@ -108,8 +106,7 @@ def repository_root() -> Path:
 
 
 def repo_relative(value: Any, root: Path | None = None) -> Any:
-    """``value`` (JSON-like) with absolute paths under ``root`` (default: the repository) made relative,
-    so a committed result does not name the machine's directories."""
+    """``value`` (JSON-like) with absolute paths under ``root`` (default: the repository) made relative."""
     root = repository_root() if root is None else root
     under = re.compile(r"(^|=)" + re.escape(str(root).rstrip("/") + "/"))
     if isinstance(value, str):
@@ -122,9 +119,8 @@ def repo_relative(value: Any, root: Path | None = None) -> Any:
 
 
 def run_in_subprocess(name: str, args: list[str], cold: bool) -> dict[str, Any]:
-    """``train_one(args)`` in a fresh Python process. ``cold``: with empty inductor and Triton caches of
-    its own, merged afterwards into the caches the caller's environment names (if it names them), so
-    later processes start warm."""
+    """``train_one(args)`` in a fresh Python process; ``cold``: with empty compile caches of its own,
+    merged afterwards into the caller's."""
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as scratch:
         result = Path(scratch) / "result.json"
         env = dict(os.environ)
@@ -146,7 +142,6 @@ def run_in_subprocess(name: str, args: list[str], cold: bool) -> dict[str, Any]:
 
 
 def window_means(losses: list[float], window: int) -> list[float]:
-    """The mean of each ``window`` consecutive losses (the last window may be shorter)."""
     return [sum(losses[i : i + window]) / len(losses[i : i + window]) for i in range(0, len(losses), window)]
 
 
@@ -269,14 +264,9 @@ def main(argv: list[str]) -> None:
         default=["eager", "compiled"],
         help="how to train --config: eager, compiled (as the config says), model or blocks (compile scopes; default: %(default)s)",
     )
-    parser.add_argument(
-        "--also", nargs="*", default=[], metavar="CONFIG", help="more configs, each run once as written"
-    )
-    parser.add_argument(
-        "--cold", action="store_true", help="each run starts from an empty inductor cache (a first-time user's compile)"
-    )
+    parser.add_argument("--also", nargs="*", default=[], metavar="CONFIG", help="more configs, each run as written")
+    parser.add_argument("--cold", action="store_true", help="each run starts from an empty inductor cache")
     parser.add_argument("--every", type=int, default=10, help="print a table row every N steps (default: %(default)s)")
-    # Twice the largest spread of two bf16 runs of configs/tiny-cpu.yaml measured (docs/benchmarks.md).
     parser.add_argument(
         "--tolerance",
         type=float,
@@ -284,9 +274,7 @@ def main(argv: list[str]) -> None:
         help="largest allowed difference of eager's and a compiled run's mean loss over any --window "
         "steps; beyond it the bench exits 1 (default: %(default)s)",
     )
-    parser.add_argument(
-        "--window", type=int, default=10, help="steps per mean loss compared against --tolerance (default: %(default)s)"
-    )
+    parser.add_argument("--window", type=int, default=10, help="steps per mean loss for --tolerance (default: 10)")
     parser.add_argument("--out", type=Path, help="folder for bench.json and bench.png (default: beside the runs' logs)")
     args, extra = parser.parse_known_args(argv)
     parent = f"bench/{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -343,24 +331,7 @@ def save(
         "tolerance": args.tolerance,
         "window": args.window,
         "summary": rows,
-        "runs": {
-            run["name"]: {
-                k: run[k]
-                for k in (
-                    "args",
-                    "compiled",
-                    "compile_scope",
-                    "loss",
-                    "step_ms",
-                    "tokens_per_sec",
-                    "summary",
-                    "bound",
-                    "log_dir",
-                )
-                if k in run
-            }
-            for run in runs
-        },
+        "runs": {run["name"]: {k: v for k, v in run.items() if k != "name"} for run in runs},
     }
     atomic_write_bytes(out_dir / "bench.json", (json.dumps(repo_relative(result), indent=2) + "\n").encode())
     chart(runs, out_dir / "bench.png")

@@ -49,8 +49,7 @@ def batch_size_value(text: str) -> int | str:
 
 
 def seed_value(text: str) -> list[int | None]:
-    """``--seed``, as the harness reads it: one number for Python's, NumPy's, torch's and the few-shot
-    sampler's seeds, or four comma-separated (``None`` leaves one unset; missing ones keep its defaults)."""
+    """``--seed``, as the harness reads it: one number for all four seeds, or 3-4 comma-separated."""
     items = [item.strip() for item in text.split(",")]
     try:
         values = [None if item.lower() == "none" else int(item) for item in items]
@@ -89,75 +88,60 @@ def gen_kwargs_value(values: list[str] | None) -> dict[str, Any] | None:
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpt-lightning eval", description=__doc__)
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument(
-        "--tasks", help="lm-evaluation-harness tasks or groups, comma-separated (hellaswag,arc_easy,...)"
-    )
+    which.add_argument("--tasks", help="lm-evaluation-harness tasks or groups, comma-separated (hellaswag,...)")
     which.add_argument("--task", choices=["hellaswag"], help="HellaSwag scored build-nanogpt's way (docs/hellaswag.md)")
-    which.add_argument(
-        "--text_file", help="bits per byte of this UTF-8 text, in the harness's rolling windows (docs/evaluation.md)"
-    )
+    which.add_argument("--text_file", help="bits per byte of this UTF-8 text, in the harness's rolling windows")
     parser.add_argument("--ckpt_path", help="a .ckpt written by gpt-lightning fit")
     parser.add_argument("--init_from", help="a Hugging Face GPT-2: hub name (gpt2, ...), directory or weights file")
     parser.add_argument("--include_path", help="--tasks: a folder of your own task YAMLs (e.g. on local data files)")
     parser.add_argument("--num_fewshot", type=int, help="--tasks: examples in each prompt (default: each task's own)")
     parser.add_argument(
-        "--limit", type=limit_value, help="score only the first N examples of each task (--tasks: below 1, that share)"
+        "--limit", type=limit_value, help="score the first N examples of each task (--tasks: <1, a share)"
     )
     parser.add_argument(
         "--batch_size",
         type=batch_size_value,
         default=8,
-        help="requests (--task hellaswag: examples) per forward pass; --tasks: auto (or auto:N) picks the "
-        "first of --max_batch_size, its half, ... that fits in memory, once (default: %(default)s)",
+        help="requests (hellaswag: examples) per forward pass; --tasks: auto (or auto:N) halves --max_batch_size "
+        "until it fits (default: %(default)s)",
     )
-    parser.add_argument(
-        "--max_batch_size", type=int, default=64, help="--batch_size auto: the largest it tries (default: %(default)s)"
-    )
+    parser.add_argument("--max_batch_size", type=int, default=64, help="--batch_size auto's largest (default: 64)")
     parser.add_argument(
         "--gen_kwargs",
         nargs="+",
         metavar="KEY=VALUE",
-        help="--tasks: generation options for every generation task, over its own: temperature=0,top_p=0.9 "
-        "(do_sample, temperature, top_k, top_p, until, max_gen_toks)",
+        help="--tasks: generation options over every generation task's own, e.g. temperature=0,top_p=0.9",
     )
     parser.add_argument(
         "--seed",
         type=seed_value,
         default=SEEDS,
-        help="--tasks: Python's, NumPy's, torch's and the few-shot sampler's seeds: one number for all four, "
-        "or four comma-separated, None to leave one unset (default: 0,1234,1234,1234, the harness's)",
+        help="--tasks: Python's, NumPy's, torch's and few-shot seeds: one for all, or four comma-separated "
+        "(None: unset; default: 0,1234,1234,1234)",
     )
     parser.add_argument(
         "--use_cache",
         metavar="PATH",
-        help="--tasks: keep each answer in the SQLite file PATH_rank0.db as it is computed; a run stopped "
-        "and started again with it scores only what is not there",
+        help="--tasks: cache answers in PATH_rank0.db as computed; a rerun scores only what is not there",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ... (default: %(default)s)")
     parser.add_argument(
         "--dtype",
         choices=["auto", *DTYPES],
         default="auto",
-        help="bfloat16/float16 run under autocast; auto: bfloat16 where the GPU or CPU runs "
-        "it natively (measured on a CPU), else the checkpoint's own (default: %(default)s)",
+        help="bfloat16/float16 run under autocast; auto: bfloat16 where native, else the checkpoint's own",
     )
     parser.add_argument(
         "--output_path",
-        help="--tasks: write the harness's results JSON to this file (a folder, or a path "
-        "without a suffix: results.json in it); --text_file: the result JSON",
+        help="write the results JSON here (--tasks: a folder or suffix-less path gets results.json)",
     )
     parser.add_argument(
         "--log_samples",
         action="store_true",
-        help="--tasks: also write each request's inputs and outputs, "
-        "samples_<task>.jsonl beside the results (needs --output_path)",
+        help="--tasks: also write each request's inputs and outputs beside the results (samples_<task>.jsonl)",
     )
-    parser.add_argument(
-        "--bootstrap_iters", type=int, default=100_000, help="--tasks: resamples for standard errors; 0 skips them"
-    )
-    parser.add_argument(
-        "--data_file", help="--task hellaswag: hellaswag_val.jsonl; default: downloaded once into the cache"
-    )
+    parser.add_argument("--bootstrap_iters", type=int, default=100_000, help="--tasks: resamples for stderr; 0: none")
+    parser.add_argument("--data_file", help="--task hellaswag: hellaswag_val.jsonl; default: downloaded once, cached")
     parser.add_argument("--out", help="--task hellaswag: also write the result to this JSON file")
     return parser
 
@@ -218,8 +202,7 @@ def main(argv: list[str]) -> None:
 
 
 def device_and_dtype(args: argparse.Namespace):
-    """``--device`` and ``--dtype`` (torch's); ``auto`` is bfloat16 where the device runs it natively (said on
-    stderr), else None: the model's own."""
+    """``--device`` and ``--dtype`` (torch's); ``auto``: bfloat16 where native, else None (the model's own)."""
     import torch
 
     from gpt_lightning.commands.sample import resolve_device, resolve_dtype
@@ -232,8 +215,7 @@ def device_and_dtype(args: argparse.Namespace):
 
 
 def model_to_score(args: argparse.Namespace):
-    """The model of ``--ckpt_path``/``--init_from`` on ``--device``, in eval mode, and the context to run it in:
-    autocast for a bfloat16/float16 ``--dtype``, else the model cast to it (``device_and_dtype``)."""
+    """The model to score on ``--device`` in eval mode, and its context: autocast for a half ``--dtype``."""
     import torch
 
     device, dtype = device_and_dtype(args)
@@ -243,8 +225,7 @@ def model_to_score(args: argparse.Namespace):
 
 
 def text_bits_per_byte_of(args: argparse.Namespace) -> None:
-    """``--text_file``: the text's bits per byte (``training.bits_per_byte``), as ``val/bpb`` counts them."""
-
+    """``--text_file``: the text's bits per byte, as ``val/bpb`` counts them."""
     from gpt_lightning.atomic import atomic_write_bytes
     from gpt_lightning.data.tokenizer import gpt2_encoding
     from gpt_lightning.training.bits_per_byte import text_bits_per_byte

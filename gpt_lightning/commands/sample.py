@@ -41,8 +41,7 @@ SAMPLE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto``: bfloat16 where the device runs it natively (a CUDA GPU with it, a CPU whose bf16 matmul is
-    measured native), said on stderr, else float32; any other name as given."""
+    """``auto``: bfloat16 where the device runs it natively (said on stderr), else float32."""
     if dtype != "auto":
         return getattr(torch, dtype)
     from gpt_lightning.training.precision import fast_dtype
@@ -64,9 +63,8 @@ def sample(
     compile: bool = False,
     dtype: str = "auto",
 ) -> list[str]:
-    """Continuations of ``prompt`` from a ``gpt-lightning`` checkpoint, ``num_samples`` in one batch;
-    ``dtype`` is the weights' and cache's while sampling (``auto``: bfloat16 where the GPU or CPU runs it
-    natively, else float32; docs/sampling.md)."""
+    """Continuations of ``prompt`` from a ``gpt-lightning`` checkpoint, ``num_samples`` in one batch, the
+    weights and cache in ``dtype`` (docs/sampling.md)."""
     for name, value, least in (
         ("max_new_tokens", max_new_tokens, 0),
         ("num_samples", num_samples, 1),
@@ -113,26 +111,16 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--prompt", default="\n", help="text to continue (default: a new line)")
     parser.add_argument("--max_new_tokens", type=int, default=200, help="tokens to add (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: %(default)s)")
-    parser.add_argument(
-        "--top_k",
-        type=int,
-        default=200,
-        help="sample among the k likeliest tokens; 0: among all (default: %(default)s)",
-    )
+    parser.add_argument("--top_k", type=int, default=200, help="sample among the k likeliest; 0: all (default: 200)")
     parser.add_argument("--num_samples", type=int, default=1, help="continuations, in one batch (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=42, help="the same seed gives the same text (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ... (default: %(default)s)")
-    parser.add_argument(
-        "--compile",
-        action="store_true",
-        help="compile the decode step (CUDA graphs on CUDA): pays for long or many samples",
-    )
+    parser.add_argument("--compile", action="store_true", help="compile the decode step: pays for long or many samples")
     parser.add_argument(
         "--dtype",
         default="auto",
         choices=SAMPLE_DTYPES,
-        help="weights' type while sampling: bfloat16 reads half the bytes per token; auto: bfloat16 "
-        "where the GPU or CPU runs it natively (measured on a CPU), else float32 (default: %(default)s)",
+        help="weights' type while sampling; auto: bfloat16 where native, else float32 (default: %(default)s)",
     )
     args = parser.parse_args(argv)
     texts = sample(**vars(args))

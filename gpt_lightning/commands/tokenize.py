@@ -16,11 +16,7 @@ def main(argv: list[str]) -> None:
         description="Tokenize documents into GPT-2 shards for --data.data_path: each document begins with "
         "<|endoftext|>, the first shard is the validation split (as build-nanogpt writes them).",
     )
-    parser.add_argument(
-        "--input",
-        required=True,
-        help=f"a file, a folder (searched recursively) or a glob of {', '.join(SUFFIXES)} files",
-    )
+    parser.add_argument("--input", required=True, help=f"a file, folder or glob of {', '.join(SUFFIXES)} files")
     parser.add_argument("--output", required=True, help="folder for the shards (must hold none yet)")
     parser.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per shard (default: 100M)")
     parser.add_argument(
@@ -34,15 +30,10 @@ def main(argv: list[str]) -> None:
         "--workers",
         type=int,
         default=default_workers(),
-        help="processes that encode (default: every core, here %(default)s); the shards are "
-        "the same bytes whatever the number",
+        help="processes that encode, for the same bytes (default: every core, here %(default)s)",
     )
     parser.add_argument("--text_key", default="text", help="the text field of JSONL lines, column of parquet files")
-    parser.add_argument(
-        "--separator",
-        default=None,
-        help="split .txt files into documents on this string (default: one document per file)",
-    )
+    parser.add_argument("--separator", help="split .txt files into documents on this string (default: one per file)")
     parser.add_argument("--no_progress", action="store_true", help="no progress line")
     args = parser.parse_args(argv)
     if args.workers < 1:

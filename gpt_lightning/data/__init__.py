@@ -12,23 +12,10 @@ _WHERE = {
     "TokenWindows": "gpt_lightning.data.windows",
     "gpt2_encoding": "gpt_lightning.data.tokenizer",
 }
-_SUBMODULES = {
-    "corpus",
-    "datamodule",
-    "documents",
-    "encode",
-    "shard_writer",
-    "shards",
-    "token_cache",
-    "tokenizer",
-    "windows",
-}
 __all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str) -> Any:
     if name in _WHERE:
         return getattr(importlib.import_module(_WHERE[name]), name)
-    if name in _SUBMODULES:  # `from gpt_lightning.data import token_cache`, as before
-        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,5 +1,4 @@
-"""Where text comes from: a user's UTF-8 file, or tiny Shakespeare, which ships inside the package.
-A ``Corpus`` gives its sha256 without decoding the text, so a cached corpus is never decoded again."""
+"""Where text comes from: a user's UTF-8 file, or tiny Shakespeare, which ships inside the package."""
 
 from __future__ import annotations
 
@@ -39,15 +38,8 @@ def sha256_file(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Corpus:
-    """A text to tokenize.
-
-    Args:
-        location: absolute path of the file (for messages and the cache manifest).
-        read_text: returns the text, with a clear ``UserError`` when it cannot.
-        open_text: the text as a stream (a large file is never read whole), newlines untouched.
-        known_sha256: the sha256 of the text's UTF-8 bytes when known in advance (the packaged corpus).
-        file: the user's file, hashed only when ``sha256`` is asked for (the token cache may not need to).
-    """
+    """A text to tokenize, at ``location``: read whole or as a stream, its sha256 known in advance (the
+    packaged corpus) or hashed from ``file`` when asked for, without decoding the text."""
 
     location: str
     read_text: Callable[[], str]
@@ -76,7 +68,7 @@ class Corpus:
 
     @classmethod
     def tiny_shakespeare(cls) -> Corpus:
-        """Tiny Shakespeare from the package itself: no network, no download, checked when read."""
+        """Tiny Shakespeare from the package itself, checked when read."""
         resource = resources.files(__package__) / TINY_SHAKESPEARE_RESOURCE
         return cls(
             str(resource),

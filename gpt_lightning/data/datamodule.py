@@ -1,7 +1,5 @@
-"""The token stream as contiguous ``(B, T)`` windows (cut as nanoGPT's ``DataLoaderLite`` cuts them,
-disjoint per rank), served by a ``LightningDataModule`` whose stateful loader resumes mid-epoch on the
-very batches an uninterrupted run would see (docs/data.md, docs/resume.md).
-"""
+"""The token stream as contiguous ``(B, T)`` windows, disjoint per rank, served by a ``LightningDataModule``
+whose stateful loader resumes mid-epoch on the batches an uninterrupted run would see (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -27,28 +25,20 @@ class TokenStreamDataModule(LightningDataModule):
     """GPT-2 tokens of a text file or a shard directory, served as contiguous ``(B, T)`` windows.
 
     Args:
-        data_path: what to train on. A UTF-8 text file (tokenized once, cached); or a directory
-            of pre-tokenized shards (``.bin`` nanoGPT / llm.c, ``.npy`` build-nanogpt), split
-            into train and validation by ``train`` / ``val`` in the file names; or None for
-            tiny Shakespeare, which ships inside the package (no network needed).
+        data_path: a UTF-8 text file (tokenized once, cached); a directory of pre-tokenized shards
+            (``.bin`` nanoGPT / llm.c, ``.npy`` build-nanogpt), split by ``train`` / ``val`` in the file
+            names; or None for the packaged tiny Shakespeare.
         batch_size: sequences per batch and per device (B).
         block_size: tokens per sequence (T). The CLI passes it to the model too.
-        val_fraction: for a text file, the share of tokens, taken from the end, held out for
-            validation. 0 trains on everything and skips validation (as the reference does).
-            Shard directories split by file name instead.
-        tokens_per_step: tokens per optimizer step over all processes (build-nanogpt uses 524288).
-            Gradient accumulation is derived from it: tokens_per_step / (world_size x batch_size x
-            block_size), which must divide evenly; it is set on the trainer when training starts.
-            An integer ``trainer.val_check_interval`` then counts optimizer steps, whatever the
-            accumulation (Lightning counts micro-batches). None keeps the trainer's own
-            ``accumulate_grad_batches`` and Lightning's counting.
+        val_fraction: for a text file, the share of tokens at its end held out for validation; 0: none.
+        tokens_per_step: tokens per optimizer step over all processes: sets gradient accumulation to
+            tokens_per_step / (world_size x batch_size x block_size), which must divide evenly, and an
+            integer ``trainer.val_check_interval`` then counts optimizer steps. None: the trainer's own.
         cache_dir: where token caches live. None: ``$GPT_LIGHTNING_CACHE_DIR``, else
             ``$XDG_CACHE_HOME/gpt_lightning`` or ``~/.cache/gpt_lightning``.
-        shuffle: serve the training windows in a seeded random order, a new one each epoch: rows of
-            block_size tokens for a text, and shards then rows within each shard for a shard folder.
-            False keeps the stream's own order (the reference experiment's).
-        seed: the shuffle's seed. The same seed gives the same order in every run, on every process
-            and after a resume.
+        shuffle: serve the training windows in a seeded random order, a new one each epoch (for shards:
+            shards, then rows within each). False: the stream's own order.
+        seed: the shuffle's seed: the same order in every run, on every process and after a resume.
     """
 
     def __init__(
@@ -71,9 +61,7 @@ class TokenStreamDataModule(LightningDataModule):
             raise UserError(f"data.val_fraction must be in [0, 1), got {val_fraction!r}.")
         if tokens_per_step is not None and (not isinstance(tokens_per_step, int) or tokens_per_step <= 0):
             raise UserError(f"data.tokens_per_step must be a positive integer, got {tokens_per_step!r}.")
-        # Saved in checkpoints (a resume picks them up) but kept out of the logger's hparams: there
-        # Lightning refuses a key that the module also has with another value, and block_size means
-        # the position-table size to the module but the training length here, which may be shorter.
+        # Not logged: Lightning refuses a key the module also has (block_size) with another value.
         self.save_hyperparameters(logger=False)
         self.data_path = data_path
         self.batch_size = batch_size
@@ -86,20 +74,17 @@ class TokenStreamDataModule(LightningDataModule):
         self.tokens: np.ndarray | None = None  # text sources: all token ids, memory-mapped
         self.shards: dict[str, list[Path]] | None = None  # shard directories: files by split
         self._verified_token_file: Path | None = None  # set by prepare_data in this process
-        self._given_val_check_interval: tuple[weakref.ref, int] | None = None  # (trainer, steps) as the user gave it
+        self._given_val_check_interval: tuple[weakref.ref, int] | None = None  # (trainer, steps) as given
 
-    # --- preparing -------------------------------------------------------------------------------
     @property
     def is_sharded(self) -> bool:
         return self.data_path is not None and Path(self.data_path).expanduser().is_dir()
 
     @property
     def vocab_size(self) -> int:
-        """Token ids served are below this: the GPT-2 encoding's 50257. The module checks it fits."""
         return GPT2_VOCAB_SIZE
 
     def corpus(self) -> Corpus:
-        """The text source: the user's file, or the packaged tiny Shakespeare."""
         return Corpus.tiny_shakespeare() if self.data_path is None else Corpus.from_file(self.data_path)
 
     def prepare_data(self) -> None:
@@ -117,8 +102,7 @@ class TokenStreamDataModule(LightningDataModule):
             n = sum(len(open_shard(p)) for split in self.shards.values() for p in split)
             rank_zero_info(f"loaded {n} tokens in {sum(map(len, self.shards.values()))} shards")
         else:
-            # Processes that did not run prepare_data (other ranks) verify the cache themselves;
-            # this one already hashed source and tokens there, so it does not hash them again.
+            # Other ranks verify the cache themselves; this one did in prepare_data.
             token_file = self._verified_token_file or build_token_cache(self.corpus(), self.cache_dir)
             self.tokens = load_tokens(token_file)
             n = len(self.tokens)
@@ -150,7 +134,6 @@ class TokenStreamDataModule(LightningDataModule):
         self._check_validation_interval(batches)
 
     def _set_gradient_accumulation(self) -> None:
-        """Set ``trainer.accumulate_grad_batches`` from ``tokens_per_step``."""
         W, B, T = self.world_size, self.batch_size, self.block_size
         micro = W * B * T  # tokens of one micro-batch over all processes
         if self.tokens_per_step % micro:
@@ -188,14 +171,14 @@ class TokenStreamDataModule(LightningDataModule):
             rank_zero_info(f"validation every {given} optimizer steps = {given * accumulate} micro-batches")
 
     def _validation_steps_given(self) -> int | None:
-        """The user's integer ``val_check_interval`` for this trainer, before rescaling; None if not rescaled."""
+        """The user's integer ``val_check_interval`` for this trainer before rescaling, else None."""
         remembered = self._given_val_check_interval
         return remembered[1] if remembered is not None and remembered[0]() is self.trainer else None
 
     def _round_batch_limit(self, batches: int, accumulate: int) -> None:
         """Round ``trainer.limit_train_batches`` down to whole optimizer steps (no short last step)."""
         trainer = self.trainer
-        if trainer is None or accumulate == 1 or trainer.fast_dev_run:  # fast_dev_run: Lightning's smoke run, as it is
+        if trainer is None or accumulate == 1 or trainer.fast_dev_run:
             return
         limit = trainer.limit_train_batches
         epoch = self._epoch_batches(batches)
@@ -248,11 +231,9 @@ class TokenStreamDataModule(LightningDataModule):
         assert self.tokens is not None, "call setup() on a text source first"
         return len(self.tokens) - int(len(self.tokens) * self.val_fraction)
 
-    # --- serving ---------------------------------------------------------------------------------
     def _windows(self, split: str) -> TokenWindows | ShardWindows | None:
         args = (self.batch_size, self.block_size, self.rank, self.world_size)
-        # Training: shuffled on request, in the trainer's epochs. Validation: always the same batches.
-        # Training epochs are whole optimizer steps of the trainer's accumulation (see ResumableStream).
+        # Training epochs are shuffled on request and whole optimizer steps; validation is always the same.
         train = (
             {
                 "shuffle": self.shuffle,
@@ -272,14 +253,14 @@ class TokenStreamDataModule(LightningDataModule):
         return TokenWindows(self.tokens[self.train_token_count :], *args) if self.val_fraction > 0 else None
 
     def _trainer_progress(self) -> tuple[int, int]:
-        """The trainer's epoch and the batches of it already done (more than 0 on a mid-epoch resume)."""
+        """The trainer's epoch and the batches of it already done."""
         if self.trainer is None:
             return 0, 0
         return self.trainer.current_epoch, batches_started(self.trainer)
 
     def _move_trainer_progress(self, batches: int, accumulated: int, ended: bool) -> None:
-        """A resume on another layout: the trainer's batch counts become this layout's (``batches`` of the
-        epoch done; the epochs before it were whole steps of ``accumulated``), so its epochs end with the stream's."""
+        """A resume on another layout: the trainer's batch counts become this layout's, so its epochs end
+        with the stream's."""
         if self.trainer is None:
             return
         epoch = self._epoch_batches(len(self._train_windows()))
@@ -287,7 +268,6 @@ class TokenStreamDataModule(LightningDataModule):
         move_batch_progress(self.trainer, min(batches, epoch), self._accumulation(), accumulated, ended)
 
     def _accumulation(self) -> int:
-        """Micro-batches an epoch is a whole number of: the trainer's ``accumulate_grad_batches`` (1 without a trainer)."""
         return 1 if self.trainer is None else self.trainer.accumulate_grad_batches
 
     def _train_windows(self) -> TokenWindows | ShardWindows:
@@ -295,8 +275,7 @@ class TokenStreamDataModule(LightningDataModule):
 
     def _loader(self, windows: IterableDataset, loader: type[DataLoader] = DataLoader) -> DataLoader:
         pin = self.trainer is not None and self.trainer.accelerator.__class__.__name__ == "CUDAAccelerator"
-        # batch_size=None: each item already is a whole (B, T) batch. Workers would only add IPC:
-        # slicing the memory map is far faster than the model consumes tokens.
+        # Each item already is a whole (B, T) batch; workers would only add IPC to slicing a memory map.
         return loader(windows, batch_size=None, num_workers=0, pin_memory=pin)
 
     def train_dataloader(self) -> DataLoader:

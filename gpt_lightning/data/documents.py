@@ -90,11 +90,6 @@ def text_pieces(stream: io.TextIOBase, chunk_chars: int, starts_document: bool) 
         yield starts_document, carry
 
 
-def open_text(path: Path) -> io.TextIOBase:
-    """A UTF-8 text file as a stream, newlines untouched (``\\r\\n`` stays two characters)."""
-    return open(path, encoding="utf-8", newline="")
-
-
 def work_items(
     files: list[Path], text_key: str = "text", separator: str | None = None, chunk_chars: int = CHUNK_CHARS
 ) -> Iterator[WorkItem]:
@@ -136,7 +131,7 @@ def _batched(
 
 def _text_items(path: Path, separator: str | None, chunk_chars: int) -> Iterator[tuple[WorkItem, float]]:
     size = path.stat().st_size  # characters read / bytes: the share read, exact for ASCII
-    with open_text(path) as stream:
+    with open(path, encoding="utf-8", newline="") as stream:  # newline="": \r\n stays two characters
         pieces = (
             text_pieces(stream, chunk_chars, True) if separator is None else _separated(stream, separator, chunk_chars)
         )

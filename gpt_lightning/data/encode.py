@@ -1,5 +1,4 @@
-"""Work items to GPT-2 ids on every core, yielded in the items' order (the same bytes with 1 worker or
-16), with at most ``2 x workers + 1`` items in flight so memory does not grow with the input."""
+"""Work items to GPT-2 ids on every core, yielded in the items' order, at most ``2 x workers + 1`` in flight."""
 
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ def default_workers() -> int:
 
 
 def encode_item(item: WorkItem) -> np.ndarray:
-    """One item's ids: each document begins with ``<|endoftext|>`` (as build-nanogpt writes them)."""
+    """One item's ids: each document (a JSONL line, a piece that starts one) begins with ``<|endoftext|>``."""
     encoding = gpt2_encoding()
     eot = encoding.eot_token
     ids: list[int] = []
@@ -52,26 +51,15 @@ def encode_item(item: WorkItem) -> np.ndarray:
     return np.array(ids, dtype=TOKEN_DTYPE)
 
 
-def encode_pieces_without_separators(item: WorkItem) -> np.ndarray:
-    """One text's ids as one-shot ``encode_ordinary`` gives them: no ``<|endoftext|>`` added."""
-    encoding = gpt2_encoding()
-    ids: list[int] = []
-    for _, text in item.pieces:
-        ids += encoding.encode_ordinary(text)
-    return np.array(ids, dtype=TOKEN_DTYPE)
-
-
 def _default_sigterm() -> None:
-    """In each pool worker, forked with SIGTERM blocked: die on ``Pool.terminate``'s SIGTERM, whatever
-    handler the parent had, even one sent before this ran (it waited, blocked, until now)."""
+    """In each pool worker, forked with SIGTERM blocked: die on ``Pool.terminate``'s SIGTERM."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _start_pool(context: Any, workers: int) -> Any:
     """A pool of ``workers`` whose forked workers start with SIGTERM blocked until ``_default_sigterm``
-    makes it fatal: a terminate right after the start cannot reach a handler that records and returns
-    (Lightning's, left behind by a fit in this process) and leave the pool waiting for that worker."""
+    makes it fatal, so no handler inherited from the parent (Lightning's) can leave the pool waiting."""
     fork = context.get_start_method() == "fork"
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}) if fork else None
     try:
@@ -81,15 +69,12 @@ def _start_pool(context: Any, workers: int) -> Any:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
-def encode_items(
-    items: Iterable[WorkItem], workers: int, separate_documents: bool = True
-) -> Iterator[tuple[int, np.ndarray]]:
+def encode_items(items: Iterable[WorkItem], workers: int) -> Iterator[tuple[int, np.ndarray]]:
     """Each item's input position (``WorkItem.position``) and ids, in the items' order. ``workers`` 1
     encodes in this process."""
-    encode = encode_item if separate_documents else encode_pieces_without_separators
     if workers <= 1:
         for item in items:
-            yield item.position, encode(item)
+            yield item.position, encode_item(item)
         return
     # fork where it is the default (Linux): workers start at once with the encoding already loaded.
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
@@ -97,7 +82,7 @@ def encode_items(
     with _start_pool(context, workers) as pool:
         pending: deque = deque()  # (position, result), oldest first: results leave in order
         for item in items:
-            pending.append((item.position, pool.apply_async(encode, (item,))))
+            pending.append((item.position, pool.apply_async(encode_item, (item,))))
             if len(pending) > 2 * workers:
                 position, result = pending.popleft()
                 yield position, result.get()

@@ -23,16 +23,9 @@ NPY_HEADER_BYTES = 128  # magic, version, length and the header dict, padded: ro
 
 
 class ShardWriter:
-    """Token ids in, shard files out: each shard streamed to a temporary file and renamed into place
-    once whole, so a shard in the folder is always complete, and memory holds no shard.
-
-    Args:
-        output_dir: the folder to write into; it must hold no shards yet.
-        shard_tokens: ids per shard (the last holds the rest).
-        format: ``npy`` (build-nanogpt), ``llmc`` (llm.c's header, then uint16) or ``ours`` (raw
-            uint16, nanoGPT's ``train.bin`` layout, counted in ``tokenize.json``).
-        prefix: file names are ``{prefix}_{val|train}_{number:06d}``; shard 0 is the validation split.
-    """
+    """Token ids in, shards of ``shard_tokens`` out into an ``output_dir`` without shards, each streamed to a
+    temporary file and renamed into place once whole. Files are ``{prefix}_{val|train}_{number:06d}``:
+    shard 0 is the validation split."""
 
     def __init__(self, output_dir: Path, shard_tokens: int, format: str = "npy", prefix: str = "shard") -> None:
         if format not in FORMATS:

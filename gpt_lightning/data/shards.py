@@ -54,21 +54,9 @@ def find_shards(directory: Path) -> dict[str, list[Path]]:
 
 
 class ShardWindows(ResumableStream):
-    """``(B, T)`` windows over a list of shards, shard after shard (a row never straddles two; a batch
-    may take its rows from two), rank-aware, shuffled on request and resumable like ``TokenWindows``.
-
-    Args:
-        shards: shard files, in reading order.
-        batch_size: rows per batch (B).
-        block_size: tokens per row (T).
-        rank: this process's rank.
-        world_size: number of processes.
-        shuffle: a new seeded order of shards, and of rows within each shard, every epoch.
-        seed: the shuffle's seed: the same orders in every run and on every rank.
-        progress: the trainer's epoch and batches done (see ``ResumableStream``).
-        accumulate: micro-batches per optimizer step; an epoch serves a multiple of it.
-        moved: the trainer's counts on a resume on another layout (see ``ResumableStream``).
-    """
+    """``(B, T)`` windows over ``shards`` (files in reading order), shard after shard: a row never straddles
+    two, a batch may. Shuffled, the order of shards and of rows within each changes every epoch, fixed by
+    ``seed``. The other arguments: ``ResumableStream``'s."""
 
     def __init__(
         self,
@@ -95,37 +83,13 @@ class ShardWindows(ResumableStream):
         return open_shard(self.shards[segment])  # dropped when the next shard opens
 
     def segment_order(self, epoch: int) -> list[int]:
-        """Indices into ``shards`` in this epoch's reading order."""
         if not self.shuffle:
             return list(range(len(self.shards)))
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.shards)).tolist()
 
     def row_order(self, segment: int, epoch: int) -> np.ndarray | None:
-        # Seeded by the shard's own number too, so orders differ by shard.
         rows = self.rows_per_shard[segment]
         return np.random.default_rng([self.seed, segment, epoch]).permutation(rows) if self.shuffle else None
 
     def order(self) -> dict[str, Any]:
         return {"block_size": self.block_size, "shuffle": self.shuffle, "seed": self.seed, "rows": self.rows_per_shard}
-
-    def rows_before_row_layout(self, epoch: int, batches: int, counts: list[int]) -> int | None:
-        """Each shard was cut into whole batches of its own then (``counts`` per shard, the rest of its
-        rows unread, a batch never in two shards), read in the epoch's shard order and, within a shard,
-        in the row order of now: batch ``i`` of the epoch is this layout's row where the shard it was in
-        starts, plus the batches read in that shard."""
-        if batches >= sum(counts) // self.accumulate * self.accumulate:  # that epoch had ended
-            return sum(self.rows_per_shard)
-        per_shard = [rows // self.rows_per_batch for rows in self.rows_per_shard]
-        if counts != per_shard:
-            raise UserError(
-                f"The checkpoint counts its data position in batches per shard ({counts}, saved by an older "
-                f"gpt-lightning) that these shards do not hold ({per_shard}): resume it on the shards it was "
-                "saved with, or from a checkpoint saved at an epoch's end."
-            )
-        row = 0
-        for shard in self.segment_order(epoch):
-            if batches < per_shard[shard]:
-                return row + batches * self.rows_per_batch
-            batches -= per_shard[shard]
-            row += self.rows_per_shard[shard]
-        return row

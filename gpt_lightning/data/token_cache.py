@@ -33,9 +33,7 @@ class Manifest:
     source: str
 
 
-# A file's mtime must be this old before its size and mtime stand for its hash: timestamps tick
-# coarsely (milliseconds on ext4, up to 2 s on FAT and some NFS servers), and a same-size rewrite
-# within the tick the file was hashed in would keep both.
+# A file's mtime must be this old before its size and mtime stand for its hash: timestamps tick coarsely.
 SETTLED_NS = 2_000_000_000
 
 
@@ -57,10 +55,8 @@ def stamped_sha256(path: Path, cache_dir: Path) -> str:
         pass  # not stamped yet, or an unreadable stamp: hash the file
     digest = sha256_file(path)
     after = path.stat()
-    if (after.st_size, after.st_mtime_ns) == (
-        before.st_size,
-        before.st_mtime_ns,
-    ) and time.time_ns() - after.st_mtime_ns >= SETTLED_NS:
+    unchanged = (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    if unchanged and time.time_ns() - after.st_mtime_ns >= SETTLED_NS:
         stamp = {"path": str(path), "size": after.st_size, "mtime_ns": after.st_mtime_ns, "sha256": digest}
         atomic_write_bytes(stamp_path, json.dumps(stamp, indent=2).encode())
     return digest
@@ -106,14 +102,11 @@ def build_token_cache(
     digest, count = hashlib.sha256(), 0
     with stream, atomic_output(bin_path) as tmp, open(tmp, "wb") as out:
         items = (WorkItem(pieces=(piece,), source=corpus.location) for piece in text_pieces(stream, chunk_chars, False))
+        large = corpus.file is not None and corpus.file.stat().st_size > 4 * chunk_chars
         if workers is None:  # a pool pays off from a few pieces on
-            workers = (
-                default_workers()
-                if Path(corpus.location).is_file() and Path(corpus.location).stat().st_size > 4 * chunk_chars
-                else 1
-            )
+            workers = default_workers() if large else 1
         try:
-            for _, ids in encode_items(items, workers, separate_documents=False):
+            for _, ids in encode_items(items, workers):  # the pieces start no document: no <|endoftext|>
                 data = ids.tobytes()
                 out.write(data)
                 digest.update(data)

@@ -1,5 +1,5 @@
-"""``TokenWindows``: epochs of nanoGPT's ``(B, T)`` windows over a token array, per rank, shuffled on
-request, resumable through Lightning's stateful-loader protocol, on another number of processes too."""
+"""``TokenWindows``: epochs of ``(B, T)`` windows over a token array per rank, shuffled on request,
+resumable through Lightning's stateful-loader protocol, on another number of processes too."""
 
 from __future__ import annotations
 
@@ -19,23 +19,11 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class ResumableStream(IterableDataset):
-    """An epoch is a sequence of rows (``T + 1`` tokens each) in an order that depends on the data, the
-    seed and the epoch only. Optimizer step ``s`` trains rows ``[s G, (s + 1) G)`` (``G`` rows a step over
-    all processes), and the position saved counts rows: a resume on another layout goes on (docs/resume.md).
-
-    Args:
-        batch_size: rows per batch (B).
-        block_size: tokens per row (T).
-        rank: this process's rank; its batch ``i`` holds rows ``(i * world_size + rank) * B`` on.
-        world_size: number of processes sharing the stream.
-        shuffle: a seeded random order of rows, a new one each epoch.
-        progress: under a trainer, ``(epoch, batches of it already done)`` when a pass starts; None:
-            each ``iter()`` is the next epoch, and a restored position goes on if its epoch has batches left.
-        accumulate: micro-batches per optimizer step (``trainer.accumulate_grad_batches``).
-        moved: called as ``moved(batches_done, saved_accumulate, ended)`` when a position saved on another
-            layout is restored: the counts in this layout the trainer takes on (``progress`` reads them);
-            the epochs before were whole steps of the saved layout's ``saved_accumulate`` micro-batches.
-    """
+    """An epoch of rows (``T + 1`` tokens each) in an order fixed by the data, the seed and the epoch; batch
+    ``i`` of ``rank`` holds rows ``(i * world_size + rank) * B`` on, and the position saved counts rows, so a
+    resume on another layout goes on (docs/resume.md). ``progress``: under a trainer, ``(epoch, batches of it
+    done)`` when a pass starts (None: each ``iter()`` is the next epoch); ``moved(batches_done,
+    saved_accumulate, ended)`` tells the trainer this layout's counts after such a resume."""
 
     def __init__(
         self,
@@ -58,11 +46,11 @@ class ResumableStream(IterableDataset):
         self.moved = moved
         self._epoch: int | None = None  # epoch of the pass being served; None before the first
         self._served = 0  # batches of that epoch served
-        self._offset = 0  # the row batch 0 of the epoch begins at (not 0 after a resume on another step size)
+        self._offset = 0  # the row batch 0 of the epoch begins at
         self._restored: dict[str, Any] | None = None
 
-    # Subclasses: the rows of each segment (a text, a shard), its tokens, the segments' order in an
-    # epoch, the rows' order within a segment (None: in order), and the settings that fix the order.
+    # Subclasses: each segment's (a text's, a shard's) rows and tokens, the segments' and rows' order
+    # in an epoch (None: in order), and the settings that fix the order.
     def segment_rows(self) -> list[int]:
         raise NotImplementedError
 
@@ -78,29 +66,18 @@ class ResumableStream(IterableDataset):
     def order(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def rows_before_row_layout(self, epoch: int, batches: int, counts: list[int]) -> int | None:
-        """The row of ``epoch`` where a position saved before positions were counted in rows stands:
-        ``batches`` (whole steps) of that version's batches, ``counts`` the rest of its layout list (a
-        text's tokens, or each shard's batches); None: its batch ``i`` is this version's (a text's)."""
-        return None
-
     @property
     def rows_per_batch(self) -> int:
-        """Rows of one micro-batch over all processes."""
         return self.world_size * self.batch_size
 
     def available(self) -> int:
-        """Whole batches per epoch on each rank."""
         return sum(self.segment_rows()) // self.rows_per_batch
 
     def __len__(self) -> int:
-        """Batches per epoch: a whole number of optimizer steps."""
         return self.available() // self.accumulate * self.accumulate
 
     def layout(self) -> dict[str, Any]:
-        layout: dict[str, Any] = {"batch_size": self.batch_size, "processes": self.world_size}
-        layout["accumulate"] = self.accumulate
-        return layout
+        return {"batch_size": self.batch_size, "processes": self.world_size, "accumulate": self.accumulate}
 
     def batches(self, epoch: int, start: int, offset: int = 0) -> Iterator[Batch]:
         """This rank's batches ``start, start + 1, ...`` of ``epoch``, batch 0 beginning at row ``offset``."""
@@ -136,8 +113,7 @@ class ResumableStream(IterableDataset):
         return buf[:, :-1], buf[:, 1:]  # (n, T+1) rows, each contiguous
 
     def __iter__(self) -> Iterator[Batch]:
-        # A generator: nothing here runs until the first batch is asked for, when the trainer has
-        # settled where it stands (Lightning calls iter() before it restores its loops' progress).
+        # A generator: runs at the first batch, after Lightning has restored its loops' progress.
         epoch, start, offset = self._next_pass()
         self._epoch, self._served, self._offset = epoch, start, offset
         for batch in itertools.islice(self.batches(epoch, start, offset), max(0, len(self) - start)):
@@ -175,22 +151,11 @@ class ResumableStream(IterableDataset):
         epoch, batches = int(state_dict["epoch"]), int(state_dict["batches"])
         restored = {"epoch": epoch, "batches": batches, "offset": 0, "ended": batches >= len(self), "state": state_dict}
         layout, order = state_dict.get("layout"), state_dict.get("order")
-        if not isinstance(layout, dict) or order is None:  # saved before positions were counted in rows
-            if layout is not None and list(layout)[:3] != [self.batch_size, self.block_size, self.world_size]:
-                B, T, W = list(layout)[:3]
-                raise UserError(
-                    f"The checkpoint counts its data position in batches of {W} process(es) x {B} rows of {T} tokens "
-                    f"(saved by an older gpt-lightning), this run's are {self.world_size} x {self.batch_size} x "
-                    f"{self.block_size}: resume it once with {W} process(es), --data.batch_size {B} and --data.block_size "
-                    f"{T}; the checkpoints that run saves resume on any number of processes."
-                )
-            whole = batches // self.accumulate * self.accumulate  # whole optimizer steps, as the rows count them
-            rows = None if layout is None else self.rows_before_row_layout(epoch, whole, list(layout)[3:])
-            if rows is None:
-                self._restored = restored
-            else:  # the same processes, batch size and accumulation, but that layout's batches were other rows
-                self._restore_at_row(restored, rows, restored["ended"], self.accumulate)
-            return
+        if not isinstance(layout, dict) or order is None:
+            raise UserError(
+                "The checkpoint's data position was written by a gpt-lightning before 0.1.0, which this one does "
+                "not read: start a new run (model.init_from takes the weights of an export)."
+            )
         ended, rows = bool(state_dict["ended"]), int(state_dict["rows"])
         self._check_order(order, rows, ended or rows == 0)
         if layout == self.layout():
@@ -201,8 +166,7 @@ class ResumableStream(IterableDataset):
             self._restore_at_row(restored, rows, ended, int(layout["accumulate"]))
 
     def _restore_at_row(self, restored: dict[str, Any], rows: int, ended: bool, accumulated: int) -> None:
-        """Go on from row ``rows`` of the restored epoch in whole steps of this layout (an epoch that had
-        ended stays ended), the trainer told the batches this layout counts as done (``moved``)."""
+        """Go on from row ``rows`` of the restored epoch in whole steps of this layout, telling ``moved``."""
         left = 0 if ended else max(0, (sum(self.segment_rows()) - rows) // (self.accumulate * self.rows_per_batch))
         done = len(self) - left * self.accumulate  # batches of the epoch this layout counts as done
         restored.update(batches=done, ended=left == 0, offset=rows - done * self.rows_per_batch)
@@ -231,20 +195,8 @@ class ResumableStream(IterableDataset):
 
 
 class TokenWindows(ResumableStream):
-    """Epochs of contiguous ``(x, y)`` windows, each of shape ``(batch_size, block_size)``.
-
-    Args:
-        tokens: 1-D token ids (a memory map is fine: only the windows served are read).
-        batch_size: rows per batch (B).
-        block_size: tokens per row (T).
-        rank: this process's rank; it reads batches ``rank, rank + world_size, ...``.
-        world_size: number of processes sharing the stream.
-        shuffle: serve rows of ``T + 1`` tokens in a seeded random order, a new order each epoch.
-        seed: the shuffle's seed, with the epoch: the same order in every run and on every rank.
-        progress: the trainer's epoch and batches done (see ``ResumableStream``).
-        accumulate: micro-batches per optimizer step; an epoch serves a multiple of it (see ``ResumableStream``).
-        moved: the trainer's counts on a resume on another layout (see ``ResumableStream``).
-    """
+    """Epochs of contiguous ``(batch_size, block_size)`` windows of ``tokens`` (1-D ids, a memory map is
+    fine); ``seed`` with the epoch fixes the shuffled order. The other arguments: ``ResumableStream``'s."""
 
     def __init__(
         self,
@@ -274,7 +226,6 @@ class TokenWindows(ResumableStream):
         return [0]
 
     def row_order(self, segment: int, epoch: int) -> np.ndarray | None:
-        """The shuffled epoch's row numbers (the rows an epoch leaves out differ each epoch); None: in order."""
         return np.random.default_rng([*self.seed, epoch]).permutation(self.rows) if self.shuffle else None
 
     def order(self) -> dict[str, Any]:

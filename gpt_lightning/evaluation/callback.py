@@ -18,14 +18,11 @@ from gpt_lightning.evaluation.tasks import import_lm_eval, is_offline_error, qui
 
 
 class HarnessEval(PeriodicEvaluation):
-    """Score the model being trained on lm-evaluation-harness tasks every ``every_n_steps`` optimizer steps.
-
-    Also at step 0 and at the end; logs ``eval/<task>/<metric>`` and ``eval/<task>/samples`` (a filter
-    other than ``none`` as ``<metric>_<filter>``). One device or DDP, not FSDP2 (docs/evaluation.md).
+    """Score the model being trained on lm-evaluation-harness tasks at step 0, every ``every_n_steps``
+    optimizer steps and at the end, logged as ``eval/<task>/<metric>``. One device or DDP, not FSDP2.
 
     Args:
-        tasks: task, group or tag names, as a list or comma-separated (``gpt2-suite``, this
-            package's reference suite, included).
+        tasks: task, group or tag names, as a list or comma-separated (``gpt2-suite`` included).
         every_n_steps: optimizer steps between evaluations.
         limit: score only the first N examples of each task (None: all of them).
         num_fewshot: examples in each prompt; None keeps each task's own.
@@ -47,15 +44,10 @@ class HarnessEval(PeriodicEvaluation):
             tasks = [name.strip() for name in tasks.split(",") if name.strip()]
         if not tasks:
             raise UserError("HarnessEval needs at least one task.")
-        for name, value in (("every_n_steps", every_n_steps), ("limit", limit), ("batch_size", batch_size)):
-            if value is not None and value < 1:
-                raise UserError(f"HarnessEval {name} must be at least 1, got {value}.")
-        super().__init__(every_n_steps)
+        super().__init__(every_n_steps, limit, batch_size)
         self.tasks = list(tasks)
-        self.limit = limit
         self.num_fewshot = num_fewshot
         self.include_path = include_path
-        self.batch_size = batch_size
         self.results: list[dict[str, Any]] = []  # {"step": ..., "eval/<task>/<metric>": value, ...}, every rank
         self._task_manager: Any = None
 
@@ -99,11 +91,11 @@ class HarnessEval(PeriodicEvaluation):
         step = trainer.global_step
         model = getattr(pl_module, "model", pl_module)
         lm = ranked_lm_class()(model, trainer.strategy, batch_size=self.batch_size, device=pl_module.device)
-        saved = random_states()
-        was_training = pl_module.training
+        saved = random.getstate(), np.random.get_state()  # the harness seeds them; training goes on as it was
+        cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
         try:
-            # Eager, even when the model is compiled for the training shapes: every batch has its own.
             with (
+                torch.random.fork_rng(devices=cuda),
                 torch.no_grad(),
                 torch.compiler.set_stance("force_eager"),
                 trainer.precision_plugin.forward_context(),
@@ -119,8 +111,8 @@ class HarnessEval(PeriodicEvaluation):
                     bootstrap_iters=0,  # no standard errors
                 )
         finally:
-            restore_random_states(saved)
-            pl_module.train(was_training)
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])
         metrics = trainer.strategy.broadcast(logged_metrics(results) if results is not None else None, src=0)
         self.results.append({"step": step, **metrics})
         for logger in trainer.loggers:
@@ -129,8 +121,8 @@ class HarnessEval(PeriodicEvaluation):
 
 
 def logged_metrics(results: dict[str, Any]) -> dict[str, float]:
-    """``eval/<task>/<metric>`` of the harness's results dict: numbers only, no standard errors; and
-    ``eval/<task>/samples``, the examples scored (over all ranks)."""
+    """``eval/<task>/<metric>`` (``<metric>_<filter>`` for a filter other than ``none``) of the harness's
+    results dict, no standard errors; and ``eval/<task>/samples``, the examples scored."""
     metrics = {}
     for task, values in results["results"].items():
         if "sample_len" in values:
@@ -149,26 +141,10 @@ def logged_metrics(results: dict[str, Any]) -> dict[str, float]:
     return metrics
 
 
-def random_states() -> tuple:
-    """Python's, NumPy's, torch's CPU and every initialized CUDA device's random state."""
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
-
-
-def restore_random_states(saved: tuple) -> None:
-    python, numpy, cpu, cuda = saved
-    random.setstate(python)
-    np.random.set_state(numpy)
-    torch.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state_all(cuda)
-
-
 @functools.cache
 def ranked_lm_class() -> type:
-    """``GPTHarnessLM`` with the harness's data-parallel hooks on a Lightning ``Strategy``: each rank
-    builds its share of the requests, and rank 0 gathers the scores (built on first use: the harness
-    is an optional extra)."""
+    """``GPTHarnessLM`` with the harness's data-parallel hooks on a Lightning ``Strategy`` (built on first
+    use: the harness is an optional extra)."""
     from gpt_lightning.evaluation.harness_model import GPTHarnessLM
 
     class RankedHarnessLM(GPTHarnessLM):

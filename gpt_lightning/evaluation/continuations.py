@@ -1,7 +1,6 @@
 """Scoring continuations: each one's log-probability after its context, and whether greedy decoding
 would produce it. A shared context runs through the blocks once, its keys and values reused by every
-ending; truncation is the harness ``hf`` model's (from the left, to the context plus one token).
-"""
+ending; truncation is the harness ``hf`` model's."""
 
 from __future__ import annotations
 
@@ -21,15 +20,8 @@ def score_continuations(
     device: torch.device,
     on_batch: Callable[[list[int], list[tuple[float, bool]]], None] | None = None,
 ) -> list[tuple[float, bool]]:
-    """(summed log-probability, greedy) of each (context tokens, continuation tokens) request.
-
-    Args:
-        model: the GPT, in eval mode, on ``device``.
-        requests: token ids; each context has at least one token, each continuation one to ``block_size``.
-        batch_size: requests per forward pass (the endings of one context count one each).
-        device: where the tensors go.
-        on_batch: called after each batch with its requests' indices and the answers so far.
-    """
+    """(summed log-probability, greedy) of each (context tokens, continuation tokens) request,
+    ``batch_size`` endings a forward pass; ``on_batch(indices, answers)`` after each batch."""
     groups = _groups(requests, model.config.block_size)
     # Longest first, as the harness orders them: similar lengths share a batch and pad little.
     order = sorted(groups, key=lambda ctx: (-len(ctx) - max(len(requests[i][1]) for i in groups[ctx]), ctx))
@@ -60,10 +52,8 @@ def _groups(requests: list[tuple[list[int], list[int]]], block_size: int) -> dic
 
 
 def scoring_flops(config: GPTConfig, requests: list[tuple[list[int], list[int]]]) -> float:
-    """FLOPs of scoring ``requests`` with nothing run twice, padded or masked: each context through the
-    blocks once, each continuation alone on top of it, a token attending only to the positions it sees,
-    the head only where a token is scored. Torch's flop counter on a meta copy of the scorer's blocks
-    gives a token's FLOPs, a (token, position) pair's and a scored row's; the requests' shapes sum them."""
+    """FLOPs of scoring ``requests`` with nothing run twice, padded or masked: torch's flop counter on a
+    meta model gives a token's, a (token, position) pair's and a scored row's; the requests' shapes sum them."""
 
     def blocks(idx: torch.Tensor, pos: torch.Tensor, prefix=None, visible=None) -> tuple[float, list]:
         with FlopCounterMode(display=False) as counter:
@@ -111,17 +101,9 @@ def _score_batch(model, batch, requests, answers, device, on_batch=None) -> None
         owner = torch.tensor([g for g, _ in rows], device=device)  # (R,)
         ends = torch.tensor([t + [pad] * (length - len(t)) for _, t in rows], device=device)  # (R, T)
         pos = (lengths[owner, None] + torch.arange(length, device=device)).clamp(max=block_size - 1)  # (R, T)
-        visible = torch.cat(
-            (
-                (torch.arange(width, device=device) < lengths[owner, None])[:, None, :].expand(
-                    -1, length, -1
-                ),  # (R, T, P)
-                torch.ones(length, length, dtype=torch.bool, device=device)
-                .tril()
-                .expand(len(rows), -1, -1),  # (R, T, T)
-            ),
-            dim=2,
-        )[:, None]  # (R, 1, T, P + T)
+        to_context = (torch.arange(width, device=device) < lengths[owner, None])[:, None, :]  # (R, 1, P)
+        causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()  # (T, T)
+        visible = torch.cat((to_context.expand(-1, length, -1), causal.expand(len(rows), -1, -1)), dim=2)[:, None]
         y = model.embed(ends, pos)  # (R, T, C)
         prefix = [(k.index_select(0, owner), v.index_select(0, owner)) for k, v in kv]
         y = _trunk(model, y, ends, pos, prefix, visible, [])  # (R, T, C)

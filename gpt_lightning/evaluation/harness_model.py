@@ -1,6 +1,5 @@
 """``GPTHarnessLM``: our ``GPT`` as an lm-evaluation-harness ``TemplateLM``, answering its requests as
-the harness's own ``hf`` model does (same truncation, windows and stop rules), with the GPT-2 tokenizer.
-"""
+the harness's own ``hf`` model does (same truncation, windows and stop rules)."""
 
 from __future__ import annotations
 
@@ -21,14 +20,12 @@ from gpt_lightning.generation import generate
 from gpt_lightning.interop.checkpoint import gpt_from_checkpoint
 from gpt_lightning.model import GPT
 
-# generate_until's tokens come in rounds that double from this size, the stop sequences checked
-# between rounds: a task stopping at "\n" does not pay for max_gen_toks (256) decode steps.
+# generate_until decodes in rounds doubling from this size, checking the stop sequences between them.
 FIRST_ROUND_TOKENS = 16
 
 
 def available_memory() -> int:
-    """Bytes this machine can hand out without swapping: Linux's MemAvailable, which counts the page
-    cache it would drop (free pages alone shrink with every file read); elsewhere the free pages, or
+    """Bytes this machine can hand out without swapping: Linux's MemAvailable, else the free pages, or
     all pages where the OS counts none (macOS)."""
     try:
         with open("/proc/meminfo") as meminfo:
@@ -50,10 +47,8 @@ class GPTHarnessLM(TemplateLM):
         model: the GPT to score, moved to ``device`` (in eval mode while it answers; its mode kept).
         batch_size: requests per forward pass (loglikelihood), prompts per generation batch.
         device: where the model runs: ``cpu``, ``cuda``, ``cuda:1``, ...
-        dtype: None runs the model as it is, under whatever autocast is open (the trainer's, in
-            ``HarnessEval``); ``torch.bfloat16``/``torch.float16`` run it under autocast (the weights
-            stay as they are, as in bf16-mixed training); ``torch.float32`` casts the weights and
-            switches autocast off.
+        dtype: None runs the model as it is, under whatever autocast is open; ``torch.bfloat16`` or
+            ``torch.float16`` run it under autocast; ``torch.float32`` casts the weights, autocast off.
     """
 
     def __init__(
@@ -80,10 +75,8 @@ class GPTHarnessLM(TemplateLM):
         return cls(gpt_from_checkpoint(path), **kwargs)
 
     def auto_batch_size(self, maximum: int = 64) -> int:
-        """The largest batch size, halving from ``maximum``, whose heaviest request fits
-        in memory: a whole window scored at once, as a rolling document's is. On a GPU each size is tried
-        (an out-of-memory error halves it); on a CPU, where running out of memory kills the process, the
-        window's log-probabilities (the largest tensors) must fit in a quarter of the available memory."""
+        """The largest batch size, halving from ``maximum``, at which a whole window fits in memory: tried
+        on a GPU; on a CPU, where running out kills the process, estimated against a quarter of it."""
         block, vocab = self.max_length, self.gpt.config.vocab_size
         request = ([self.prefix_token_id], [i % self.vocab_limit for i in range(block)])
 
@@ -117,8 +110,7 @@ class GPTHarnessLM(TemplateLM):
 
     @contextlib.contextmanager
     def inference(self):
-        """The model in eval mode (restored after), eager, no gradients, under ``dtype``'s autocast if any
-        (none given: the caller's autocast, such as the precision plugin's, stays on)."""
+        """The model in eval mode (restored after), eager, no gradients, under ``dtype``'s autocast if any."""
         was_training = self.gpt.training
         self.gpt.eval()
         autocast = (
@@ -133,9 +125,8 @@ class GPTHarnessLM(TemplateLM):
             self.gpt.train(was_training)
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        """As the harness's ``TemplateLM`` encodes them; a context of only whitespace is an empty one
-        (its whitespace moves to the continuation, as the harness moves a context's trailing spaces), and
-        a continuation longer than the model's context is refused in one line naming the task."""
+        """As the harness's ``TemplateLM`` encodes them, a whitespace-only context as an empty one; a
+        continuation longer than the model's context is refused."""
         encoded = []
         for request in requests:
             context, continuation = request.args
@@ -157,8 +148,7 @@ class GPTHarnessLM(TemplateLM):
         return self._loglikelihood_tokens(encoded)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
-        """(log-probability, greedy) of each request's continuation after its context; each batch's
-        answers go to the cache (``--use_cache``) as it finishes, so a stopped evaluation resumes."""
+        """(log-probability, greedy) of each continuation; each batch's answers are cached as it finishes."""
         pairs = [(context, continuation) for _, context, continuation in requests]
 
         def cache(indices: list[int], answers: list[tuple[float, bool]]) -> None:
@@ -189,8 +179,8 @@ class GPTHarnessLM(TemplateLM):
         return totals
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Text continuing each prompt until a stop sequence (``until``, and always ``<|endoftext|>``) or
-        ``max_gen_toks`` tokens, greedy or sampled as ``gen_kwargs`` say, cut before the stop sequence."""
+        """Text continuing each prompt until a stop sequence (always ``<|endoftext|>`` too) or
+        ``max_gen_toks`` tokens, as ``gen_kwargs`` say."""
         checked = {}  # every task's generation_kwargs before any generation, each once
         for request in requests:
             if checked.setdefault((request.task_name, repr(request.args[1])), request) is request:
@@ -210,9 +200,7 @@ class GPTHarnessLM(TemplateLM):
                 (self.tok_encode(context) or [self.prefix_token_id])[-(self.max_length - max_gen_toks) :]
                 for context in contexts
             ]
-            for context, _prompt, text in zip(
-                contexts, prompts, self._generate(prompts, max_gen_toks, until, sampling)
-            ):
+            for context, text in zip(contexts, self._generate(prompts, max_gen_toks, until, sampling)):
                 text = postprocess_generated_text(text, until, None)
                 out.append(text)
                 self.cache_hook.add_partial("generate_until", (context, all_kwargs[0]), text)
@@ -221,8 +209,7 @@ class GPTHarnessLM(TemplateLM):
     def _generation_options(
         self, gen_kwargs: dict[str, Any], task: str | None = None
     ) -> tuple[list[str], int, dict[str, Any]]:
-        """(stop sequences, max_gen_toks, ``generate``'s sampling options) of a request's ``gen_kwargs``;
-        what we cannot do is refused in one line naming the task."""
+        """(stop sequences, max_gen_toks, ``generate``'s sampling options) of a request's ``gen_kwargs``."""
         kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
         until = handle_stop_sequences(kwargs.pop("until", None), eos=END_OF_TEXT)
         max_gen_toks = kwargs.pop("max_gen_toks")
@@ -271,8 +258,8 @@ def largest_batch_size(fits, maximum: int) -> int:
 
 
 def sampling_options(gen_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``generate``'s ``temperature``, ``top_k`` and ``top_p`` for the harness's ``gen_kwargs``: greedy
-    unless ``do_sample`` (then ``temperature`` 1 unless given); anything else is refused rather than ignored."""
+    """``generate``'s sampling options for the harness's ``gen_kwargs``: greedy unless ``do_sample``;
+    anything else is refused rather than ignored."""
     kwargs = dict(gen_kwargs)
     do_sample = kwargs.pop("do_sample", False)
     temperature = float(kwargs.pop("temperature", 1.0 if do_sample else 0.0))

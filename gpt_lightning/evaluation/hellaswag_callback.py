@@ -21,9 +21,7 @@ class HellaSwagEval(PeriodicEvaluation):
     (``eval/hellaswag_acc_norm``, ``eval/hellaswag_acc``); without the file it says where to put it, never downloads.
 
     Args:
-        data_file: ``hellaswag_val.jsonl``. None: the copy in the cache, where
-            ``gpt-lightning eval --task hellaswag`` downloads it
-            (``$GPT_LIGHTNING_CACHE_DIR/hellaswag/hellaswag_val.jsonl``).
+        data_file: ``hellaswag_val.jsonl``. None: where ``gpt-lightning eval --task hellaswag`` downloads it.
         every_n_steps: optimizer steps between evaluations.
         limit: score only the first N examples (None: all 10,042).
         batch_size: examples per forward pass (4 rows each).
@@ -32,13 +30,8 @@ class HellaSwagEval(PeriodicEvaluation):
     def __init__(
         self, data_file: str | None = None, every_n_steps: int = 250, limit: int | None = None, batch_size: int = 8
     ) -> None:
-        for name, value in (("every_n_steps", every_n_steps), ("limit", limit), ("batch_size", batch_size)):
-            if value is not None and value < 1:
-                raise UserError(f"HellaSwagEval {name} must be at least 1, got {value}.")
-        super().__init__(every_n_steps)
+        super().__init__(every_n_steps, limit, batch_size)
         self.data_file = data_file
-        self.limit = limit
-        self.batch_size = batch_size
         self.examples: list[Example] | None = None
         self.results: list[dict] = []  # step, acc_norm, acc, examples (all ranks), examples_here (this rank)
 
@@ -70,12 +63,7 @@ class HellaSwagEval(PeriodicEvaluation):
         most = -(-len(self.examples[0::world]) // self.batch_size)  # forward passes of rank 0, the busiest
         own = list(batches(mine, encode, model.config.block_size, self.batch_size))
         padded = own + [None] * (most - len(own))  # every rank runs as many forward passes
-        was_training = pl_module.training
-        pl_module.eval()
-        try:
-            counts = count_correct(model, padded, pl_module.device, trainer.precision_plugin.forward_context)
-        finally:
-            pl_module.train(was_training)
+        counts = count_correct(model, padded, pl_module.device, trainer.precision_plugin.forward_context)
         correct_norm, correct, n = trainer.strategy.reduce(counts, reduce_op="sum").tolist()  # the host read
         result = {
             "step": step,

@@ -10,32 +10,28 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from gpt_lightning.averaging import averaged_weights
+from gpt_lightning.errors import UserError
 
 
 class PeriodicEvaluation(Callback):
     """Run ``evaluate`` as step 0 starts, every ``every_n_steps`` optimizer steps and at the end of
-    training; once a step, however many micro-batches it has, on the averaged weights where a
-    weight-averaging callback keeps them (``EMAWeightAveraging``: what validation and the checkpoint
-    hold). Each pass's wall seconds go to ``durations``, which ``ThroughputMonitor`` takes out of the
-    step they ran in.
+    training, in eval mode, on the averaged weights where kept. Each pass's seconds go to ``durations``,
+    which ``ThroughputMonitor`` takes out of the step they ran in."""
 
-    Args:
-        every_n_steps: optimizer steps between evaluations.
-    """
-
-    def __init__(self, every_n_steps: int) -> None:
-        self.every_n_steps = every_n_steps
+    def __init__(self, every_n_steps: int, limit: int | None = None, batch_size: int = 8) -> None:
+        for name, value in (("every_n_steps", every_n_steps), ("limit", limit), ("batch_size", batch_size)):
+            if value is not None and value < 1:
+                raise UserError(f"{type(self).__name__} {name} must be at least 1, got {value}.")
+        self.every_n_steps, self.limit, self.batch_size = every_n_steps, limit, batch_size
         self.durations: list[float] = []  # wall seconds of each pass, in order
         self._evaluated_at: int | None = None
 
     @property
     def enabled(self) -> bool:
-        """Whether there is anything to score (False: every pass is skipped, untimed)."""
         return True
 
     def evaluate(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Score the model at ``trainer.global_step`` and log the results; it returns after a host
-        read of the scores, so that the device's work is inside the pass's time."""
+        """Score the model and log the results, returning after a host read of the scores."""
         raise NotImplementedError
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -52,7 +48,11 @@ class PeriodicEvaluation(Callback):
         self._evaluated_at = step
         if pl_module.device.type == "cuda":  # the pass's time starts once the queued training work is done
             torch.cuda.synchronize(pl_module.device)
-        began = time.perf_counter()
-        with averaged_weights(trainer, pl_module, self, hook):
-            self.evaluate(trainer, pl_module)
+        began, was_training = time.perf_counter(), pl_module.training
+        try:
+            with averaged_weights(trainer, pl_module, self, hook):
+                pl_module.eval()
+                self.evaluate(trainer, pl_module)
+        finally:
+            pl_module.train(was_training)
         self.durations.append(time.perf_counter() - began)

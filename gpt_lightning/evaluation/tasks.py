@@ -1,5 +1,4 @@
-"""Running lm-evaluation-harness tasks on a ``GPTHarnessLM``: the harness's tasks, prompts, few-shot
-examples, metrics and results dict, with its errors for a missing install or dataset said in one line."""
+"""Running lm-evaluation-harness tasks on a ``GPTHarnessLM``, a missing install or dataset said in one line."""
 
 from __future__ import annotations
 
@@ -31,20 +30,13 @@ def task_manager(tasks: list[str], include_path: str | Path | None = None) -> An
     from lm_eval.tasks import TaskManager
 
     paths = [str(SUITE_DIR)] + ([str(include_path)] if include_path is not None else [])
-    # Plain tasks of the user's own skip indexing the harness's ~14,000 YAMLs (~30 s); a group (our
-    # suite too) or a glob may name the harness's tasks, so it gets the whole index.
+    # The user's own plain tasks skip indexing the harness's YAMLs (~30 s); anything else needs the index.
     manager = TaskManager(include_path=paths, include_defaults=False)
     if not all(name in manager.all_subtasks for name in tasks):
         manager = TaskManager(include_path=paths)
-    unknown = [
-        name for name in tasks if not manager.match_tasks([name]) and not Path(name).is_file()
-    ]  # globs match too
+    unknown = [name for name in tasks if not manager.match_tasks([name]) and not Path(name).is_file()]
     if unknown:
-        hint = (
-            f" in the harness or in {include_path}"
-            if include_path is not None
-            else " (give --include_path for your own YAMLs)"
-        )
+        hint = " (give --include_path for your own YAMLs)" if include_path is None else f" in {include_path}"
         raise UserError(f"Unknown task {', '.join(unknown)}{hint}: `lm-eval ls tasks` lists the harness's.")
     return manager
 
@@ -62,23 +54,8 @@ def run_tasks(
     seeds: list[int | None] | None = None,
     use_cache: str | None = None,
 ) -> dict[str, Any] | None:
-    """The harness's results dict (``results``, ``groups``, ``configs``, ... and with ``log_samples``
-    ``samples``) of ``lm`` on ``tasks``; None on ranks other than 0, as ``simple_evaluate`` returns.
-    The harness seeds Python's, NumPy's and torch's global generators (its fixed seeds).
-
-    Args:
-        lm: the model, an ``lm_eval`` ``LM`` (a ``GPTHarnessLM``).
-        tasks: task, group or tag names, or paths of task YAMLs.
-        num_fewshot: examples in each prompt; None keeps each task's own.
-        limit: score only the first N examples of each task (a fraction below 1: that share).
-        include_path: a folder of the user's task YAMLs, found beside the harness's own.
-        log_samples: keep each request's inputs and outputs in ``samples``.
-        bootstrap_iters: resamples for the metrics' standard errors (the harness's default); 0 skips them.
-        gen_kwargs: generation options laid over every generation task's own (``temperature``, ...).
-        seeds: Python's, NumPy's, torch's and the few-shot sampler's seeds (None: the harness's defaults).
-        use_cache: the harness's answer cache, SQLite files ``<use_cache>_rank<N>.db``: answers found there
-            are not computed again.
-    """
+    """The harness's ``simple_evaluate`` results dict of ``lm`` on ``tasks`` (None on ranks other than 0);
+    the options are ``gpt-lightning eval``'s, ``seeds`` its ``--seed``'s four values."""
     lm_eval = import_lm_eval()
     manager = task_manager(tasks, include_path)
     seeded = (
@@ -114,9 +91,7 @@ def run_tasks(
 
 @contextlib.contextmanager
 def quiet_git_probe():
-    """The harness records the commit of the working folder in its results by running ``git describe``,
-    whose ``fatal: not a git repository`` outside a repository reached the terminal: the same probe, its
-    stderr kept from the terminal."""
+    """The harness's ``git describe`` probe for its results, without its ``fatal: not a git repository``."""
     from lm_eval import evaluator
     from lm_eval.loggers.utils import get_commit_from_path
 

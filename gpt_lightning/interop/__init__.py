@@ -1,2 +1,1 @@
-"""Files in and out: checkpoints (``checkpoint``), plain safetensors weights (``weights``), Hugging
-Face GPT-2 (``pretrained``), the HellaSwag benchmark (``hellaswag``)."""
+"""Files in and out: checkpoints, safetensors weights, Hugging Face GPT-2, the HellaSwag benchmark."""

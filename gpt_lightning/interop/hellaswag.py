@@ -87,8 +87,7 @@ def render(example: Example, encode) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass(frozen=True)
 class Batch:
-    """Examples ready for one forward pass: R = 4 rows per example, built on the host, so that
-    everything indexed by the mask is known without reading the device."""
+    """Examples ready for one forward pass, R = 4 rows per example, built on the host (no device read)."""
 
     tokens: torch.Tensor  # (R, L) context + ending, zero-padded on the right
     scored: torch.Tensor  # (N,) flat positions r * L + t whose next token is an ending token
@@ -128,8 +127,7 @@ def make_batch(examples: list[Example], encode, block_size: int) -> Batch:
 
 @torch.no_grad()
 def ending_losses(model: GPT, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and summed cross-entropy (R,) of each row's ending tokens, each predicted from all
-    before it. Logits are computed at the scored positions only (``GPT.logits_at``)."""
+    """Mean and summed cross-entropy (R,) of each row's ending tokens, logits at those positions only."""
     R = batch.tokens.size(0)
     logits = model.logits_at(batch.tokens, batch.scored)  # (N, V)
     losses = F.cross_entropy(logits.float(), batch.targets, reduction="none")  # (N,)
@@ -138,7 +136,6 @@ def ending_losses(model: GPT, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def batches(examples: Iterable[Example], encode, block_size: int, batch_size: int) -> Iterator[Batch]:
-    """``examples`` in batches of ``batch_size`` (the last may be smaller)."""
     examples = iter(examples)
     while chunk := list(itertools.islice(examples, batch_size)):
         yield make_batch(chunk, encode, block_size)
@@ -159,7 +156,6 @@ def count_correct(
         counted = batch is not None
         batch = (batch or last).to(device)
         last = batch
-        # Eager, even when the model is compiled for the training shapes: every batch has its own length.
         with torch.compiler.set_stance("force_eager"), autocast():
             mean, summed = ending_losses(model, batch)
         if counted:

@@ -21,13 +21,7 @@ _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c
 _MASK_BUFFERS = (".attn.bias", ".attn.masked_bias")  # not ".c_attn.bias", a real weight
 _TIED = "lm_head.weight"
 # GPTConfig field -> Hugging Face GPT2Config key
-_CONFIG_KEYS = {
-    "block_size": "n_positions",
-    "vocab_size": "vocab_size",
-    "n_layer": "n_layer",
-    "n_head": "n_head",
-    "n_embd": "n_embd",
-}
+_CONFIG_KEYS = {"block_size": "n_positions", **{name: name for name in ("vocab_size", "n_layer", "n_head", "n_embd")}}
 
 
 def _local_files(source: str) -> tuple[Path, Path]:
@@ -61,18 +55,13 @@ def _from_hub(name: str) -> tuple[Path, Path]:
         raise UserError(
             f"Could not fetch {name!r} from the Hugging Face hub ({type(err).__name__}). It is needed once, "
             f"online (it is cached); offline, give init_from (fit's --model.init_from, eval's --init_from) a local "
-            f"copy instead: /path/to/{name} (a directory "
-            "with config.json and model.safetensors)."
+            f"copy instead: /path/to/{name} (a directory with config.json and model.safetensors)."
         ) from None
 
 
 def read_hf_gpt2(source: str) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
-    """The architecture and the weights, in our names and layout, of a Hugging Face GPT-2 checkpoint.
-
-    Args:
-        source: a hub name (``gpt2`` ... ``gpt2-xl``), a directory, or a weights file with
-            ``config.json`` beside it.
-    """
+    """The architecture and the weights, in our names and layout, of a Hugging Face GPT-2 checkpoint:
+    ``source`` is a hub name (``gpt2`` ... ``gpt2-xl``), a directory, or a weights file with ``config.json``."""
     config_path, weights_path = _local_files(source)
     hf = json.loads(config_path.read_text())
     if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
@@ -90,7 +79,7 @@ def read_hf_gpt2(source: str) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
         if key.endswith(_MASK_BUFFERS) or key == _TIED:
             continue  # causal-mask buffers; the LM head is the (tied) token embedding
         state[key] = value.t().contiguous() if key.endswith(_CONV1D) else value
-    with torch.device("meta"):  # only the names: no memory, no initialisation
+    with torch.device("meta"):
         expected = set(GPT(config).state_dict()) - {_TIED}
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
@@ -119,29 +108,19 @@ def export_hf(model: GPT, out_dir: str | Path) -> Path:
         )
     out_dir = Path(out_dir)
     c = model.config
-    state = {}
-    for key, value in model.state_dict().items():
-        if key == _TIED:
-            continue
-        state[key] = (value.t() if key.endswith(_CONV1D) else value).contiguous().cpu()
-    config: dict[str, Any] = {
+    state = {
+        key: (value.t() if key.endswith(_CONV1D) else value).contiguous().cpu()
+        for key, value in model.state_dict().items()
+        if key != _TIED
+    }
+    config: dict[str, Any] = {  # the rest (layer norm epsilon, tied head, end-of-text ids) GPT2Config's defaults
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
         "activation_function": "gelu_new",
-        "n_positions": c.block_size,
-        "n_ctx": c.block_size,
-        "vocab_size": c.vocab_size,
-        "n_layer": c.n_layer,
-        "n_head": c.n_head,
-        "n_embd": c.n_embd,
-        "layer_norm_epsilon": 1e-5,
-        "initializer_range": 0.02,
+        **{theirs: getattr(c, ours) for ours, theirs in _CONFIG_KEYS.items()},
         "resid_pdrop": c.dropout,
         "embd_pdrop": c.dropout,
         "attn_pdrop": c.dropout,
-        "tie_word_embeddings": True,
-        "bos_token_id": 50256,
-        "eos_token_id": 50256,
         "gpt_lightning_config": asdict(c),
     }
     vocab_bpe, encoder_json = bpe_files()
@@ -168,13 +147,8 @@ def export_hf(model: GPT, out_dir: str | Path) -> Path:
 
 
 def agree_with_pretrained(given: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The architecture and weights to start from ``source``: an option left at its default takes the
-    checkpoint's value, one set otherwise must agree; ``block_size`` may crop the position table.
-
-    Args:
-        given: ``block_size``, ``vocab_size``, ``n_layer``, ``n_head``, ``n_embd`` and ``bias`` as given.
-        source: as for ``read_hf_gpt2``.
-    """
+    """The architecture and weights to start from ``source``: an option in ``given`` left at its default
+    takes the checkpoint's value, one set otherwise must agree; ``block_size`` may crop the position table."""
     switches = modern_switches_on(GPTConfig(**{k: v for k, v in given.items() if k in MODERN_SWITCHES}))
     if switches:  # before reading (or downloading) the weights
         raise UserError(

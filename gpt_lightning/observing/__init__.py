@@ -1,2 +1,1 @@
-"""Observing a run: callbacks that measure and show and change nothing trained; each works with a plain
-``Trainer``, and the CLI attaches all of them."""
+"""Callbacks that measure and show a run and change nothing trained; each works with a plain ``Trainer``."""

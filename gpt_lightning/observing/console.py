@@ -21,17 +21,15 @@ from gpt_lightning.precision import PRECISIONS
 from gpt_lightning.scaling.memory import GIB, TrainingMemory, fit_warning, training_memory
 from gpt_lightning.scaling.sharding import shard_count
 
-# Shown on the bar under short names, so the line fits a terminal. The first two are logged without
-# prog_bar (Lightning converts every prog_bar value to a Python number after every batch, one host
-# read each) and read here from trainer.callback_metrics, once per logging interval.
+# Shown on the bar under short names. The first two are logged without prog_bar (a host read per batch)
+# and read here once per logging interval.
 _READ_AT_INTERVALS = {"train/loss": "loss", "throughput/tokens_per_sec": "tok/s"}
 _BAR_NAMES = {"val/loss": "val_loss"}
 
 
 class StepProgressBar(TQDMProgressBar):
-    """One training bar for the whole run, counted in optimizer steps (``step 37/200``), showing loss,
-    validation loss and tokens/sec as of the last logging interval: no host sync per step, unlike
-    Lightning's bar.
+    """One training bar for the whole run in optimizer steps, showing loss, validation loss and tokens/sec
+    as of the last logging interval: no host sync per step, unlike Lightning's bar.
 
     Args:
         refresh_rate: redraw the bar every this many steps. The finished bar stays on screen.
@@ -42,7 +40,7 @@ class StepProgressBar(TQDMProgressBar):
         self._shown_step = -1
 
     def init_train_tqdm(self) -> Tqdm:
-        total = self.trainer.estimated_stepping_batches  # max_steps, or epochs x steps per epoch
+        total = self.trainer.estimated_stepping_batches
         return Tqdm(
             desc="step",
             total=None if math.isinf(total) else int(total),
@@ -60,9 +58,8 @@ class StepProgressBar(TQDMProgressBar):
         pass  # one bar across epochs: nothing to reset
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        # The values of a logging step are read when the next step starts: by then every callback
-        # (the throughput monitor among them) has logged its values for that step.
-        step, every = trainer.global_step, trainer.log_every_n_steps  # every == 0: no step logging
+        # Read when the next step starts: by then every callback has logged its values for the step.
+        step, every = trainer.global_step, trainer.log_every_n_steps
         if not self.train_progress_bar.disable and every > 0 and step % every == 0 and step != self._shown_step:
             self._shown_step = step
             self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
@@ -90,7 +87,7 @@ class StepProgressBar(TQDMProgressBar):
         for name, label in _READ_AT_INTERVALS.items():
             value = trainer.callback_metrics.get(name)
             if value is not None:
-                value = float(value)  # the one host read, at a logging interval
+                value = float(value)
                 shown[label] = f"{value:,.0f}" if label == "tok/s" else f"{value:.3f}"
         for name, value in super().get_metrics(trainer, pl_module).items():
             if name == "v_num":
@@ -100,9 +97,8 @@ class StepProgressBar(TQDMProgressBar):
 
 
 class TrainingFlopsSummary(ModelSummary):
-    """Lightning's model summary with the forward + backward FLOPs of one ``(batch_size, block_size)``
-    batch (counted on the meta device, where Lightning would run a forward pass), and one line
-    estimating this run's memory per device (``scaling.memory``), with a warning where it won't fit.
+    """Lightning's model summary with the training FLOPs of one batch, and a line estimating this run's
+    memory per device (``scaling.memory``), with a warning where it won't fit.
 
     Args:
         max_depth: depth of the layer table, as for ``ModelSummary``.
@@ -189,9 +185,8 @@ def run_memory(trainer: Trainer, pl_module: LightningModule) -> TrainingMemory |
 
 
 def optimizer_states_per_parameter(trainer: Trainer) -> float:
-    """Optimizer states a parameter of ``trainer``'s optimizers holds, on average, by its group: the Adam
-    family's two moments (three with ``amsgrad``), one momentum (Muon's, SGD's), else none; 2 before there
-    are optimizers."""
+    """Optimizer states per parameter of ``trainer``'s optimizers, on average: Adam's two (three with
+    ``amsgrad``), one momentum (Muon, SGD), else none; 2 before there are optimizers."""
     groups = [group for optimizer in getattr(trainer, "optimizers", []) for group in optimizer.param_groups]
 
     def states(group: dict) -> int:

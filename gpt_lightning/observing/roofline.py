@@ -1,7 +1,5 @@
-"""This machine's ceilings, measured in the process that reports against them: the FLOP/s of a matmul
-in a dtype and the bytes/s a matrix-vector product streams from memory. Benchmarks print each figure
-beside the bound these set (docs/benchmarks.md): a datasheet's peak is not what this build of torch
-reaches on this device, and a CPU has none."""
+"""This machine's measured ceilings, for benchmarks to print figures beside: a matmul's FLOP/s in a
+dtype and the bytes/s a matrix-vector product streams from memory."""
 
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ import torch
 
 from gpt_lightning.observing.throughput import TF32
 
-# Square matmul sizes timed: near the peak of each kind of device, quick to time (a CPU core runs a
-# 1024^3 float32 matmul in ~20 ms; a GPU needs 8192^3 to fill its SMs).
+# Square matmul sizes timed: near each kind of device's peak, quick to time.
 MATMUL_SIZES = {"cuda": (4096, 8192), "cpu": (512, 1024)}
 # The matrix streamed by the bandwidth probe: far above any CPU's L3 or GPU's L2.
 READ_BYTES = 512 * 2**20
@@ -25,8 +22,7 @@ ROUND_SECONDS = 0.01
 
 
 def _median_seconds(operation: Callable[[], object], device: torch.device, repeats: int) -> float:
-    """Median seconds of one ``operation`` over ``repeats`` rounds after a warm-up, each round repeating
-    it until it lasts ``ROUND_SECONDS``, timed between device synchronizations."""
+    """Median seconds of one ``operation`` over ``repeats`` rounds of ``ROUND_SECONDS``, after a warm-up."""
 
     def sync() -> None:
         if device.type != "cpu":
@@ -40,7 +36,7 @@ def _median_seconds(operation: Callable[[], object], device: torch.device, repea
         sync()
         return (time.perf_counter() - start) / count
 
-    timed(1)  # warm-up: first-call setup (cuBLAS handles, oneDNN kernels) would size the rounds too small
+    timed(1)
     count = max(1, math.ceil(ROUND_SECONDS / timed(1)))
     return statistics.median(timed(count) for _ in range(repeats))
 
@@ -48,10 +44,8 @@ def _median_seconds(operation: Callable[[], object], device: torch.device, repea
 def matmul_flops_per_sec(
     device: torch.device | str, dtype: torch.dtype | str, sizes: tuple[int, ...] | None = None, repeats: int = 5
 ) -> float:
-    """FLOP/s (2 n^3 per product) of a square ``dtype`` matmul on ``device`` with this process's threads:
-    the best over ``sizes`` (default ``MATMUL_SIZES``) of the median of ``repeats`` rounds. ``"tfloat32"``
-    (``throughput.TF32``) is a float32 matmul at this process's ``float32_matmul_precision``, or at
-    "high" where that is "highest"."""
+    """FLOP/s of a square ``dtype`` matmul on ``device``: the best over ``sizes`` of the median of
+    ``repeats`` rounds. ``TF32`` is a float32 matmul at "high" where the precision is "highest"."""
     device = torch.device(device)
     tf32 = dtype == TF32
     precision = torch.get_float32_matmul_precision()
@@ -70,9 +64,8 @@ def matmul_flops_per_sec(
 def read_bytes_per_sec(
     device: torch.device | str, dtype: torch.dtype, nbytes: int = READ_BYTES, repeats: int = 5
 ) -> float:
-    """Bytes/s ``device`` streams from memory into a matrix-vector product of ``dtype``: the best of
-    ``sum``, ``mv`` and a one-row ``linear`` over an ``nbytes`` matrix, each the median of ``repeats``
-    rounds. Decoding a token reads every weight once: this bounds its speed at small batch."""
+    """Bytes/s ``device`` streams from memory into a matrix-vector product of ``dtype`` (the best of
+    three), which bounds decoding at small batch."""
     device = torch.device(device)
     cols = 1024
     rows = max(1, nbytes // (cols * torch.finfo(dtype).bits // 8))

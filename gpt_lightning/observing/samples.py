@@ -1,6 +1,4 @@
-"""``ValidationSamples``: after each validation, text sampled from the model, logged where the logger
-takes text (TensorBoard, W&B, MLflow) or else to ``samples.txt`` in the run's folder, so you can
-watch the model learn to write."""
+"""``ValidationSamples``: text sampled from the model after each validation, to watch it learn to write."""
 
 from __future__ import annotations
 
@@ -20,22 +18,17 @@ from gpt_lightning.generation import generate
 from gpt_lightning.model import GPT
 
 TAG = "samples"
-FILENAME = "samples.txt"  # in the run's folder, for loggers that take no text (CSVLogger) or none
+FILENAME = "samples.txt"
 
 
 class ValidationSamples(Callback):
-    """Text sampled after each validation (not the sanity check) under ``samples``, at the step of
-    ``val/*``: same seed every time, in the run's precision, from the weights validated (the averaged
-    ones under ``EMAWeightAveraging``). Each logger that takes text gets it
-    (TensorBoard's ``add_text``, W&B's ``log_text``, MLflow's ``log_text`` artifacts); with none
-    such, ``samples.txt`` in ``trainer.log_dir``, said once. Works with any module whose ``model``
-    is a gpt-lightning ``GPT``.
+    """Text sampled after each validation under ``samples``, at the step of ``val/*``: same seed, the run's
+    precision, the weights validated. Each logger that takes text (TensorBoard, W&B, MLflow) gets it;
+    with none, ``samples.txt`` in ``trainer.log_dir``. For any module whose ``model`` is a ``GPT``.
 
     Args:
-        tokens: tokens to sample; 0 turns the samples off. None: the module's ``val_sample_tokens``
-            hyper-parameter (``GPTLightningModule``'s, ``--model.val_sample_tokens`` on the CLI).
-        prompt: the text to continue. None: the module's ``val_sample_prompt`` hyper-parameter, else
-            the end-of-text token (a sample from nothing).
+        tokens: tokens to sample; 0 turns the samples off. None: the module's ``val_sample_tokens``.
+        prompt: the text to continue. None: the module's ``val_sample_prompt``, else the end-of-text token.
     """
 
     def __init__(self, tokens: int | None = None, prompt: str | None = None) -> None:
@@ -57,7 +50,6 @@ class ValidationSamples(Callback):
             )
 
     def _setting(self, pl_module: LightningModule, name: str) -> int | str | None:
-        """The callback's own value, else the module's ``val_sample_<name>`` hyper-parameter."""
         own = getattr(self, name)
         return own if own is not None else pl_module.hparams.get(f"val_sample_{name}")
 
@@ -67,9 +59,7 @@ class ValidationSamples(Callback):
             return
         if self._writers is None:
             self._writers = text_writers(trainer)  # every rank: trainer.log_dir is a collective
-        # In the run's precision, as validation itself (bf16 autocast under bf16-mixed): what the
-        # model computes in training, at the speed of a bf16 GPU; float32 only when the run is. From the
-        # averaged weights, as validation, where a weight-averaging callback keeps them.
+        # As validation runs: the averaged weights where kept, the run's precision.
         with (
             averaged_weights(trainer, pl_module, self, "on_validation_epoch_end"),
             torch.compiler.set_stance("force_eager"),
@@ -87,7 +77,7 @@ class ValidationSamples(Callback):
         encoding = gpt2_encoding()
         ids = encoding.encode_ordinary(prompt) or [encoding.eot_token]
         idx = torch.tensor([ids], dtype=torch.long, device=pl_module.device)  # (1, T)
-        generator = torch.Generator(device=pl_module.device).manual_seed(0)  # same draw every time: comparable
+        generator = torch.Generator(device=pl_module.device).manual_seed(0)
         out = generate(
             pl_module.model, idx, tokens, temperature=1.0, top_k=50, generator=generator, vocab_limit=encoding.n_vocab
         )
@@ -95,8 +85,8 @@ class ValidationSamples(Callback):
 
 
 def text_writers(trainer: Trainer) -> list[Callable[[str, int], None]]:
-    """A ``write(text, step)`` for each logger that takes text; else one appending to ``samples.txt``
-    in ``trainer.log_dir`` (the working directory without a logger), said once. Call on every rank."""
+    """A ``write(text, step)`` for each logger that takes text, else one appending to ``samples.txt``.
+    Call on every rank."""
     log_dir = trainer.log_dir or trainer.default_root_dir
     writers = [w for w in map(_logger_text_writer, trainer.loggers) if w is not None]
     if writers:
@@ -114,7 +104,6 @@ def text_writers(trainer: Trainer) -> list[Callable[[str, int], None]]:
 
 
 def _logger_text_writer(logger: Logger) -> Callable[[str, int], None] | None:
-    """How ``logger`` takes text, found by its public methods; None if it takes none."""
     experiment: Any = logger.experiment
     add_text = getattr(experiment, "add_text", None)  # TensorBoard's SummaryWriter
     if callable(add_text):

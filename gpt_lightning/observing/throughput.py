@@ -24,56 +24,37 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from gpt_lightning.atomic import atomic_write_bytes
 from gpt_lightning.precision import matmul_dtype
 
-# Dense (not sparse) tensor-core peaks, (bf16/fp16, tf32) FLOP/s, for the GPUs people train GPT-2 on.
-# A row matches when every one of its words is a word of the device name (``torch.cuda.get_device_name``);
-# the first match wins. Datasheets print sparse figures with an asterisk: these are half of those.
-# Lightning's table has no plain "H200", sparse figures for H200/H100 NVL, and shader (not tensor-core)
-# rates for the RTX 4090 and A6000, so ours is read first.
+# Dense tensor-core peaks (bf16/fp16, tf32) FLOP/s from NVIDIA's datasheets and whitepapers, read before
+# Lightning's table (which lacks some and gives sparse or shader rates for others). A row matches when all
+# its words are words of the device name; the first match wins.
 _DENSE_PEAKS: tuple[tuple[tuple[str, ...], float, float], ...] = (
-    # NVIDIA HGX B200 / GB200 NVL72 datasheets (per GPU): BF16 4.5 / 5 PFLOPS sparse, TF32 2.2 / 2.5 sparse
     (("gb200",), 2.5e15, 1.25e15),
     (("b200",), 2.25e15, 1.1e15),
-    # NVIDIA GH200 Grace Hopper datasheet: the H100/H200 GPU, BF16 1,979 TFLOPS sparse
     (("gh200",), 989.4e12, 494.7e12),
-    # NVIDIA H200 / H100 datasheets: SXM 1,979 sparse; NVL 1,671 sparse; H100 PCIe 1,513 sparse
     (("h200", "nvl"), 835e12, 417.5e12),
     (("h200",), 989.4e12, 494.7e12),
     (("h100", "nvl"), 835e12, 417.5e12),
     (("h100", "pcie"), 756e12, 378e12),
-    (("h100",), 989.4e12, 494.7e12),  # SXM / "80GB HBM3"
-    (("h800", "pcie"), 756e12, 378e12),  # H100 silicon, export variant
+    (("h100",), 989.4e12, 494.7e12),
+    (("h800", "pcie"), 756e12, 378e12),
     (("h800",), 989.4e12, 494.7e12),
-    # NVIDIA A100 datasheet (SXM and PCIe alike): BF16 312 TFLOPS dense, TF32 156
     (("a100",), 312e12, 156e12),
-    (("a800",), 312e12, 156e12),  # A100 silicon, export variant
-    # NVIDIA L40S / L40 / L4 datasheets: BF16 733 / 362.1 / 242 TFLOPS sparse, TF32 366 / 181 / 120 sparse
+    (("a800",), 312e12, 156e12),
     (("l40s",), 362.05e12, 183e12),
     (("l40",), 181.05e12, 90.5e12),
     (("l4",), 121e12, 60e12),
-    # NVIDIA A10 datasheet: BF16 125 TFLOPS dense, TF32 62.5. AWS's A10G has no datasheet of its own
-    # (a lower-clocked A10): its MFU reads a little low.
     (("a10g",), 125e12, 62.5e12),
     (("a10",), 125e12, 62.5e12),
-    # NVIDIA Ada whitepaper v2.1 (FP16/BF16 tensor with FP32 accumulate, as mixed precision trains):
-    # RTX 6000 Ada 364.2, RTX 4090 165.2 TFLOPS dense; TF32 half of that
     (("rtx", "6000", "ada"), 364.2e12, 182.1e12),
     (("rtx", "4090"), 165.2e12, 82.6e12),
-    # NVIDIA RTX Blackwell whitepaper (FP32 accumulate): RTX 5090 209.5 TFLOPS dense, TF32 104.8
     (("rtx", "5090"), 209.5e12, 104.8e12),
-    # NVIDIA Ampere GA102 whitepaper (FP32 accumulate): RTX A6000 154.8, RTX 3090 71 TFLOPS dense
     (("rtx", "a6000"), 154.8e12, 77.4e12),
     (("rtx", "3090"), 71e12, 35.6e12),
 )
-# With log_every_n_steps 0 (no step logging), pending step marks are turned into durations every
-# this many steps (on CUDA one wait for an event) instead of piling up until the end.
+# Without step logging, pending step marks are resolved every this many steps instead of piling up.
 _MAX_PENDING = 1000
-# How Lightning's FLOPs table (lightning.fabric.utilities.throughput) spells TF32.
+# How Lightning's FLOPs table spells TF32.
 TF32 = "tfloat32"
-
-
-def dense_bf16_peak_flops(device_name: str) -> float | None:
-    """Peak dense bf16 FLOP/s for a device name in our table, else None."""
-    return dense_peak_flops(device_name, torch.bfloat16)
 
 
 def dense_peak_flops(device_name: str, dtype: torch.dtype | str) -> float | None:
@@ -114,7 +95,6 @@ def peak_flops_for(device: torch.device, precision: str) -> float | None:
 
 
 def _count_tokens(batch: Any) -> int:
-    """Tokens in a batch: the number of elements of its first tensor (the inputs)."""
     if isinstance(batch, torch.Tensor):
         return batch.numel()
     if isinstance(batch, dict):
@@ -141,20 +121,15 @@ class StepTiming:
 
 
 class ThroughputMonitor(Callback):
-    """Post-warm-up tokens/sec, step time and MFU, logged under ``throughput/``.
-
-    Validation, checkpoints and evaluation passes are not counted; ``fit`` ends with a summary line
-    and ``throughput.json`` in ``trainer.log_dir`` (docs/throughput.md).
+    """Post-warm-up tokens/sec, step time and MFU, logged under ``throughput/``; validation,
+    checkpoints and evaluation passes are not counted. ``fit`` ends with a summary line and a JSON file.
 
     Args:
-        warmup_steps: optimizer steps, counted from the start of each ``fit`` (a resumed run
-            recompiles, so it warms up again), left out of the statistics. The first step includes
-            ``torch.compile``; the next few, autotuning and allocator warm-up.
-        peak_flops: peak FLOP/s of one device for MFU. None: looked up for A100/H100/H200 and
-            Lightning's table; on CPUs and unknown devices no MFU is logged.
-        flops_per_batch: training FLOPs (forward + backward) of one micro-batch. None: asked of the
-            module's ``training_flops(batch_size, seq_len)`` method, or its ``flops_per_batch``
-            attribute (Lightning's convention); without either, no MFU.
+        warmup_steps: optimizer steps from the start of each ``fit`` (compiling, autotuning) left out
+            of the statistics.
+        peak_flops: peak FLOP/s of one device for MFU. None: looked up; on CPUs and unknown devices no MFU.
+        flops_per_batch: training FLOPs of one micro-batch. None: the module's ``training_flops(batch_size,
+            seq_len)`` or ``flops_per_batch``; without either, no MFU.
         filename: name of the JSON summary written into ``trainer.log_dir`` (None: not written).
     """
 
@@ -172,13 +147,9 @@ class ThroughputMonitor(Callback):
         self.flops_per_batch = flops_per_batch
         self.filename = filename
         self.summary: dict[str, Any] | None = None
-        # The step's clock (see on_train_start): the sanity check's validation may pause it before training.
-        self._step_start: Any = None
-        self._step_spans: list[tuple[Any, Any]] = []
-        self._step_tokens = 0
+        self._step_start: Any = None  # the rest is set at on_train_start; a sanity check may pause before it
         self._step_index = 0
 
-    # --- clock -----------------------------------------------------------------------------------
     @staticmethod
     def _now() -> float:
         return time.perf_counter()
@@ -196,7 +167,6 @@ class ThroughputMonitor(Callback):
             return start.elapsed_time(end) / 1000.0
         return end - start
 
-    # --- hooks -----------------------------------------------------------------------------------
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._use_events = pl_module.device.type == "cuda"
         self.steps: list[StepTiming] = []
@@ -248,13 +218,12 @@ class ThroughputMonitor(Callback):
             self._resolve()  # no step logging: only the summary at the end, from a bounded queue
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._pause()  # validation time belongs to no training step
+        self._pause()
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        self._pause()  # nor does checkpoint writing
+        self._pause()
 
     def _pause(self) -> None:
-        """Stop the step's clock until its next micro-batch starts, keeping the time of micro-batches run."""
         if self._step_start is not None and self._step_tokens:
             self._step_spans.append((self._step_start, self._mark()))
             self._step_evaluating += self._evaluating()
@@ -303,7 +272,6 @@ class ThroughputMonitor(Callback):
         if isinstance(exception, SystemExit) and self._step_index:  # stopped on a signal (Preempted)
             self.on_train_end(trainer, pl_module)  # every rank stops at the same step: the summary's reduces match
 
-    # --- arithmetic ------------------------------------------------------------------------------
     def _measure_flops_per_token(self, pl_module: LightningModule, batch: Any, tokens: int) -> float | None:
         flops = self.flops_per_batch
         if flops is None and callable(getattr(pl_module, "training_flops", None)):
@@ -314,7 +282,6 @@ class ThroughputMonitor(Callback):
         return flops / tokens if flops else None
 
     def _resolve(self) -> None:
-        """Turn pending marks into step durations (on CUDA: one wait, for the newest event)."""
         for index, spans, tokens, evaluating in self._pending:
             seconds = sum(self._seconds(start, end) for start, end in spans) - evaluating
             self.steps.append(StepTiming(index, seconds, tokens))
@@ -324,8 +291,7 @@ class ThroughputMonitor(Callback):
         first_new = len(self.steps)
         self._resolve()
         new = self.steps[first_new:]
-        # Once-only values go to the loggers directly: a value given to self.log stays in Lightning's
-        # result collection and is written again at every logging step until the epoch ends.
+        # Once-only values go to the loggers directly: self.log would write them at every logging step.
         once = {}
         if any(step.index == 0 for step in new):
             once["throughput/first_step_s"] = self.steps[0].seconds
@@ -339,7 +305,6 @@ class ThroughputMonitor(Callback):
         if not measured or seconds <= 0:
             return
         local = sum(step.tokens for step in measured) / seconds
-        # Summed over ranks: each rank reports what it really processed (one collective per interval).
         total = float(trainer.strategy.reduce(torch.tensor(local, device=pl_module.device), reduce_op="sum"))
         metrics = {
             "throughput/tokens_per_sec": total,
@@ -383,8 +348,7 @@ class ThroughputMonitor(Callback):
             device_name = platform.processor() or platform.machine()
             peak_memory = {"peak_host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
         first = self.steps[0]
-        # What every optimizer step of this fit trained (warm-up and unmeasured steps too), all ranks:
-        # whether the steps differed anywhere, the fewest and most tokens of a step, and the total.
+        # What every optimizer step of this fit trained, all ranks: whether steps differed, fewest, most, total.
         counts = self._tokens_per_step
         uneven, fewest, most, total = (
             int(v)
@@ -418,13 +382,12 @@ class ThroughputMonitor(Callback):
             "compiled": bool(getattr(pl_module, "is_compiled", False)),
             "world_size": world,
             "accumulate_grad_batches": trainer.accumulate_grad_batches,
-            # this rank's, and all ranks' (all micro-batches: what one AdamW update averages over), when
-            # every step trained as many tokens; else null, and the fewest and most say how far they differed
+            # null where steps differed; then the fewest and most say how far
             "tokens_per_step_per_device": max(counts) if not uneven else None,
             "tokens_per_optimizer_step": most if not uneven else None,
             "tokens_per_optimizer_step_min": fewest,
             "tokens_per_optimizer_step_max": most,
-            "tokens_trained": total,  # all ranks, all optimizer steps of this fit
+            "tokens_trained": total,
             "batch_size": getattr(trainer.datamodule, "batch_size", None),
             "block_size": getattr(trainer.datamodule, "block_size", None),
             "torch": torch.__version__,

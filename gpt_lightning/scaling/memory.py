@@ -1,6 +1,5 @@
 """Memory per GPU of a training run, computed: what decides between DDP and FSDP2 for a GPT-2 size.
-What is counted and what is not: docs/multi-gpu.md's memory guide.
-"""
+What is counted and what is not: docs/multi-gpu.md's memory guide."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ GIB = 2**30
 
 
 def parameter_count(config: GPTConfig) -> int:
-    """Parameters of the GPT (a tied embedding counted once), every switch of ``config`` included:
-    the model built on the meta device, which allocates nothing."""
+    """Parameters of the GPT (a tied embedding counted once), built on the meta device."""
     with torch.device("meta"):
         return GPT(config).num_parameters()
 
@@ -39,20 +37,9 @@ def activation_bytes_per_token(
     chunked_loss: bool = True,
     seq_len: int | None = None,
 ) -> float:
-    """Bytes autograd keeps per token of a micro-batch until the backward pass, every switch counted.
-
-    Args:
-        config: the architecture.
-        precision: Lightning's (``value_bytes``): under ``bf16-mixed`` matmul inputs are kept as bfloat16
-            copies and norms and the loss in float32; under ``bf16-true`` nearly all in bfloat16.
-        activation_checkpointing: each block keeps only its input; one block's activations
-            exist at a time while it is recomputed.
-        rows: rows per micro-batch, which share the tensors made per position (positions, rotary angles).
-        chunked_loss: the training loss by ``chunked_cross_entropy`` (it keeps the gradient of the head's
-            input, no logits; under 16-mixed the input itself and the targets, 8 bytes a token more, not
-            counted) rather than ``F.cross_entropy`` (the head's input and the logits' log-softmax).
-        seq_len: tokens per row (a windowed block keeps a (T, T) mask); the model's block_size if None.
-    """
+    """Bytes autograd keeps per token of a micro-batch until the backward pass, every switch counted:
+    ``rows`` per micro-batch share the per-position tensors, ``seq_len`` (None: block_size) sizes a window's
+    mask; with ``activation_checkpointing`` each block keeps its input and one is recomputed at a time."""
     C, V = config.n_embd, config.vocab_size
     a, e = value_bytes(precision)
     f = max(e, 4)  # what is float32 at least: the softcapped logits, RMSNorm (CPU: a half input upcast)
@@ -91,10 +78,8 @@ def block_activation_bytes_per_token(
     rows: int = 1,
     seq_len: int | None = None,
 ) -> float:
-    """Bytes ``Block`` number ``layer`` (None: the largest) keeps per token, counted from the
-    tensors its backward reads: matmul and attention inputs in ``a`` bytes a value (bfloat16 copies
-    under bf16-mixed), norms' inputs and statistics as ``norm_bytes_per_token``. ``precision``, ``rows``,
-    ``seq_len`` as in ``activation_bytes_per_token``."""
+    """Bytes ``Block`` number ``layer`` (None: the largest) keeps per token, counted from the tensors its
+    backward reads; the arguments as in ``activation_bytes_per_token``."""
     if layer is None:
         return max(block_activation_bytes_per_token(config, precision, i, rows, seq_len) for i in range(config.n_layer))
     C, nh = config.n_embd, config.n_head
@@ -141,11 +126,8 @@ class TrainingMemory:
 
 
 def loss_peak_bytes(config: GPTConfig, tokens: int, precision: str = "bf16-mixed", chunked_loss: bool = True) -> float:
-    """Bytes the loss holds at its peak beyond what autograd keeps (``activation_bytes_per_token``), on CUDA.
-    ``F.cross_entropy``: its backward's gradient of the log-softmax (float32 under autocast) and that of
-    its input (bf16 logits under bf16-mixed) over all ``tokens``. Chunked: one chunk's logits and float32
-    log-softmax (softcapped: tanh and capped logits too), and the head's float32 weight gradient (float64
-    under 64-true: ``chunked_cross_entropy`` sums in float32 at least)."""
+    """Bytes the loss holds at its peak beyond what autograd keeps, on CUDA: ``F.cross_entropy``'s
+    gradients over all ``tokens``' logits, or one chunk's logits and the head's float32 weight gradient."""
     V, capped = config.vocab_size, config.logit_softcap is not None
     a, e = value_bytes(precision)
     f = max(e, 4)
@@ -166,23 +148,9 @@ def training_memory(
     weight_average: bool = False,
     states_per_parameter: float = 2.0,
 ) -> TrainingMemory:
-    """Memory per GPU of one training step.
-
-    Args:
-        config: the architecture.
-        micro_batch_size: rows per GPU per forward (``data.batch_size``).
-        seq_len: tokens per row; the model's block_size if None.
-        shards: 1 for DDP (every GPU holds everything); the number of GPUs FSDP2 shards over.
-        precision: Lightning's, e.g. ``bf16-mixed`` (float32 states, autocast's bf16 weight copies) or
-            ``bf16-true`` (the states in bfloat16: half of 32-true's); see ``value_bytes``.
-        activation_checkpointing: see ``activation_bytes_per_token``.
-        ddp: with ``shards`` 1, whether DDP keeps gradient buckets (several processes) or not (one).
-        chunked_loss: the module's ``chunked_loss`` (``loss_peak_bytes``).
-        weight_average: a weight-averaging callback (``EMAWeightAveraging``) keeps its copy of the
-            weights on this device (not under FSDP2, which refuses it).
-        states_per_parameter: optimizer states a parameter holds, on average: AdamW's 2 (its moments);
-            Muon keeps one (its momentum) for the blocks' matrices.
-    """
+    """Memory per GPU of one training step of ``micro_batch_size`` rows of ``seq_len`` (None: block_size)
+    tokens: ``shards`` is 1 for DDP (with gradient buckets if ``ddp``), else the GPUs FSDP2 shards over;
+    ``weight_average``: an averaging callback's copy on this device; ``states_per_parameter``: AdamW's 2."""
     n = parameter_count(config)
     tokens = micro_batch_size * (seq_len or config.block_size)
     unsharded = shards == 1  # FSDP2 has no buckets and gathers one block's weights at a time

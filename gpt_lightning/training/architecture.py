@@ -15,8 +15,7 @@ DEFAULT_CONFIG = GPTConfig()  # the architecture defaults live in GPTConfig alon
 
 
 def build_gpt(hparams: Mapping[str, Any]) -> tuple[GPTConfig, GPT, dict[str, Any]]:
-    """``(config, model, to_record)`` for a module's hyper-parameters: with ``init_from`` the source's
-    architecture and weights, else a fresh GPT built where the caller builds (meta device included);
+    """``(config, model, to_record)`` for a module's hyper-parameters, from ``init_from`` or fresh;
     ``to_record`` lets checkpoints load without the pretrained source."""
     options = {f.name: hparams[f.name] for f in fields(GPTConfig)}
     init_from, to_record, pretrained_state = hparams.get("init_from"), {}, None

@@ -1,6 +1,4 @@
-"""Bits per byte: the target tokens' summed cross-entropy in bits over the UTF-8 bytes they decode to,
-which compares across tokenizers (docs/evaluation.md); special tokens count neither bits nor bytes.
-"""
+"""Bits per byte: cross-entropy in bits over the UTF-8 bytes of the targets, comparable across tokenizers."""
 
 from __future__ import annotations
 

@@ -27,18 +27,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     (fsspec) paths are saved as Lightning saves them."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
-        """Save ``checkpoint`` to ``path``: the old file stays whole until the new one replaces it.
-
-        Args:
-            checkpoint: the state Lightning dumps (anything ``torch.save`` takes).
-            path: the checkpoint file to write.
-            storage_options: not supported, as in ``TorchCheckpointIO``.
-        """
+        """Save ``checkpoint`` to ``path``: the old file stays whole until the new one replaces it."""
         local = _local_path(path)
         if local is None or storage_options is not None:  # Lightning's behaviour, its error included
             super().save_checkpoint(checkpoint, path, storage_options)
             return
-        buffer = io.BytesIO()  # serialized first, as Lightning does: the size is known before writing
+        buffer = io.BytesIO()
         torch.save(checkpoint, buffer)
         data = buffer.getbuffer()
         remove_leftovers(local)  # a killed save's partial file: its space is needed now
@@ -55,13 +49,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def _local_path(path: str | Path) -> Path | None:
-    """``path`` as a local filesystem path, or None for a remote (fsspec URL) one."""
     fs, local = fsspec.core.url_to_fs(str(path))
     return Path(local) if isinstance(fs, LocalFileSystem) else None
 
 
 def use_atomic_checkpoints(trainer: Trainer) -> None:
-    """Give ``trainer`` an ``AtomicCheckpointIO`` where it has Lightning's exact default one (a plugin
-    the user chose is kept)."""
+    """Give ``trainer`` an ``AtomicCheckpointIO`` where it has Lightning's default one."""
     if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
         trainer.strategy.checkpoint_io = AtomicCheckpointIO()

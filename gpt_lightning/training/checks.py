@@ -3,6 +3,7 @@ when the module is built, and the data against the model's tables when training 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -12,45 +13,29 @@ from gpt_lightning.model import GPTConfig
 from gpt_lightning.training.optimizers import require_muon
 
 
-def check_optimizer_settings(
-    optimizer: str,
-    learning_rate: float,
-    weight_decay: float,
-    warmup_steps: int,
-    cosine_decay_steps: int | None,
-    lr_schedule: str,
-    decay_fraction: float,
-    muon_learning_rate: float,
-    muon_weight_decay: float,
-) -> None:
-    """Raise ``UserError`` for an optimizer or schedule setting outside its range."""
-    if not learning_rate > 0:
-        raise UserError(f"model.learning_rate must be > 0, got {learning_rate!r}.")
-    if weight_decay < 0:
-        raise UserError(f"model.weight_decay must be >= 0, got {weight_decay!r}.")
-    if warmup_steps < 0 or (cosine_decay_steps is not None and cosine_decay_steps <= 0):
+def check_optimizer_settings(hp: Mapping[str, Any]) -> None:
+    """Raise ``UserError`` for an optimizer or schedule setting of the module's ``hp`` outside its range."""
+    if not hp["learning_rate"] > 0:
+        raise UserError(f"model.learning_rate must be > 0, got {hp['learning_rate']!r}.")
+    if hp["weight_decay"] < 0:
+        raise UserError(f"model.weight_decay must be >= 0, got {hp['weight_decay']!r}.")
+    if hp["warmup_steps"] < 0 or (hp["cosine_decay_steps"] is not None and hp["cosine_decay_steps"] <= 0):
         raise UserError("model.warmup_steps must be >= 0 and model.cosine_decay_steps > 0.")
-    if lr_schedule == "wsd" and not 0 < decay_fraction <= 1:
-        raise UserError(f"model.decay_fraction must be in (0, 1], got {decay_fraction!r}.")
-    if optimizer == "muon":
+    if hp["lr_schedule"] == "wsd" and not 0 < hp["decay_fraction"] <= 1:
+        raise UserError(f"model.decay_fraction must be in (0, 1], got {hp['decay_fraction']!r}.")
+    if hp["optimizer"] == "muon":
         require_muon()
-        if not muon_learning_rate > 0 or muon_weight_decay < 0:
+        if not hp["muon_learning_rate"] > 0 or hp["muon_weight_decay"] < 0:
             raise UserError("model.muon_learning_rate must be > 0 and model.muon_weight_decay >= 0.")
 
 
 def check_untied_rates(
     config: GPTConfig, embedding_learning_rate: float | None, head_learning_rate: float | None
 ) -> None:
-    """Raise ``UserError`` for a rate of the untied embedding or head given to a model whose head is
-    tied (it would be ignored: both train in the ``learning_rate`` group), or one that is not > 0."""
-    given = {
-        name: rate
-        for name, rate in (
-            ("embedding_learning_rate", embedding_learning_rate),
-            ("head_learning_rate", head_learning_rate),
-        )
-        if rate is not None
-    }
+    """Raise ``UserError`` for an untied embedding or head rate that is not > 0 or given to a tied head
+    (where it would be ignored)."""
+    rates = {"embedding_learning_rate": embedding_learning_rate, "head_learning_rate": head_learning_rate}
+    given = {name: rate for name, rate in rates.items() if rate is not None}
     if given and config.tie_embeddings:
         raise UserError(
             f"model.{next(iter(given))} is the rate of an untied embedding and head (model.tie_embeddings false); "
@@ -62,8 +47,7 @@ def check_untied_rates(
 
 
 def check_strategy_supports(optimizer: str, strategy: Any) -> None:
-    """Raise ``UserError`` for Muon under FSDP2: ``torch.optim.Muon`` would orthogonalize each rank's
-    shard of a matrix (a ``DTensor``'s local rows), not the matrix."""
+    """Raise ``UserError`` for Muon under FSDP2, which would orthogonalize each rank's shard."""
     if optimizer == "muon" and isinstance(strategy, ModelParallelStrategy):
         raise UserError(
             "model.optimizer muon does not run under FSDP2 (ModelParallelStrategy): torch.optim.Muon would "
@@ -73,8 +57,7 @@ def check_strategy_supports(optimizer: str, strategy: Any) -> None:
 
 
 def run_length(estimated_stepping_batches: float) -> int:
-    """The run's optimizer steps, which the "wsd" schedule decays at the end of; ``UserError`` when
-    the run has no end (``max_steps`` -1 and ``max_epochs`` -1)."""
+    """The run's optimizer steps, for the "wsd" schedule; ``UserError`` when the run has no end."""
     if estimated_stepping_batches == float("inf"):
         raise UserError(
             "model.lr_schedule wsd decays over the end of the run, which has no end here: set "

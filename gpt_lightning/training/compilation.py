@@ -26,34 +26,20 @@ from gpt_lightning.model import GPT
 
 
 def compile_in_place(model: GPT, scope: str, **options: object) -> None:
-    """``torch.compile`` the GPT in place, so ``state_dict`` keys stay plain (no ``_orig_mod.``).
-
-    Args:
-        model: the GPT (sharded or not).
-        scope: "model": one graph for the whole GPT. "blocks": each ``Block`` (one graph, reused by
-            every block) plus the final norm, LM head and loss as one region; embeddings stay eager.
-        options: ``torch.compile``'s ``mode``, ``dynamic``, ``fullgraph``.
-    """
+    """``torch.compile`` the GPT in place, so ``state_dict`` keys stay plain: whole (``scope`` "model")
+    or each ``Block`` (one graph reused by every block) plus the head and loss (``scope`` "blocks")."""
     if scope == "model":
         model.compile(**options)
         return
     for block in model.transformer.h:
-        block.compile(**options)  # in place, like the whole model: same code, one graph for all
-    # A method, not a module: compiling it leaves every parameter name as it is. The compiled
-    # function is bound as a method, so a deepcopy (an EMA copy) binds it to the copy's weights, and
-    # the module pickles (the unpickled model runs this part eager, as the class defines it).
+        block.compile(**options)
+    # A bound method: parameter names stay, and a deepcopy (an EMA copy) binds it to the copy's weights.
     model.head_and_loss = types.MethodType(torch.compile(type(model).head_and_loss, **options), model)
 
 
 def check_kernels_can_build(device_type: str | None) -> None:
-    """Raise ``UserError`` where ``torch.compile`` cannot build its kernels here, before it tries: inductor
-    builds them as Python extensions against Python's headers (Triton's launchers on a GPU too), and a
-    CPU's with a C++ compiler.
-
-    Args:
-        device_type: "cpu", "cuda", ...: the device the compiled code runs on; None: not known yet (the
-            headers alone are checked).
-    """
+    """Raise ``UserError`` where ``torch.compile`` cannot build its kernels, before it tries: they are
+    Python extensions (Python's headers) and, on ``device_type`` "cpu", C++ (a compiler). None: headers only."""
     eager = "or run eager: --model.compile false (fit), without --compile (sample)."
     # Inductor passes both of these to the compiler (a Debian Python's default scheme has its own include)
     folders = {sysconfig.get_path("include"), sysconfig.get_config_var("INCLUDEPY")}
@@ -76,22 +62,15 @@ def check_kernels_can_build(device_type: str | None) -> None:
 
 
 def check_cuda_graphs_accumulation(compile: bool, mode: str | None, accumulate: int, device: torch.device) -> None:
-    """Refuse CUDA graphs under gradient accumulation on a CUDA device: a replay overwrites the
-    gradient accumulated so far (pytorch#169545; docs/gpu-fast-path.md).
-
-    Args:
-        compile: whether the model is compiled.
-        mode: its ``torch.compile`` mode.
-        accumulate: micro-batches per optimizer step (``trainer.accumulate_grad_batches``).
-        device: the device the model trains on.
-    """
+    """Refuse CUDA graphs under gradient accumulation on CUDA: a replay overwrites the gradient
+    accumulated so far (docs/gpu-fast-path.md)."""
     if (
         compile
         and accumulate > 1
         and device.type == "cuda"
         and mode
         and torch._inductor.list_mode_options(mode).get("triton.cudagraphs")
-    ):  # torch's table of modes
+    ):
         raise UserError(
             f"model.compile_mode {mode!r} records CUDA graphs, which accumulate {accumulate} micro-batches' "
             "gradients wrongly: use compile_mode null (default) or 'max-autotune-no-cudagraphs', or one "
@@ -105,8 +84,7 @@ def is_compiled(model: GPT) -> bool:
 
 
 def evaluation_stance(compile_eval: bool, sanity_checking: bool) -> AbstractContextManager:
-    """The context to run an evaluation batch (or a validation sample) in: ``force_eager`` unless
-    ``compile_eval`` and not Lightning's sanity check (which would compile before the first step)."""
+    """``force_eager`` for evaluation unless ``compile_eval`` and not in Lightning's sanity check."""
     if compile_eval and not sanity_checking:
         return contextlib.nullcontext()
     return torch.compiler.set_stance("force_eager")

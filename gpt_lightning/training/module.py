@@ -59,73 +59,55 @@ class GPTLightningModule(LightningModule):
 
     Args:
         vocab_size: token-embedding rows; at least the tokenizer's 50257 (50304 is faster on GPUs).
-        block_size: longest sequence (the position table). None: ``init_from``'s, else 1024; the CLI sets
-            ``data.block_size`` unless it is given or ``init_from`` is.
+        block_size: longest sequence. None: ``init_from``'s, else 1024; the CLI sets it from ``data.block_size``.
         n_layer: transformer blocks.
         n_head: attention heads per block.
         n_embd: residual-stream width; divisible by ``n_head``.
         dropout: dropout probability (0 for short runs).
         bias: biases in Linear and LayerNorm layers, as in GPT-2.
         rotary, rotary_base, norm, norm_affine, qk_norm, activation, tie_embeddings, zero_init_proj,
-            logit_softcap, value_embeddings: the modern switches, each GPT-2's by default (``GPTConfig`` says what each does
-            and why; docs/modern.md; ``configs/modern-tiny-cpu.yaml`` turns them on).
-        window_pattern, short_window_fraction: sliding-window attention, a window per block (nanochat's
-            ``window_pattern``, e.g. "SSSL"; off by default, "L"; ``configs/modern-tiny-cpu.yaml`` trains
-            "SSSL"; docs/modern.md).
-        residual_scalars: nanochat's per-block residual and x0 scalars, off by default and in no preset
-            (``GPTConfig``; docs/modern.md). They train with AdamW at ``learning_rate``, without weight decay.
-        optimizer: "adamw": AdamW on every weight. "muon": ``torch.optim.Muon`` (torch >= 2.9) on the
-            blocks' 2-D matrices (attention and MLP weights), AdamW (``learning_rate``, ...) on the
-            embeddings, the tied head, LayerNorms and biases: fewer tokens to the same loss
-            (docs/optimizers.md). Not under FSDP2 (``ModelParallelStrategy``).
+            logit_softcap, value_embeddings: the modern switches, GPT-2's by default (``GPTConfig``; docs/modern.md).
+        window_pattern, short_window_fraction: sliding-window attention per block, e.g. "SSSL" (default "L": off).
+        residual_scalars: nanochat's per-block residual and x0 scalars (``GPTConfig``), trained by AdamW, no decay.
+        optimizer: "adamw" on every weight, or "muon": ``torch.optim.Muon`` (torch >= 2.9) on the blocks'
+            2-D matrices and AdamW on the rest (docs/optimizers.md). Not under FSDP2.
         learning_rate: AdamW peak learning rate.
         weight_decay: AdamW weight decay, of 2-D weights only (matmuls, embeddings; not biases, LayerNorm gains).
         betas: AdamW moment coefficients.
         eps: AdamW epsilon.
-        muon_learning_rate: Muon's peak learning rate (with ``optimizer: muon``); the schedule scales it
-            as it scales ``learning_rate``.
+        muon_learning_rate: Muon's peak learning rate; the schedule scales it as it scales ``learning_rate``.
         muon_momentum: Muon's Nesterov momentum.
-        muon_weight_decay: Muon's decoupled weight decay (each step multiplies the matrices by
-            1 - lr x this).
-        muon_adjust_lr: how Muon scales its learning rate per matrix shape: "original" (Keller
-            Jordan's sqrt(max(1, rows / cols)), for lr about 0.02) or "match_rms_adamw" (Moonshot's
-            0.2 x sqrt(max(rows, cols)): updates of AdamW's size, for an AdamW-like lr).
-        embedding_learning_rate: AdamW peak rate of the token (and position) embeddings when the head is
-            untied (``tie_embeddings: false``); None: ``learning_rate``. nanochat trains a high one.
-        head_learning_rate: AdamW peak rate of the untied LM head; None: ``learning_rate``. nanochat: a low one.
+        muon_weight_decay: Muon's decoupled weight decay (each step multiplies the matrices by 1 - lr x this).
+        muon_adjust_lr: Muon's per-shape lr scale: "original" (sqrt(max(1, rows / cols)), lr about 0.02) or
+            "match_rms_adamw" (0.2 x sqrt(max(rows, cols)), for an AdamW-like lr).
+        embedding_learning_rate: AdamW peak rate of the embeddings when the head is untied; None: ``learning_rate``.
+        head_learning_rate: AdamW peak rate of the untied LM head; None: ``learning_rate``.
         warmup_steps: linear learning-rate warm-up from 0 over this many optimizer steps.
-        lr_schedule: after warm-up, "cosine": a cosine decay over ``cosine_decay_steps`` (None: constant);
-            "wsd" (warmup-stable-decay): constant, then a linear decay to ``min_lr_ratio`` x peak over
-            the last ``decay_fraction`` of the run's optimizer steps (``trainer.max_steps``, or what
-            the epochs come to).
+        lr_schedule: after warm-up, "cosine" (over ``cosine_decay_steps``) or "wsd": constant, then a linear
+            decay to ``min_lr_ratio`` x peak over the last ``decay_fraction`` of the run's optimizer steps.
         cosine_decay_steps: cosine decay to ``min_lr_ratio`` x peak over this many steps after warm-up, then
             constant. None: constant after warm-up.
         decay_fraction: the fraction of the run's steps the "wsd" schedule decays over, at its end.
         min_lr_ratio: final learning rate of the decay, as a fraction of the peak.
         compile: ``torch.compile`` the model in place (checkpoint keys stay plain); the first step compiles.
-        compile_scope: "model": one graph for the GPT; "blocks": one graph reused by every ``Block`` (compiled
-            once, not n_layer times) plus one for the head and loss.
+        compile_scope: "model": one graph for the GPT; "blocks": one graph reused by every ``Block`` plus one
+            for the head and loss.
         compile_mode: ``torch.compile`` mode: None (default), "reduce-overhead", "max-autotune", ...
             The two that record CUDA graphs are refused on CUDA under gradient accumulation.
         compile_dynamic: ``torch.compile(dynamic=...)``; False suits the fixed (B, T) batches.
         compile_fullgraph: fail on any graph break instead of falling back to eager.
         compile_eval: compile evaluation too (a second graph, at the first validation); for long evaluations.
         activation_checkpointing: recompute each block's activations in the backward pass: less memory.
-        chunked_loss: the training loss a chunk of rows at a time (``loss.chunked_cross_entropy``):
-            the (B, T, vocab_size) logits never exist whole. False: ``F.cross_entropy`` over all of them,
-            as evaluation computes it (the memory guide counts both; docs/gpu-fast-path.md). Unmeasured
-            on a GPU until ``benchmarks/gpu_run.sh``'s levers step runs.
-        cudnn_attention: the training forward tries cuDNN's attention kernel first on GPUs of compute
-            capability >= 9.0 with cuDNN >= 9 (``training/attention.py``); False: SDPA's own order there
-            too (flash first). No effect elsewhere. Unmeasured on a GPU until the levers step runs.
-        float32_matmul_precision: set when ``fit`` starts, before the device is set up ("high": TF32 on
-            Ampere and newer GPUs); None: left alone.
-        val_sample_tokens: tokens the ``ValidationSamples`` callback (the CLI attaches it) samples
-            after each validation and logs to TensorBoard (tag ``samples``). 0 turns it off.
+        chunked_loss: compute the training loss a chunk of rows at a time, so the (B, T, vocab_size) logits
+            never exist whole. False: ``F.cross_entropy`` over all of them (docs/gpu-fast-path.md).
+        cudnn_attention: on GPUs of compute capability >= 9.0 with cuDNN >= 9, try cuDNN's attention
+            first in the training forward; False: SDPA's own order.
+        float32_matmul_precision: set when ``fit`` starts ("high": TF32 on Ampere and newer); None: left alone.
+        val_sample_tokens: tokens the ``ValidationSamples`` callback samples after each validation. 0: off.
         val_sample_prompt: the prompt for those samples.
         init_from: start from a Hugging Face GPT-2: a hub name (``gpt2`` ... ``gpt2-xl``) or a local directory
-            or weights file with its ``config.json``, which gives the architecture (options left at their
-            defaults take its values; ``block_size`` may be shorter). A resumed run ignores it.
+            or weights file with its ``config.json``, whose architecture fills the options left at their defaults.
+            A resumed run ignores it.
     """
 
     def __init__(
@@ -181,18 +163,8 @@ class GPTLightningModule(LightningModule):
         init_from: str | None = None,
     ) -> None:
         super().__init__()
-        check_optimizer_settings(
-            optimizer,
-            learning_rate,
-            weight_decay,
-            warmup_steps,
-            cosine_decay_steps,
-            lr_schedule,
-            decay_fraction,
-            muon_learning_rate,
-            muon_weight_decay,
-        )
         self.save_hyperparameters()
+        check_optimizer_settings(self.hparams)
         self.config, self.model, to_record = build_gpt(self.hparams)
         self.save_hyperparameters(to_record)  # checkpoints record the architecture built, without init_from
         check_untied_rates(self.config, embedding_learning_rate, head_learning_rate)
@@ -207,9 +179,7 @@ class GPTLightningModule(LightningModule):
         self._total_steps: int | None = None  # the run's optimizer steps, for the "wsd" schedule
         self._final_step: int | None = None  # the same, for logging its last step (None: no end)
         self._step_values: tuple[torch.Tensor | None, torch.Tensor | None] | None = None  # this step's loss, grad norm
-        self._built: tuple[torch.optim.Optimizer, LambdaLR | None] | None = (
-            None  # by configure_optimizers: resume's to set
-        )
+        self._built: tuple[torch.optim.Optimizer, LambdaLR | None] | None = None  # by configure_optimizers
         self._trained_at_end = TrainedWeightsAtEnd()  # for a last.ckpt written after weight averaging's end
 
     def configure_callbacks(self) -> list:
@@ -290,8 +260,7 @@ class GPTLightningModule(LightningModule):
     def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch  # (B, T), (B, T)
         hp = self.hparams
-        # A graph for this length alone, every recompute in it: a checkpointed block's runs in the backward,
-        # outside this context, and must meet the kernel its forward saved tensors for.
+        # A checkpointed block recomputes in the backward, outside this context: not a static graph.
         static_graph = self.is_compiled and hp.compile_dynamic is False and not self.model.activation_checkpointing
         backends = device_attention_backends(
             x.device,
@@ -354,7 +323,6 @@ class GPTLightningModule(LightningModule):
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch  # (B, T), (B, T)
-        # Eager unless compile_eval (and never in the sanity check): see compilation.evaluation_stance.
         with evaluation_stance(self.hparams.compile_eval, self._trainer is not None and self._trainer.sanity_checking):
             logits, loss = self.model(x, y)  # (B, T, vocab_size), mean over tokens
         self.val_loss.update(loss, weight=x.numel())
@@ -365,17 +333,15 @@ class GPTLightningModule(LightningModule):
     test_step = validation_step  # the same loss, logged as test/ by on_test_epoch_end
 
     def on_validation_epoch_start(self) -> None:
-        """Sum the metrics in float32 and float64 whatever the precision: ``bf16-true`` and ``16-true`` cast the
-        whole module with ``.to(dtype)``, which torchmetrics lets reach their states (a float16 sum of
-        GPT-2's losses overflows at the first batch)."""
+        """Sum the metrics in float32 and float64 whatever the precision: ``*-true`` precisions cast the
+        metric states too, and a float16 sum of losses overflows."""
         self.val_loss.set_dtype(torch.float32)
         self.val_bpb.set_dtype(torch.float64)
 
     on_test_epoch_start = on_validation_epoch_start
 
     def _log_eval(self, prefix: str) -> None:
-        # The torchmetrics objects, which reduce over ranks at compute() (Lightning computes and resets them):
-        # as tensors, Lightning warns under DDP to add sync_dist, which would all-reduce reduced values again.
+        # The metric objects, not tensors: they reduce over ranks themselves at compute().
         metrics = {"loss": self.val_loss, "perplexity": self.val_perplexity, "bpb": self.val_bpb}  # bpb: bits per byte
         fitting = self.trainer.state.fn == TrainerFn.FITTING
         for name, metric in metrics.items():
@@ -413,7 +379,6 @@ class GPTLightningModule(LightningModule):
             muon_adjust_lr=hp.muon_adjust_lr,
             embedding_learning_rate=hp.embedding_learning_rate,
             head_learning_rate=hp.head_learning_rate,
-            # Fused AdamW: one kernel for all parameters instead of a loop over them, on CUDA and CPU.
             fused=self.device.type in ("cuda", "cpu") or None,
         )
         if hp.lr_schedule == "wsd":
@@ -427,13 +392,5 @@ class GPTLightningModule(LightningModule):
 
     def lr_multiplier(self, step: int) -> float:
         """Learning rate at optimizer step ``step`` as a fraction of the peak."""
-        hp = self.hparams
-        return lr_multiplier(
-            step,
-            warmup_steps=hp.warmup_steps,
-            lr_schedule=hp.lr_schedule,
-            cosine_decay_steps=hp.cosine_decay_steps,
-            decay_fraction=hp.decay_fraction,
-            min_lr_ratio=hp.min_lr_ratio,
-            total_steps=self._total_steps,
-        )
+        schedule = ("warmup_steps", "lr_schedule", "cosine_decay_steps", "decay_fraction", "min_lr_ratio")
+        return lr_multiplier(step, **{name: self.hparams[name] for name in schedule}, total_steps=self._total_steps)

@@ -14,39 +14,30 @@ from gpt_lightning.errors import UserError
 from gpt_lightning.lightning_internals import muon_math
 from gpt_lightning.model import SCALAR_PARAMETERS
 
-# The parameter-group names, in the order configure_optimizers builds them: the LearningRateMonitor
-# logs lr-<optimizer>/<name>; resume re-applies each group's settings by position.
-MUON_GROUPS = ("muon", "adamw", "adamw_no_decay")
-# With an untied head (``tie_embeddings: false``) the embeddings and the head are groups of their own,
-# at their own rates (nanochat: a high one for the input embedding, a low one for the output head).
+# With an untied head the embeddings and the head are groups of their own, at their own rates.
 UNTIED_GROUPS = ("embedding", "head")
 
 
 def is_embedding(name: str) -> bool:
-    """Whether ``name`` is an input embedding table (``transformer.wte``, ``transformer.wpe``, and the
-    blocks' value embeddings ``transformer.h.N.attn.value_embedding``: looked up by token, not multiplied)."""
+    """Whether ``name`` is an input embedding table (token, position or a block's value embedding)."""
     return name.startswith(("transformer.wte.", "transformer.wpe.")) or ".attn.value_embedding." in name
 
 
 def is_head(name: str) -> bool:
-    """Whether ``name`` is the LM head's weight (its own Parameter only when the head is untied)."""
     return name.startswith("lm_head.")
 
 
 def is_scalar(name: str, param: torch.Tensor) -> bool:
-    """Whether AdamW updates ``param`` without weight decay: a vector (biases, norm gains) or one of the
-    GPT's own scalars (``SCALAR_PARAMETERS``)."""
+    """Whether AdamW updates ``param`` without weight decay: a vector or one of ``SCALAR_PARAMETERS``."""
     return param.dim() < 2 or name in SCALAR_PARAMETERS
 
 
 def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
-    """Whether Muon updates ``param``: a 2-D weight inside a transformer block (and a value embedding's
-    gate, as in nanochat); embeddings, head, norms and biases stay on AdamW."""
+    """Whether Muon updates ``param``: a 2-D weight inside a block that is not an embedding."""
     return name.startswith("transformer.h.") and param.dim() == 2 and not is_embedding(name)
 
 
 def require_muon() -> None:
-    """Raise ``UserError`` when this torch has no ``torch.optim.Muon`` (added in 2.9)."""
     if not hasattr(torch.optim, "Muon"):
         raise UserError(
             f"model.optimizer muon needs torch >= 2.9 (torch.optim.Muon); this is torch {torch.__version__}. "
@@ -55,16 +46,8 @@ def require_muon() -> None:
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
-    """``torch.optim.Muon`` on ``muon_groups`` and ``torch.optim.AdamW`` on ``adamw_groups``, stepped
-        together as one optimizer; ``found_inf`` skips the update on the device.
-
-        Args:
-            muon_groups: parameter groups of 2-D matrices, with Muon's options (``lr``, ``momentum``, ...)
-    .
-            adamw_groups: the other parameter groups, with AdamW's options.
-            muon: ``torch.optim.Muon`` keyword arguments shared by ``muon_groups``.
-            adamw: ``torch.optim.AdamW`` keyword arguments shared by ``adamw_groups`` (``fused`` included).
-    """
+    """``torch.optim.Muon(muon_groups, **muon)`` and ``torch.optim.AdamW(adamw_groups, **adamw)`` stepped
+    together as one optimizer, so Lightning sees one; ``found_inf`` skips the update on the device."""
 
     def __init__(
         self, muon_groups: list[dict], adamw_groups: list[dict], muon: dict[str, Any], adamw: dict[str, Any]
@@ -84,8 +67,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
     @property
     def skips_on_device(self) -> bool:
-        """Whether ``found_inf`` may be set: only a fused AdamW takes it (the others assert it is
-        None), so without one (MPS, XPU) the ``NonFiniteGuard`` decides on the host instead."""
+        """Whether ``found_inf`` may be set: only a fused AdamW takes it."""
         return bool(self.adamw.defaults.get("fused"))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -100,7 +82,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
                 loss = closure()
         skip = self.found_inf
         if skip is None:
-            self.muon.step()  # torch's own
+            self.muon.step()
         else:
             self._muon_step_unless(skip.bool())
         self.adamw.found_inf = skip  # fused AdamW skips on the device; None: no guard
@@ -117,16 +99,10 @@ class MuonWithAdamW(torch.optim.Optimizer):
 def muon_matrix_step(
     p: torch.Tensor, group: dict[str, Any], state: dict[str, Any], skip: torch.Tensor | None = None, chunks: int = 1
 ) -> None:
-    """One matrix's Muon step, torch's ``_single_tensor_muon`` operations in order (bit for bit,
-    tests/test_optimizers.py), with no copy of the weights and no host read.
+    """One matrix's Muon step, torch's ``_single_tensor_muon`` bit for bit, with no host read.
 
-    Args:
-        p: the matrix, its gradient in ``p.grad``.
-        group: its Muon parameter group (``lr``, ``momentum``, ``ns_coefficients`` ...).
-        state: its optimizer state (the momentum buffer is made here on the first step).
-        skip: a 0-dim bool tensor: True leaves the weights and momentum as they were. None: a plain step.
-        chunks: orthogonalize this many row blocks apart (modded-nanogpt's Q, K, V split;
-            ``benchmarks/optimizers.py --qkv_split``).
+    ``skip`` (a 0-dim bool tensor) True leaves the weights and momentum as they were; ``chunks``
+    orthogonalizes that many row blocks apart (modded-nanogpt's Q, K, V split).
     """
     zeropower_via_newtonschulz, adjust_lr = muon_math()  # torch's own Muon math
     lr, weight_decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
@@ -168,8 +144,7 @@ def build_optimizer(
     head_learning_rate: float | None = None,
 ) -> torch.optim.Optimizer:
     """The optimizer of ``kind`` ("adamw" or "muon") over ``model``'s trainable parameters, its groups
-    in ``group_settings``' order (an untied head and embeddings get their own rates, no decay); the
-    keyword arguments are ``GPTLightningModule``'s options."""
+    in ``group_settings``' order; the keyword arguments are ``GPTLightningModule``'s options."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     adamw = dict(betas=tuple(betas), eps=eps, fused=fused)
     untied = any(is_head(name) for name, _ in named)  # a tied head is named transformer.wte.weight only
@@ -200,12 +175,7 @@ def build_optimizer(
         ]
         return torch.optim.AdamW(groups, lr=learning_rate, **adamw)
     require_muon()
-    muon_groups = [
-        {
-            "name": "muon",
-            "params": [p for name, p in rest if is_hidden_matrix(name, p)],
-        }
-    ]
+    muon_groups = [{"name": "muon", "params": [p for name, p in rest if is_hidden_matrix(name, p)]}]
     adamw_groups = [
         *(
             own
@@ -231,8 +201,7 @@ def build_optimizer(
 
 
 def group_settings(hparams: Any) -> list[dict[str, Any]]:
-    """Each parameter group's peak learning rate and other settings, in ``build_optimizer``'s
-    order, from the module's hyper-parameters: what a resumed run re-applies (``resume``)."""
+    """Each parameter group's peak settings in ``build_optimizer``'s order: what a resumed run re-applies."""
     adamw = dict(betas=tuple(hparams["betas"]), eps=hparams["eps"])
     decayed, vectors = (
         {"lr": hparams["learning_rate"], "weight_decay": hparams["weight_decay"], **adamw},
@@ -271,8 +240,7 @@ def lr_multiplier(
     min_lr_ratio: float,
     total_steps: int | None,
 ) -> float:
-    """The learning rate at ``step`` as a fraction of each group's peak: linear warm-up, then "cosine"
-    or "wsd" decay to ``min_lr_ratio`` (``GPTLightningModule``'s options, documented there)."""
+    """The learning rate at ``step`` as a fraction of the peak (``GPTLightningModule``'s options)."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if lr_schedule == "wsd":

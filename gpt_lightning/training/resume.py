@@ -14,8 +14,7 @@ from gpt_lightning.errors import UserError
 from gpt_lightning.lightning_internals import batches_that_stepped, set_batches_that_stepped
 from gpt_lightning.model import GPTConfig
 
-# The GPTConfig fields a resumed run must share with its checkpoint. Dropout is a training setting:
-# it changes no weight and no function at inference, so it may change on resume.
+# The GPTConfig fields a resumed run must share with its checkpoint; dropout may change.
 ARCHITECTURE = tuple(f.name for f in fields(GPTConfig) if f.name != "dropout")
 
 
@@ -39,9 +38,7 @@ def architecture_of(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
 def refuse_other_architecture(checkpoint: dict[str, Any], config: GPTConfig) -> None:
     """Raise ``UserError`` naming every difference between the checkpoint's architecture and ``config``."""
     saved = {
-        # Every architecture field the checkpoint recorded (n_head changes no shape, yet the
-        # computation), then what the weights' shapes show, which wins: load_from_checkpoint
-        # writes its keyword arguments over the recorded ones.
+        # What the checkpoint recorded, then what its weights' shapes show, which wins.
         **{name: value for name, value in (checkpoint.get("hyper_parameters") or {}).items() if name in ARCHITECTURE},
         **architecture_of(checkpoint.get("state_dict", {})),
     }
@@ -58,8 +55,7 @@ def refuse_other_architecture(checkpoint: dict[str, Any], config: GPTConfig) -> 
 
 
 def refuse_other_optimizer(checkpoint: dict[str, Any], optimizer: str) -> None:
-    """Raise ``UserError`` when the checkpoint was trained with the other ``model.optimizer``
-    ("adamw" vs "muon"): its state has other groups and moments."""
+    """Raise ``UserError`` when the checkpoint was trained with the other ``model.optimizer``."""
     saved = (checkpoint.get("hyper_parameters") or {}).get("optimizer", "adamw")
     if saved != optimizer:
         raise UserError(
@@ -75,56 +71,27 @@ def continue_own_schedule(
     settings: Sequence[Mapping[str, Any]],
     multiplier: Callable[[int], float],
 ) -> None:
-    """At train start, give the module's own optimizer and scheduler (``built``) the settings and
-    schedule given now, at the restored step; a subclass's own are left as restored.
-
-    Args:
-        trainer: the trainer, its optimizers and schedulers set up and restored.
-        built: the optimizer and scheduler (or None) the module built; None when a subclass built its own.
-        settings: each parameter group's settings, in the module's group order; ``lr`` is the peak.
-        multiplier: the schedule, a fraction of the peak at each optimizer step.
-    """
+    """At train start, give the module's own optimizer and scheduler (``built``) each group's
+    ``settings`` (``lr``: the peak) and the schedule ``multiplier`` given now, at the restored step,
+    keeping the moments; a subclass's own are left as restored."""
     if built is None or not any(optimizer is built[0] for optimizer in trainer.optimizers):
         return
-    optimizer, scheduler = built
-    apply_optimizer_settings(optimizer, settings)
-    schedulers = [config.scheduler for config in trainer.lr_scheduler_configs if config.scheduler is scheduler]
-    place_schedule(trainer.global_step, optimizer, schedulers, [given["lr"] for given in settings], multiplier)
-
-
-def apply_optimizer_settings(optimizer: torch.optim.Optimizer, settings: Sequence[Mapping[str, Any]]) -> None:
-    """Rewrite the restored group settings (betas, eps, weight decay, momentum ...) with ``settings``,
-    keeping the moments; learning rates are ``place_schedule``'s."""
+    (optimizer, scheduler), step = built, trainer.global_step
     for group, given in zip(optimizer.param_groups, settings):
         group.update({key: value for key, value in given.items() if key != "lr"})
+        group["lr"] = given["lr"] * multiplier(step)
         if "initial_lr" in group:  # LambdaLR's record of the peak
             group["initial_lr"] = given["lr"]
-
-
-def place_schedule(
-    step: int,
-    optimizer: torch.optim.Optimizer,
-    schedulers: Sequence[Any],
-    peaks: Sequence[float],
-    multiplier: Callable[[int], float],
-) -> None:
-    """Set each group's rate (its peak x ``multiplier(step)``) and each scheduler's position to the
-    schedule given now after ``step`` optimizer steps."""
-    for group, peak in zip(optimizer.param_groups, peaks):
-        group["lr"] = peak * multiplier(step)
-    for scheduler in schedulers:
-        scheduler.base_lrs = list(peaks[: len(scheduler.optimizer.param_groups)])
-        # One public step from the step before: the scheduler sets each group's rate to its peak x
-        # multiplier(step), and get_last_lr() reports it. A scheduler new to this run (the checkpoint
-        # had none) has not seen optimizer.step() yet, which torch warns about; here that is expected.
-        scheduler.last_epoch = step - 1  # a scheduler steps once per optimizer step after its first
+    if any(config.scheduler is scheduler for config in trainer.lr_scheduler_configs):
+        scheduler.base_lrs = [given["lr"] for given in settings][: len(optimizer.param_groups)]
+        # One public step from the step before, so get_last_lr() reports the rate too.
+        scheduler.last_epoch = step - 1
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*lr_scheduler\.step\(\)` before `optimizer\.step\(\)`.*")
             scheduler.step()
 
 
 def align_logging_step(trainer: Any) -> None:
-    """Log at the optimizer step count again: Lightning's restored logging step can be one ahead after
-    a resume (it guesses the checkpoint's moment; cf. Lightning #19367)."""
+    """Log at the optimizer step count again: Lightning's restored logging step can be one ahead."""
     if batches_that_stepped(trainer) != trainer.global_step:
         set_batches_that_stepped(trainer, trainer.global_step)

@@ -1,5 +1,4 @@
-"""``train/loss`` and ``train/grad_norm`` once per optimizer step, and only on the steps the logger
-writes: the mean loss of an optimizer step's micro-batches, and when a step's values are logged."""
+"""``train/loss`` and ``train/grad_norm`` once per optimizer step, only on the steps the logger writes."""
 
 from __future__ import annotations
 
@@ -8,8 +7,7 @@ from lightning.pytorch import Trainer
 
 
 class StepLoss:
-    """The mean loss of an optimizer step's micro-batches (build-nanogpt's ``loss_accum``), summed on
-    the device: ``add`` each micro-batch's loss, ``pop_mean`` once per optimizer step."""
+    """The mean loss of an optimizer step's micro-batches, summed on the device."""
 
     def __init__(self) -> None:
         self._sum: torch.Tensor | None = None
@@ -24,27 +22,20 @@ class StepLoss:
         """This step's mean (None if no micro-batch was added), and start the next step."""
         if self._sum is None:
             return None
-        mean = self._sum / self._micro_batches  # on the device
+        mean = self._sum / self._micro_batches
         self._sum, self._micro_batches = None, 0
         return mean
 
 
 def written_now(trainer: Trainer, final_step: int | None) -> bool:
-    """Whether this optimizer step's values are logged: the steps Lightning's logger writes, and the
-    run's planned last step. Other steps skip ``self.log`` (host time, and a barrier under ``sync_dist``).
-
-    Args:
-        trainer: the running trainer, at ``on_before_optimizer_step``.
-        final_step: the run's optimizer steps (``trainer.estimated_stepping_batches``), or None
-            for a run without an end.
-    """
-    step, every = trainer.global_step + 1, trainer.log_every_n_steps  # the condition Lightning applies
+    """Whether this optimizer step's values are logged: the steps Lightning's logger writes, and
+    ``final_step``. Other steps skip ``self.log`` (host time, and a barrier under ``sync_dist``)."""
+    step, every = trainer.global_step + 1, trainer.log_every_n_steps
     if trainer.fast_dev_run or step == final_step:
         return True
     return every > 0 and (step % every == 0 or trainer.should_stop)
 
 
 def stopping(trainer: Trainer) -> bool:
-    """At ``on_train_batch_end``: whether the logger writes this step because a callback stopped the
-    run after ``written_now`` was asked, so the module logs the step's values (again) there."""
+    """Whether a callback stopped the run after ``written_now`` was asked, so the step is logged anyway."""
     return trainer.should_stop and trainer.log_every_n_steps > 0

@@ -1,5 +1,4 @@
-"""Task groups shipped as lm-evaluation-harness YAMLs in this folder (``gpt2-suite``), found through
-``SUITE_DIR`` on the harness's include path."""
+"""lm-evaluation-harness task groups shipped in this folder (``gpt2-suite``), on the include path."""
 
 from pathlib import Path
 
