@@ -65,9 +65,19 @@ class GPTLightningModule(LightningModule):
         n_embd: residual-stream width; divisible by ``n_head``.
         dropout: dropout probability (0 for short runs).
         bias: biases in Linear and LayerNorm layers, as in GPT-2.
-        rotary, rotary_base, norm, norm_affine, qk_norm, activation, tie_embeddings, zero_init_proj,
-            logit_softcap, value_embeddings: the modern switches, GPT-2's by default (``GPTConfig``; docs/modern.md).
-        window_pattern, short_window_fraction: sliding-window attention per block, e.g. "SSSL" (default "L": off).
+        rotary: rotary position embeddings instead of the learned table (docs/modern.md, as every switch).
+        rotary_base: the rotary embedding's longest wavelength, in positions.
+        norm: "layernorm" (GPT-2) or "rmsnorm".
+        norm_affine: learned gains (and biases) in the norms; False: parameter-free.
+        qk_norm: RMS-normalize each head's queries and keys.
+        activation: the MLP's "gelu" (GPT-2's tanh GELU) or "relu2" (ReLU squared).
+        tie_embeddings: share the LM head with the token embedding (GPT-2); False: each its own.
+        zero_init_proj: start the residual output projections and an untied head at zero.
+        logit_softcap: squash the logits to (-c, c) by c * tanh(logits / c); None: no cap.
+        value_embeddings: nanochat's value embeddings on every other block.
+        window_pattern: sliding-window attention, a letter a block tiled over them: "S" short, "L" long;
+            e.g. "SSSL". "L": GPT-2's attention everywhere.
+        short_window_fraction: an "S" block's window as a fraction of ``block_size``.
         residual_scalars: nanochat's per-block residual and x0 scalars (``GPTConfig``), trained by AdamW, no decay.
         optimizer: "adamw" on every weight, or "muon": ``torch.optim.Muon`` (torch >= 2.9) on the blocks'
             2-D matrices and AdamW on the rest (docs/optimizers.md). Not under FSDP2.
