@@ -5,9 +5,9 @@
 #   bench         `gpt-lightning bench` on the reference experiment (configs/gpt2-124m.yaml, 100 steps):
 #                 eager, whole-model and regional compile from cold compile caches, then
 #                 configs/gpt2-124m-fast.yaml; bench.json and bench.png updated after each run;
-#   levers        the step's levers that are on by default (the chunked loss, cuDNN attention), each on
-#                 and off on configs/gpt2-124m-fast.yaml, 30 steps (benchmarks/levers.py): tokens/s, peak
-#                 memory, the first 10 steps' losses: levers.json;
+#   levers        the step's levers a GPU's defaults leave off until measured (the chunked loss, cuDNN
+#                 attention), each on against the defaults on configs/gpt2-124m-fast.yaml, 30 steps
+#                 (benchmarks/levers.py): tokens/s, peak memory, the first 10 steps' losses: levers.json;
 #   tests         the GPU-only tests (tests/test_gpu.py), their output in gpu_tests.txt;
 #   generation    decode at batch 1 and 8 in bf16, eager and compiled (CUDA graphs), against
 #                 transformers' generate (dynamic and static cache) on the same weights, from a

@@ -1,9 +1,9 @@
-"""The training step's levers that are on by default, each measured on and off at one shape, into one
-JSON file: ``--model.chunked_loss`` (the loss a chunk of rows at a time) and ``--model.cudnn_attention``
-(cuDNN's attention kernel first on Hopper and newer). Each run is one of ``gpt-lightning bench``'s (a
-fresh process training ``--config`` through the CLI, the other arguments going to every run): the
-defaults once, then each lever off. Per run: tokens/s after warm-up, peak memory, the first 10 steps'
-losses; per lever, on against off (docs/gpu-fast-path.md, ``benchmarks/gpu_run.sh``'s ``levers`` step).
+"""The training step's levers that a GPU's defaults leave off until measured there, each on against the
+defaults at one shape, into one JSON file: ``--model.chunked_loss`` (the loss a chunk of rows at a time)
+and ``--model.cudnn_attention`` (cuDNN's attention kernel first on Hopper and newer). Each run is one of
+``gpt-lightning bench``'s (a fresh process training ``--config`` through the CLI, the other arguments
+going to every run): the defaults once, then each lever on. Per run: tokens/s after warm-up, peak memory,
+the first 10 steps' losses; per lever, on against off (docs/gpu-fast-path.md, ``gpu_run.sh``'s ``levers``).
 
     python benchmarks/levers.py --config configs/gpt2-124m.yaml --model.compile_scope blocks \\
         --trainer.max_steps 30 --throughput.warmup_steps 10 --out benchmarks/results/<device>/levers.json
@@ -23,7 +23,7 @@ from gpt_lightning.atomic import atomic_write_bytes
 from gpt_lightning.commands.bench import compare, repo_relative, run_in_subprocess, train_one
 from gpt_lightning.training.attention import device_attention_backends
 
-# Each lever's flag; the defaults turn them all on.
+# Each lever's flag; on a GPU the defaults leave them off.
 LEVERS = {"chunked_loss": "--model.chunked_loss", "cudnn_attention": "--model.cudnn_attention"}
 LOSS_STEPS = 10  # the steps whose losses are compared
 
@@ -36,7 +36,7 @@ def run_row(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def lever_row(on: dict[str, Any], off: dict[str, Any], applies: bool) -> dict[str, Any]:
-    """A lever on (the defaults' run) against off: the ratio of tokens/s, the memory it saves, the
+    """A lever on against off (the defaults' run): the ratio of tokens/s, the memory it saves, the
     largest difference of the first losses; ``applies``: whether this device takes the lever at all."""
     ratio = None
     if on["tokens_per_sec_median"] and off["tokens_per_sec_median"]:
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args, extra = parser.parse_known_args(argv)
     parent = f"levers/{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    planned = [("defaults", [])] + [(f"{lever}_off", [LEVERS[lever], "false"]) for lever in args.levers]
+    planned = [("defaults", [])] + [(f"{lever}_on", [LEVERS[lever], "true"]) for lever in args.levers]
     rows: dict[str, dict[str, Any]] = {}
     report: dict[str, Any] = {
         "config": args.config,
@@ -89,9 +89,10 @@ def main(argv: list[str] | None = None) -> None:
         report["runs"] = rows
         args.out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(args.out, (json.dumps(repo_relative(report), indent=2) + "\n").encode())
-    applies = {"chunked_loss": True, "cudnn_attention": cudnn_attention_applies()}
+    # whether the lever changes this device's step: a CPU's defaults chunk the loss already
+    applies = {"chunked_loss": torch.cuda.is_available(), "cudnn_attention": cudnn_attention_applies()}
     report["levers"] = {
-        lever: lever_row(rows["defaults"], rows[f"{lever}_off"], applies[lever]) for lever in args.levers
+        lever: lever_row(rows[f"{lever}_on"], rows["defaults"], applies[lever]) for lever in args.levers
     }
     atomic_write_bytes(args.out, (json.dumps(repo_relative(report), indent=2) + "\n").encode())
     print(f"\n{'lever':<16} {'applies':>8} {'tok/s on/off':>13} {'memory saved GB':>16} {'max |Δloss|':>12}")

@@ -80,7 +80,7 @@ def test_the_training_forward_runs_in_the_chosen_order_and_decode_does_not(monke
 
 @pytest.mark.parametrize("cudnn_attention", [True, False])
 def test_cudnn_attention_is_the_module_s_switch(cudnn_attention, monkeypatch, small_text, tmp_path):
-    """A plain Trainer's step on a stood-in Hopper GPU: ``cudnn_attention`` (on by default) puts cuDNN's
+    """A plain Trainer's step on a stood-in Hopper GPU: ``cudnn_attention`` (off by default) puts cuDNN's
     kernel first; off, the training forward keeps SDPA's own order, as on any other device."""
     monkeypatch.setattr(training_module, "device_attention_backends", hopper)
     orders, sdpa = [], F.scaled_dot_product_attention
@@ -98,6 +98,19 @@ def test_cudnn_attention_is_the_module_s_switch(cudnn_attention, monkeypatch, sm
     trainer = Trainer(**ONE_QUIET_CPU_STEP)
     trainer.fit(module, data)
     assert orders == [int(SDPBackend.CUDNN_ATTENTION) if cudnn_attention else default]
+
+
+def test_a_gpu_s_defaults_are_the_path_a_gpu_measured_and_a_cpu_keeps_its_own():
+    """On CUDA the defaults are what a GPU run measured (the loss over all the logits, SDPA's own kernel
+    order); the chunked loss and cuDNN attention are one option away. A CPU keeps its chunked loss."""
+    default = GPTLightningModule(n_layer=1, n_head=2, n_embd=32, compile=False)
+    assert not default.uses_chunked_loss(torch.device("cuda")) and default.uses_chunked_loss(torch.device("cpu"))
+    assert hopper(None, cudnn_attention=default.hparams.cudnn_attention) is None
+    chosen = GPTLightningModule(n_layer=1, n_head=2, n_embd=32, compile=False, chunked_loss=True, cudnn_attention=True)
+    assert chosen.uses_chunked_loss(torch.device("cuda"))
+    assert hopper(None, cudnn_attention=chosen.hparams.cudnn_attention)[0] == SDPBackend.CUDNN_ATTENTION
+    unchunked = GPTLightningModule(n_layer=1, n_head=2, n_embd=32, compile=False, chunked_loss=False)
+    assert not unchunked.uses_chunked_loss(torch.device("cpu"))
 
 
 @pytest.mark.parametrize(

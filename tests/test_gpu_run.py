@@ -68,16 +68,16 @@ def test_the_gpu_run_script_end_to_end_in_smoke_mode(tmp_path):
     assert saved["runs"]["gpt2-124m-fast"]["compile_scope"] == "blocks"
     assert (dest / "bench.png").read_bytes()[:4] == b"\x89PNG"
     assert "skipped" in (dest / "gpu_tests.txt").read_text()  # the GPU tests' output is kept
-    # benchmarks/levers.py: the defaults, then each lever off, on the fast config (one process in the dry run)
+    # benchmarks/levers.py: the defaults, then each lever on, on the fast config (one process in the dry run)
     levers = json.loads((dest / "levers.json").read_text())
     assert levers["config"] == "configs/gpt2-124m-fast.yaml" and levers["in_process"]
     assert {name: run["args"] for name, run in levers["runs"].items()} == {
         "defaults": [],
-        "chunked_loss_off": ["--model.chunked_loss", "false"],
-        "cudnn_attention_off": ["--model.cudnn_attention", "false"],
+        "chunked_loss_on": ["--model.chunked_loss", "true"],
+        "cudnn_attention_on": ["--model.cudnn_attention", "true"],
     }
     assert all(len(run["losses"]) == 3 and run["tokens_per_sec_median"] > 0 for run in levers["runs"].values())
-    assert levers["levers"]["chunked_loss"]["applies"] and not levers["levers"]["cudnn_attention"]["applies"]
+    assert not levers["levers"]["chunked_loss"]["applies"] and not levers["levers"]["cudnn_attention"]["applies"]
     assert all(lever["max_loss_diff"] is not None for lever in levers["levers"].values())
     # the FineWeb recipe's micro-batch through bench
     fineweb = json.loads((dest / "fineweb-b64" / "bench.json").read_text())

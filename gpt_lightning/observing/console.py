@@ -178,7 +178,7 @@ def run_memory(trainer: Trainer, pl_module: LightningModule) -> TrainingMemory |
         precision=str(trainer.precision),
         activation_checkpointing=bool(getattr(getattr(pl_module, "model", None), "activation_checkpointing", False)),
         ddp=trainer.world_size > 1,
-        chunked_loss=bool(getattr(pl_module, "hparams", {}).get("chunked_loss", True)),
+        chunked_loss=pl_module.uses_chunked_loss(pl_module.device) if hasattr(pl_module, "uses_chunked_loss") else True,
         states_per_parameter=optimizer_states_per_parameter(trainer),
         weight_average=averages_on_device(trainer, getattr(pl_module, "device", None)),
     )

@@ -109,9 +109,10 @@ class GPTLightningModule(LightningModule):
         compile_eval: compile evaluation too (a second graph, at the first validation); for long evaluations.
         activation_checkpointing: recompute each block's activations in the backward pass: less memory.
         chunked_loss: compute the training loss a chunk of rows at a time, so the (B, T, vocab_size) logits
-            never exist whole. False: ``F.cross_entropy`` over all of them (docs/gpu-fast-path.md).
-        cudnn_attention: on GPUs of compute capability >= 9.0 with cuDNN >= 9, try cuDNN's attention
-            first in the training forward; False: SDPA's own order.
+            never exist whole; False: ``F.cross_entropy`` over all of them. None: chunked on a CPU, where it
+            was measured faster; whole on a GPU, where it is not yet measured (docs/gpu-fast-path.md).
+        cudnn_attention: on GPUs of compute capability >= 9.0 with cuDNN >= 9, try cuDNN's attention first
+            in the training forward (not yet measured on a GPU); False: SDPA's own order, as measured.
         float32_matmul_precision: set when ``fit`` starts ("high": TF32 on Ampere and newer); None: left alone.
         val_sample_tokens: tokens the ``ValidationSamples`` callback samples after each validation. 0: off.
         val_sample_prompt: the prompt for those samples.
@@ -165,8 +166,8 @@ class GPTLightningModule(LightningModule):
         compile_fullgraph: bool = False,
         compile_eval: bool = False,
         activation_checkpointing: bool = False,
-        chunked_loss: bool = True,
-        cudnn_attention: bool = True,
+        chunked_loss: bool | None = None,
+        cudnn_attention: bool = False,
         float32_matmul_precision: Literal["highest", "high", "medium"] | None = None,
         val_sample_tokens: int = 48,
         val_sample_prompt: str = "\n",
@@ -280,7 +281,11 @@ class GPTLightningModule(LightningModule):
             cudnn_attention=hp.cudnn_attention,
         )
         with attention_context(backends):  # outside the compiled regions
-            return self.model(x, y, head_loss=chunked_cross_entropy if self.hparams.chunked_loss else None)[1]
+            return self.model(x, y, head_loss=chunked_cross_entropy if self.uses_chunked_loss(x.device) else None)[1]
+
+    def uses_chunked_loss(self, device: torch.device) -> bool:
+        """Whether the training loss runs a chunk of rows at a time on ``device`` (``chunked_loss``)."""
+        return device.type != "cuda" if self.hparams.chunked_loss is None else self.hparams.chunked_loss
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
