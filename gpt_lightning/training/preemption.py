@@ -111,6 +111,7 @@ class Preemption(Callback):
         if stage == "fit":  # before the checkpoint's restore
             self._pid = os.getpid()
             self._reset()
+            skip_sigterm_broadcast(trainer)
             self._install()
             self._armed = True
 
@@ -123,9 +124,7 @@ class Preemption(Callback):
         self._release()
 
     def _listen(self, trainer: Trainer) -> None:
-        """Ours again in place of the handler Lightning registers after the restore."""
-        if trainer.received_sigterm and not self.signum:
-            self.signum = signal.SIGTERM
+        """Ours again in place of the handler Lightning registers after the restore (which calls ours)."""
         self._install()
 
     def _announce(self, trainer: Trainer, in_step: bool = True) -> None:
@@ -161,7 +160,6 @@ class Preemption(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._listen(trainer)
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
-            skip_sigterm_broadcast(trainer)
             self._several = True
             self._group = self._side_group(trainer)
             if self._group is None and trainer.strategy.root_device.type != "cpu":
