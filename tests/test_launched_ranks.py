@@ -123,6 +123,30 @@ def test_rank_0_waits_30_s_in_all_for_the_ranks_it_started_not_30_s_each(monkeyp
     )
 
 
+def test_a_rank_killed_by_a_signal_is_said_to_have_nothing_in_its_log(monkeypatch, capsys):
+    """Rank 1 killed by SIGTERM (as a scheduler's signal at startup ends it, before any handler of ours) while rank
+    0 runs, then after rank 0 stopped. Before, rank 0's lines sent the user to that rank's log, which was empty."""
+    from gpt_lightning.scaling.launched_ranks import LaunchedRanks
+
+    monkeypatch.setattr(os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    killed = subprocess.Popen(["sleep", "60"])
+    killed.terminate()
+    killed.wait()
+    with pytest.raises(SystemExit, match="1"):
+        LaunchedRanks().ended([killed])
+    line = capsys.readouterr().err
+    assert f"saw rank 1 (pid {killed.pid}) end: killed by SIGTERM): SIGTERM is a signal from outside the run" in line
+    assert "which leaves nothing in its log" in line and "says why" not in line
+    ranks = LaunchedRanks()
+    ranks.started([killed, subprocess.Popen(["sh", "-c", "exit 3"])])
+    assert ranks.finish(143) is True
+    assert capsys.readouterr().err == (
+        f"gpt-lightning: error: this rank stopped (exit code 143), but rank 1 (pid {killed.pid}) ended with killed by "
+        "SIGTERM (a signal from outside the run (a scheduler, a user, the out-of-memory killer), which leaves nothing "
+        f"in its log); rank 2 (pid {ranks.procs[1].pid}) ended with exit code 3: its log says why.\n"
+    )
+
+
 def test_a_rank_that_fails_after_rank_0_finished_fails_the_job(small_text, tmp_path):
     """Rank 1 exits 3 a second after rank 0 finished its fit. Before, the job exited 0: rank 0's launcher
     watcher held back (the run had claimed its end) and its wait did not look at how the rank ended."""
