@@ -96,17 +96,28 @@ class LaunchedRanks:
 
     def ended(self, procs: list[subprocess.Popen]) -> None:
         """In Lightning's watcher (it polls every 5 s), a rank seen ended non-zero: our line, the other ranks killed
-        and exit 1, where Lightning's own SIGKILL gave 137. Nothing once this run ends by its own flow: no news."""
+        and exit 1, where Lightning's own SIGKILL gave 137; a rank a SIGTERM or Ctrl-C ended (outside training: a
+        group signal at startup reaches every rank) stops the run as that signal does, 143 / 130. Nothing once this
+        run ends by its own flow: no news."""
         if self.ending:
             return
         rank, proc = next((i, p) for i, p in enumerate(procs, 1) if p.returncode)
+        stop = next((s for s in (signal.SIGTERM, signal.SIGINT) if proc.returncode in (-s, 128 + s)), None)
         what = f"Lightning's launcher saw rank {rank} (pid {proc.pid}) end: {_how(proc.returncode)}"
-        line = went_away_message(what, killed_by=_killed_by(proc.returncode))
-        print(f"gpt-lightning: error: {line}", file=sys.stderr, flush=True)
+        if stop:
+            print(
+                f"gpt-lightning: stopped by {stop.name} ({what}) before training: nothing new to save. Run the same "
+                "command with --ckpt_path last to start (or resume) from where it was.",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            line = went_away_message(what, killed_by=_killed_by(proc.returncode))
+            print(f"gpt-lightning: error: {line}", file=sys.stderr, flush=True)
         for other in procs:
             other.kill()
         sys.stdout.flush()
-        os._exit(1)
+        os._exit(128 + stop if stop else 1)
 
     def finish(self, code: int) -> bool:
         """Rank 0's own work done (exit ``code``): waits up to ``FINISH_WAIT_S`` in all for the ranks it started
