@@ -20,7 +20,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from gpt_lightning.lightning_internals import process_group_timeout, skip_sigterm_broadcast
-from gpt_lightning.scaling.dead_rank import PROCESS_GROUP_TIMEOUT
+from gpt_lightning.scaling.dead_rank import PROCESS_GROUP_TIMEOUT, STOP_SIGNAL_ATTRIBUTE, peer_went_away
 from gpt_lightning.scaling.launched_ranks import run_ends
 
 log = logging.getLogger(__name__)
@@ -122,6 +122,8 @@ class Preemption(Callback):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         run_ends()  # before Lightning kills the launched ranks on a Ctrl-C: no news for its watcher
         self._release()
+        if self.signum and peer_went_away(exception):  # a group signal ended that rank before its fit set up
+            setattr(exception, STOP_SIGNAL_ATTRIBUTE, self.signum)
 
     def _listen(self, trainer: Trainer) -> None:
         """Ours again in place of the handler Lightning registers after the restore (which calls ours)."""
