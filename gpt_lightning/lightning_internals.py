@@ -46,7 +46,9 @@ def move_batch_progress(trainer: Trainer, batches: int, accumulate: int, accumul
 
 
 def skip_sigterm_broadcast(trainer: Trainer) -> None:
-    """Lightning's per-micro-batch SIGTERM broadcast and host read, off for this trainer's fit."""
+    """Lightning's SIGTERM handling off for this trainer's fit (before its handler is registered): the broadcast its
+    handler makes (a collective only the signalled rank enters) and the per-micro-batch broadcast and host read."""
+    trainer._signal_connector._sigterm_notifier_fn = lambda signum, frame: None
     trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
 
 

@@ -32,7 +32,8 @@ class MicroBatchLog(Callback):
 
 class HoldAt(Callback):
     """At ``moment`` (``restore``: the checkpoint's restore; ``sanity``: the sanity check's first
-    batch; ``step``: the second optimizer step's first micro-batch) each rank writes its pid to
+    batch; ``train_start``: its ``on_train_start``, before ``Preemption``'s; ``step``: the second optimizer step's
+    first micro-batch) each rank writes its pid to
     ``out_dir/{moment}-rank{N}`` and waits until ``out_dir/go``
     exists, so that a signal sent meanwhile lands there. ``exit-rank{N}`` records the exception the
     fit ended with and its exit code."""
@@ -56,6 +57,10 @@ class HoldAt(Callback):
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         if self.moment == "sanity" and trainer.sanity_checking and batch_idx == 0:
+            self._hold(trainer)
+
+    def on_train_start(self, trainer, pl_module):
+        if self.moment == "train_start":
             self._hold(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):

@@ -204,6 +204,34 @@ def test_a_gone_peer_before_the_first_step_keeps_its_traceback(small_text, tmp_p
     assert not list(tmp_path.rglob("error-rank*"))
 
 
+class SignalledThenPeerGone(RaiseAt):
+    """A group SIGTERM at startup: this rank, its fit set up, records it; the peer, not yet, died of it at once,
+    which this rank's next collective finds out."""
+
+    def on_train_start(self, trainer, pl_module):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)  # handled
+        super().on_train_start(trainer, pl_module)
+
+
+def test_a_gone_peer_after_a_stop_signal_stops_with_143_in_one_line(small_text, tmp_path, monkeypatch, capsys):
+    """Before, this rank printed gloo's traceback and exited 1, where the signal asked for a stop (143)."""
+    from gpt_lightning.cli import main
+
+    monkeypatch.setattr(os, "_exit", exit_now)
+    monkeypatch.chdir(tmp_path)
+    args = fit_args(small_text, tmp_path, max_steps=2)
+    args[args.index("--trainer.strategy") + 1] = "auto"
+    probe = {"class_path": "test_dead_rank.SignalledThenPeerGone"}
+    with pytest.raises(SystemExit) as stopped:
+        main([*args, "--trainer.devices", "1", f"--trainer.callbacks+={json.dumps(probe)}"])
+    assert stopped.value.code == 143
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("gpt-lightning: stopped by SIGTERM, which another rank of this run got before training"), (
+        last
+    )
+
+
 # Two ranks as a launcher starts them, joining together (so that the timeout can be short); local rank 0
 # prepares the data for longer than the process group's timeout, as a large text's tokenizing does.
 SLOW_PREPARE = """

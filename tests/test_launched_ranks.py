@@ -123,6 +123,45 @@ def test_rank_0_waits_30_s_in_all_for_the_ranks_it_started_not_30_s_each(monkeyp
     )
 
 
+def test_a_rank_killed_by_a_signal_is_said_to_have_nothing_in_its_log(monkeypatch, capsys):
+    """Rank 1 killed by SIGKILL (the out-of-memory killer), by SIGTERM (a scheduler's signal at startup, before any
+    handler of ours) or stopped by Ctrl-C while rank 0 runs, then after rank 0 stopped. Before, rank 0's lines sent
+    the user to that rank's log, which was empty, and a signal that stops a run ended it with 1."""
+    from gpt_lightning.stopping.launched_ranks import LaunchedRanks
+
+    monkeypatch.setattr(os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    for signum in (signal.SIGKILL, signal.SIGTERM):
+        killed = subprocess.Popen(["sleep", "60"])
+        killed.send_signal(signum)
+        killed.wait()
+        with pytest.raises(SystemExit) as stopped:
+            LaunchedRanks().ended([killed])
+        line, what = capsys.readouterr().err, f"saw rank 1 (pid {killed.pid}) end: killed by {signum.name})"
+        if signum == signal.SIGKILL:
+            assert stopped.value.code == 1
+            assert f"{what}: SIGKILL is a signal from outside the run" in line and "nothing in its log" in line
+            assert "says why" not in line
+        else:
+            assert stopped.value.code == 143
+            assert line.startswith(f"gpt-lightning: stopped by SIGTERM (Lightning's launcher {what} before training")
+    ctrl_c = subprocess.Popen(["sh", "-c", "exit 130"])
+    ctrl_c.wait()
+    with pytest.raises(SystemExit) as stopped:
+        LaunchedRanks().ended([ctrl_c])
+    assert stopped.value.code == 130 and "gpt-lightning: stopped by SIGINT" in capsys.readouterr().err
+    killed = subprocess.Popen(["sleep", "60"])
+    killed.terminate()
+    killed.wait()
+    ranks = LaunchedRanks()
+    ranks.started([killed, subprocess.Popen(["sh", "-c", "exit 3"])])
+    assert ranks.finish(143) is True
+    assert capsys.readouterr().err == (
+        f"gpt-lightning: error: this rank stopped (exit code 143), but rank 1 (pid {killed.pid}) ended with killed by "
+        "SIGTERM (a signal from outside the run (a scheduler, a user, the out-of-memory killer), which leaves nothing "
+        f"in its log); rank 2 (pid {ranks.procs[1].pid}) ended with exit code 3: its log says why.\n"
+    )
+
+
 def test_a_rank_that_fails_after_rank_0_finished_fails_the_job(small_text, tmp_path):
     """Rank 1 exits 3 a second after rank 0 finished its fit. Before, the job exited 0: rank 0's launcher
     watcher held back (the run had claimed its end) and its wait did not look at how the rank ended."""

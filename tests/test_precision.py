@@ -63,28 +63,53 @@ def test_auto_on_a_cuda_gpu_follows_its_bf16(has_bf16, expected, monkeypatch):
     assert precision.fast_precision("auto")[0] == expected
 
 
-def test_the_gpu_s_bf16_is_asked_in_a_child_process_until_cuda_is_initialized(monkeypatch):
+class FakeNVML:
+    """libnvidia-ml's calls ``nvml_compute_capability`` makes, for a GPU of compute capability ``capability``."""
+
+    def __init__(self, capability):
+        self.capability = capability
+
+    def nvmlInit_v2(self):
+        return 0
+
+    nvmlShutdown = nvmlInit_v2
+
+    def nvmlDeviceGetHandleByIndex_v2(self, index, handle):
+        return 0 if index.value == 0 else 2  # NVML_ERROR_INVALID_ARGUMENT
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle, major, minor):
+        major._obj.value, minor._obj.value = self.capability
+        return 0
+
+
+@pytest.mark.parametrize("capability, native", [((8, 0), True), ((9, 0), True), ((7, 5), False), ((7, 0), False)])
+def test_the_gpu_s_bf16_is_asked_of_nvml_until_cuda_is_initialized(capability, native, monkeypatch):
     """A parent that has not initialized CUDA must not (ddp_fork, ddp_notebook: its forked processes could
-    not use CUDA then): a child process runs torch's check (here without a GPU: no bf16); once CUDA is
-    initialized the check runs in place. Native bf16 only: a V100 or T4 emulates it."""
+    not use CUDA then), nor leave a child behind it: NVML, which needs no CUDA context, tells the compute
+    capability in this process (native bf16 from 8.0: a V100 or T4 emulates it); once CUDA is initialized,
+    CUDA's own check runs. Before, a child process with no parent-death signal asked, for up to 120 s."""
     asked = []
-
-    def is_bf16_supported(including_emulation=True):
-        asked.append(including_emulation)
-        return not including_emulation
-
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: asked.append(1) or True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the child sees no GPU, on a GPU machine too
-    assert precision.cuda_has_bf16.__wrapped__() is False and asked == []  # the child's torch: no bf16
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(precision.ctypes, "CDLL", lambda name: FakeNVML(capability))
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("a child process was started"))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a child process was started"))
+    assert precision.cuda_has_bf16.__wrapped__() is native and asked == []
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    assert precision.cuda_has_bf16.__wrapped__() is True and asked == [False]
-    # A child that cannot answer (here: a Python that dies): asked in place, and the user told why.
+    assert precision.cuda_has_bf16.__wrapped__() is True and asked == [1]
+
+
+def test_where_nvml_cannot_answer_cuda_is_asked_with_a_warning(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: not including_emulation)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    monkeypatch.setattr(precision.sys, "executable", "false")
-    with pytest.warns(UserWarning, match="could not tell whether this GPU has bf16"):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # NVML's GPU 1: this fake has none
+    monkeypatch.setattr(precision.ctypes, "CDLL", lambda name: FakeNVML((8, 0)))
+    with pytest.warns(UserWarning, match=r"NVML could not tell whether this GPU has bf16 \(NVML status 2\)"):
         assert precision.cuda_has_bf16.__wrapped__() is True
-    assert asked == [False, False]
+    monkeypatch.setattr(precision.ctypes, "CDLL", lambda name: (_ for _ in ()).throw(OSError("no libnvidia-ml")))
+    with pytest.warns(UserWarning, match="no libnvidia-ml"):
+        assert precision.cuda_has_bf16.__wrapped__() is True
 
 
 def test_the_probe_measures_what_this_cpu_does():

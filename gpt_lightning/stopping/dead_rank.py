@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import signal
 import sys
 import traceback
 from datetime import timedelta
@@ -31,6 +32,8 @@ GLOO_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Brok
 NCCL_PEER_GONE = ("ncclRemoteError", "remote process exited")
 # Set on an exception by ``PeerGoneReport``: the file its traceback goes to.
 ERROR_FILE_ATTRIBUTE = "gpt_lightning_error_file"
+# Set on an exception by ``Preemption``: the stop signal this rank had received when a peer went away.
+STOP_SIGNAL_ATTRIBUTE = "gpt_lightning_stop_signal"
 
 
 def peer_went_away(err: BaseException) -> bool:
@@ -68,7 +71,17 @@ class PeerGoneReport(Callback):
 
 def exit_if_peer_went_away(err: BaseException) -> None:
     """For an error ``PeerGoneReport`` marked: write its traceback to the file, print the one line
-    and exit 1. Returns for any other error, which the caller re-raises with its traceback."""
+    and exit 1; where this rank had a stop signal too (a group signal that ended the peer before its fit set up),
+    the stop's line and 143 / 130. Returns for any other error, which the caller re-raises with its traceback."""
+    if signum := getattr(err, STOP_SIGNAL_ATTRIBUTE, 0):
+        print(
+            f"gpt-lightning: stopped by {signal.Signals(signum).name}, which another rank of this run got before "
+            "training and ended by: nothing new to save. Run the same command with --ckpt_path last to start (or "
+            "resume) from where it was.",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(128 + signum)  # as below: the groups' destructors would wait for the rank that is gone
     error_file = getattr(err, ERROR_FILE_ATTRIBUTE, None)
     if error_file is None:
         return

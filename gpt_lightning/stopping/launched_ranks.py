@@ -48,18 +48,33 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _killed_by(code: int) -> str | None:
+    """The name of the signal a process that exited with ``code`` died of; None where it exited."""
+    return signal.Signals(-code).name if -code in signal.valid_signals() else None
+
+
 def _how(code: int) -> str:
-    return f"killed by {signal.Signals(-code).name}" if -code in signal.valid_signals() else f"exit code {code}"
+    return f"killed by {_killed_by(code)}" if _killed_by(code) else f"exit code {code}"
 
 
-def went_away_message(what: str, error_file: object = None) -> str:
+# Where a rank was killed by a signal, its log has nothing of it: said in place of pointing at that log.
+_SILENT = (
+    "a signal from outside the run (a scheduler, a user, the out-of-memory killer), which leaves nothing in its log"
+)
+
+
+def went_away_message(what: str, error_file: object = None, killed_by: str | None = None) -> str:
     """The survivor's one line: which rank says it, what it saw, where the rest is, and how to resume."""
     rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
     world = os.environ.get("WORLD_SIZE")
+    why = (
+        f"{killed_by} is {_SILENT}"
+        if killed_by
+        else "the log of the rank that failed says why (killed, out of memory, a lost node, hung)"
+    )
     return (
         f"another rank of this run went away, and this one (rank {rank}{f' of {world}' if world else ''}) "
-        f"stopped ({what}{f'; the whole error is in {error_file}' if error_file else ''}): the log of "
-        "the rank that failed says why (killed, out of memory, a lost node, hung). Run the same "
+        f"stopped ({what}{f'; the whole error is in {error_file}' if error_file else ''}): {why}. Run the same "
         "command with --ckpt_path last to resume from the last checkpoint (under torchrun, --max-restarts does "
         "this by itself; see docs/resume.md)."
     )
@@ -81,16 +96,28 @@ class LaunchedRanks:
 
     def ended(self, procs: list[subprocess.Popen]) -> None:
         """In Lightning's watcher (it polls every 5 s), a rank seen ended non-zero: our line, the other ranks killed
-        and exit 1, where Lightning's own SIGKILL gave 137. Nothing once this run ends by its own flow: no news."""
+        and exit 1, where Lightning's own SIGKILL gave 137; a rank a SIGTERM or Ctrl-C ended (outside training: a
+        group signal at startup reaches every rank) stops the run as that signal does, 143 / 130. Nothing once this
+        run ends by its own flow: no news."""
         if self.ending:
             return
         rank, proc = next((i, p) for i, p in enumerate(procs, 1) if p.returncode)
+        stop = next((s for s in (signal.SIGTERM, signal.SIGINT) if proc.returncode in (-s, 128 + s)), None)
         what = f"Lightning's launcher saw rank {rank} (pid {proc.pid}) end: {_how(proc.returncode)}"
-        print(f"gpt-lightning: error: {went_away_message(what)}", file=sys.stderr, flush=True)
+        if stop:
+            print(
+                f"gpt-lightning: stopped by {stop.name} ({what}) before training: nothing new to save. Run the same "
+                "command with --ckpt_path last to start (or resume) from where it was.",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            line = went_away_message(what, killed_by=_killed_by(proc.returncode))
+            print(f"gpt-lightning: error: {line}", file=sys.stderr, flush=True)
         for other in procs:
             other.kill()
         sys.stdout.flush()
-        os._exit(1)
+        os._exit(128 + stop if stop else 1)
 
     def finish(self, code: int) -> bool:
         """Rank 0's own work done (exit ``code``): waits up to ``FINISH_WAIT_S`` in all for the ranks it started
@@ -106,11 +133,13 @@ class LaunchedRanks:
                 failed.append(f"rank {rank} (pid {proc.pid}) still ran {FINISH_WAIT_S:.0f} s later and was killed")
                 continue
             if proc.returncode != code:
-                failed.append(f"rank {rank} (pid {proc.pid}) ended with {_how(proc.returncode)}")
+                silent = f" ({_SILENT})" if _killed_by(proc.returncode) else ""
+                failed.append(f"rank {rank} (pid {proc.pid}) ended with {_how(proc.returncode)}{silent}")
         if failed:
             done = "finished" if code == 0 else f"stopped ({_how(code)})"
+            logged = ": its log says why" if any(not entry.endswith(f"{_SILENT})") for entry in failed) else ""
             print(
-                f"gpt-lightning: error: this rank {done}, but {'; '.join(failed)}: its log says why.",
+                f"gpt-lightning: error: this rank {done}, but {'; '.join(failed)}{logged}.",
                 file=sys.stderr,
                 flush=True,
             )

@@ -20,7 +20,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from gpt_lightning.lightning_internals import process_group_timeout, skip_sigterm_broadcast
-from gpt_lightning.stopping.dead_rank import PROCESS_GROUP_TIMEOUT
+from gpt_lightning.stopping.dead_rank import PROCESS_GROUP_TIMEOUT, STOP_SIGNAL_ATTRIBUTE, peer_went_away
 from gpt_lightning.stopping.launched_ranks import run_ends
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,7 @@ class Preemption(Callback):
         if stage == "fit":  # before the checkpoint's restore
             self._pid = os.getpid()
             self._reset()
+            skip_sigterm_broadcast(trainer)
             self._install()
             self._armed = True
 
@@ -121,11 +122,11 @@ class Preemption(Callback):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         run_ends()  # before Lightning kills the launched ranks on a Ctrl-C: no news for its watcher
         self._release()
+        if self.signum and peer_went_away(exception):  # a group signal ended that rank before its fit set up
+            setattr(exception, STOP_SIGNAL_ATTRIBUTE, self.signum)
 
     def _listen(self, trainer: Trainer) -> None:
-        """Ours again in place of the handler Lightning registers after the restore."""
-        if trainer.received_sigterm and not self.signum:
-            self.signum = signal.SIGTERM
+        """Ours again in place of the handler Lightning registers after the restore (which calls ours)."""
         self._install()
 
     def _announce(self, trainer: Trainer, in_step: bool = True) -> None:
@@ -153,7 +154,6 @@ class Preemption(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._listen(trainer)
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
-            skip_sigterm_broadcast(trainer)
             self._several = True
             self._group = self._side_group(trainer)
             if self._group is None and trainer.strategy.root_device.type != "cpu":

@@ -2,9 +2,8 @@
 bfloat16 natively and 32-true where it emulates it, as measured; a run that asks for bf16 where it is
 emulated is told so in one line. Most laptop and desktop CPUs emulate it, 20-50x slower than float32."""
 
+import ctypes
 import functools
-import subprocess
-import sys
 import time
 import typing
 import weakref
@@ -49,24 +48,35 @@ def cpu_bf16_slowdown() -> float:
 
 @functools.cache
 def cuda_has_bf16() -> bool:
-    """Whether the CUDA GPU runs bfloat16 natively (compute capability 8.0 or newer), found without a CUDA
-    context in this process where it has none yet: a child process asks (a few seconds, once), so the
-    processes ``ddp_fork`` and ``ddp_notebook`` fork afterwards can still initialize CUDA. Where the child
-    cannot answer, this process asks, with a warning that says why."""
+    """Whether the CUDA GPU runs bfloat16 natively (compute capability 8.0 or newer), asked of NVML (the
+    driver's library, which needs no CUDA context) where this process has no CUDA context yet, so the processes
+    ``ddp_fork`` and ``ddp_notebook`` fork afterwards can still initialize CUDA. Where NVML cannot answer, this
+    process asks CUDA, with a warning that says why."""
     if not torch.cuda.is_initialized():
-        code = "import torch; print(int(torch.cuda.is_bf16_supported(including_emulation=False)))"
         try:
-            child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-            answer = child.stdout.split()[-1:] if child.returncode == 0 else child.stderr.strip()[-500:]
-        except (OSError, subprocess.TimeoutExpired) as err:
-            answer = str(err)
-        if answer in (["0"], ["1"]):
-            return answer == ["1"]
-        rank_zero_warn(
-            f"precision auto: a child process could not tell whether this GPU has bf16 ({answer}); asking in "
-            "this process, which initializes CUDA here (ddp_fork and ddp_notebook need it not to be)."
-        )
+            return nvml_compute_capability(torch.cuda._get_nvml_device_index(0)) >= (8, 0)
+        except (OSError, RuntimeError, AttributeError, IndexError) as err:  # IndexError: no GPU visible
+            rank_zero_warn(
+                f"precision auto: NVML could not tell whether this GPU has bf16 ({err}); asking CUDA in this "
+                "process, which initializes it here (ddp_fork and ddp_notebook need it not to be)."
+            )
     return torch.cuda.is_bf16_supported(including_emulation=False)
+
+
+def nvml_compute_capability(index: int) -> tuple[int, int]:
+    """The compute capability of the GPU NVML numbers ``index``: ``(major, minor)``; OSError where NVML is missing,
+    RuntimeError with NVML's status where it fails."""
+    nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    handle, major, minor = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_int()
+    for call, *args in (
+        (nvml.nvmlInit_v2,),
+        (nvml.nvmlDeviceGetHandleByIndex_v2, ctypes.c_uint(index), ctypes.byref(handle)),
+        (nvml.nvmlDeviceGetCudaComputeCapability, handle, ctypes.byref(major), ctypes.byref(minor)),
+        (nvml.nvmlShutdown,),
+    ):
+        if status := call(*args):
+            raise RuntimeError(f"NVML status {status}")
+    return major.value, minor.value
 
 
 def _device_type(accelerator: str | Accelerator) -> str:
@@ -111,7 +121,7 @@ def fast_dtype(device: torch.device) -> tuple[torch.dtype, str]:
     """``(dtype, why)``: bfloat16 where ``device`` runs it natively (as ``fast_precision`` decides), else
     float32; what ``auto`` means to ``eval`` and ``sample``."""
     if device.type == "cuda":
-        torch.cuda.init()  # they run on it next: its bf16 is asked here, not in a child process
+        torch.cuda.init()  # they run on it next: its bf16 is asked of CUDA here
     precision, why = fast_precision(device.type)
     return matmul_dtype(precision), why
 
