@@ -51,7 +51,8 @@ ONE_QUIET_CPU_STEP = dict(
 )
 # The CLI's tiny run: `gpt-lightning fit` on configs/tiny-cpu.yaml, shrunk to one narrow eager block, batches of
 # 2 x 16 tokens, no validation, sample or throughput warm-up. A test that needs another value overrides it by name.
-TINY_FIT = ["fit", "--config", str(REPO / "configs" / "tiny-cpu.yaml")]
+TINY_CPU = str(REPO / "configs" / "tiny-cpu.yaml")
+TINY_FIT = ["fit", "--config", TINY_CPU]
 TINY_RUN = {
     "model.n_layer": 1,
     "model.n_head": 2,
