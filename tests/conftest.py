@@ -49,6 +49,35 @@ ONE_QUIET_CPU_STEP = dict(
     enable_model_summary=False,
     limit_val_batches=0,
 )
+# The CLI's tiny run: `gpt-lightning fit` on configs/tiny-cpu.yaml, shrunk to one narrow eager block, batches of
+# 2 x 16 tokens, no validation, sample or throughput warm-up. A test that needs another value overrides it by name.
+TINY_CPU = str(REPO / "configs" / "tiny-cpu.yaml")
+TINY_FIT = ["fit", "--config", TINY_CPU]
+TINY_RUN = {
+    "model.n_layer": 1,
+    "model.n_head": 2,
+    "model.n_embd": 32,
+    "model.compile": False,
+    "model.val_sample_tokens": 0,
+    "data.batch_size": 2,
+    "data.block_size": 16,
+    "trainer.limit_val_batches": 0,
+    "throughput.warmup_steps": 0,
+}
+
+
+def tiny_flags(overrides: dict[str, object] | None = None) -> list[str]:
+    """TINY_RUN with ``overrides`` (dotted names, as TINY_RUN's; None leaves a flag out) as command-line flags:
+    ``tiny_flags({"data.block_size": 32})`` ends ``["--data.block_size", "32", ...]``; booleans as true/false."""
+    settings = {**TINY_RUN, **(overrides or {})}
+    return [
+        word
+        for key, value in settings.items()
+        if value is not None
+        for word in (f"--{key}", str(value).lower() if isinstance(value, bool) else str(value))
+    ]
+
+
 # configs/modern-tiny-cpu.yaml's switches as CLI flags, for tests that keep their own config's sizes; its
 # sliding windows left out (the tests that name them add them; test_configs_as_written trains the preset).
 MODERN_FLAGS = [

@@ -11,41 +11,17 @@ import numpy as np
 import pytest
 import torch
 import torch._inductor.config
-from conftest import REPO, TINY_MODEL
+from conftest import TINY_MODEL
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins import MixedPrecision
+from test_cli_errors import fit_args, run_main
 
-from gpt_lightning.cli import main
 from gpt_lightning.data import TokenStreamDataModule, token_cache
 from gpt_lightning.data.corpus import Corpus
 from gpt_lightning.errors import UserError
 from gpt_lightning.training.compilation import check_kernels_can_build
 from gpt_lightning.training.module import GPTLightningModule
-
-
-def run_main(args, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(args)
-    out = capsys.readouterr()
-    return exit_info.value.code, out.err
-
-
-def fit_args(tmp_path, *extra):
-    return [
-        "fit",
-        "--config",
-        str(REPO / "configs/tiny-cpu.yaml"),
-        "--model.compile",
-        "false",
-        "--data.cache_dir",
-        str(tmp_path / "cache"),
-        "--trainer.logger.init_args.save_dir",
-        str(tmp_path / "tb"),
-        "--trainer.max_steps",
-        "1",
-        *extra,
-    ]
 
 
 def write(path: Path, data: bytes) -> Path:
@@ -100,13 +76,6 @@ def test_bad_input_is_one_clear_error(make_args, message, tmp_path, capsys):
 def test_cuda_without_a_gpu(tmp_path, capsys):
     code, err = run_main(fit_args(tmp_path, "--trainer.accelerator", "cuda"), capsys)
     assert code == 2 and "CUDAAccelerator` can not run on your system" in err and "Traceback" not in err
-
-
-def test_unknown_config_key(tmp_path, capsys):
-    config = tmp_path / "bad.yaml"
-    config.write_text("model:\n  n_layers: 4\n")  # the field is n_layer
-    code, err = run_main(fit_args(tmp_path, "--config", str(config)), capsys)
-    assert code == 2 and "n_layers" in err and "Traceback" not in err
 
 
 def test_data_block_size_larger_than_the_model_s(small_text, tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, tiny_flags
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
@@ -38,30 +38,21 @@ def test_bench_compares_runs_side_by_side_and_fails_on_divergence(tmp_path, monk
                 "2",
                 "--tolerance",
                 "-1",  # any difference at all counts as divergence: the failure path
-                "--trainer.max_steps",
-                "6",
-                "--throughput.warmup_steps",
-                "2",
-                "--trainer.val_check_interval",
-                "3",
-                "--trainer.accumulate_grad_batches",
-                "2",
-                "--trainer.log_every_n_steps",
-                "1",  # as the GPU recipes do
-                "--trainer.limit_val_batches",
-                "1",
-                "--model.n_layer",
-                "2",
-                "--model.n_embd",
-                "32",
-                "--model.n_head",
-                "2",
-                "--data.batch_size",
-                "2",
-                "--data.block_size",
-                "32",
-                "--trainer.logger.init_args.save_dir",
-                str(tmp_path / "tb"),
+                *tiny_flags(
+                    {
+                        "model.compile": None,
+                        "model.val_sample_tokens": None,
+                        "model.n_layer": 2,
+                        "data.block_size": 32,
+                        "trainer.max_steps": 6,
+                        "throughput.warmup_steps": 2,
+                        "trainer.val_check_interval": 3,
+                        "trainer.accumulate_grad_batches": 2,
+                        "trainer.log_every_n_steps": 1,  # as the GPU recipes do
+                        "trainer.limit_val_batches": 1,
+                        "trainer.logger.init_args.save_dir": tmp_path / "tb",
+                    }
+                ),
             ]
         )
     out, err = capfd.readouterr()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, TINY_FIT, tiny_flags
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
@@ -66,40 +66,25 @@ def run_cli(*args: str, cwd: Path, env_extra: dict | None = None) -> subprocess.
     )
 
 
-# The quick start's config, compiled at its precision as written (auto), shrunk in size only: the suite's one tiny
-# compiled shape (1 layer of width 32, batches of 2 x 32 tokens), whose kernels the compile cache shares.
-SHRUNK = [
-    "--model.n_layer",
-    "1",
-    "--model.n_head",
-    "2",
-    "--model.n_embd",
-    "32",
-    "--data.batch_size",
-    "2",
-    "--data.block_size",
-    "32",
-]
+# The tiny run with the quick start's compile and validation samples as written, compiled at its precision (auto): the
+# suite's one tiny compiled shape (1 layer of width 32, batches of 2 x 32 tokens), whose kernels the compile cache shares.
+SHRUNK = {"model.compile": None, "model.val_sample_tokens": None, "data.block_size": 32}
 
 
 def test_fit_on_the_tiny_config_writes_tensorboard_events(cache_dir, tmp_path):
     result = run_cli(
-        "fit",
-        "--config",
-        str(REPO / "configs/tiny-cpu.yaml"),
-        *SHRUNK,
-        "--trainer.max_steps",
-        "6",
-        "--trainer.log_every_n_steps",
-        "2",
-        "--trainer.val_check_interval",
-        "3",
-        "--trainer.limit_val_batches",
-        "1",
-        "--throughput.warmup_steps",
-        "2",
-        "--trainer.logger.init_args.save_dir",
-        str(tmp_path / "tb"),
+        *TINY_FIT,
+        *tiny_flags(
+            {
+                **SHRUNK,
+                "trainer.max_steps": 6,
+                "trainer.log_every_n_steps": 2,
+                "trainer.val_check_interval": 3,
+                "trainer.limit_val_batches": 1,
+                "throughput.warmup_steps": 2,
+                "trainer.logger.init_args.save_dir": tmp_path / "tb",
+            }
+        ),
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -174,35 +159,19 @@ def test_a_small_corpus_with_epochs_shorter_than_the_validation_interval(
     caplog.set_level("INFO")
     main(
         [  # in this process, as the `gpt-lightning` script calls it
-            "fit",
-            "--config",
-            str(REPO / "configs/tiny-cpu.yaml"),
-            "--data.data_path",
-            "small.txt",
-            "--data.batch_size",
-            "2",
-            "--data.block_size",
-            "64",
-            "--data.val_fraction",
-            "0.5",
-            "--model.n_layer",
-            "1",
-            "--model.n_embd",
-            "32",
-            "--model.n_head",
-            "2",
-            "--model.compile",
-            "false",
-            "--trainer.max_steps",
-            "7",
-            "--trainer.val_check_interval",
-            "5",
-            "--trainer.log_every_n_steps",
-            "3",
-            "--trainer.limit_val_batches",
-            "1",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp_path / "tb"),
+            *TINY_FIT,
+            *tiny_flags(
+                {
+                    "data.data_path": "small.txt",
+                    "data.block_size": 64,
+                    "data.val_fraction": 0.5,
+                    "trainer.max_steps": 7,
+                    "trainer.val_check_interval": 5,
+                    "trainer.log_every_n_steps": 3,
+                    "trainer.limit_val_batches": 1,
+                    "trainer.logger.init_args.save_dir": tmp_path / "tb",
+                }
+            ),
         ]
     )
     out, err = capfd.readouterr()

@@ -5,14 +5,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ONE_QUIET_CPU_STEP, REPO, TINY_MODEL
+from conftest import ONE_QUIET_CPU_STEP, TINY_CPU, TINY_MODEL
 from lightning.pytorch import Trainer
 
 from gpt_lightning.cli import main
 from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.training.module import GPTLightningModule
-
-TINY_CPU = str(REPO / "configs" / "tiny-cpu.yaml")
 
 
 def run_main(args, capsys):

@@ -4,7 +4,7 @@ we ship, with fused AdamW kept: Lightning's own clipping refuses fused optimizer
 import json
 
 import pytest
-from conftest import REPO, TINY_MODEL
+from conftest import REPO, TINY_FIT, TINY_MODEL, tiny_flags
 from grad_probes import ClipProbe
 from lightning.pytorch import Trainer
 from lightning.pytorch.plugins import MixedPrecision
@@ -22,33 +22,19 @@ def fit_tiny_config(small_text, tmp_path, *extra):
     probe = {"class_path": "grad_probes.ClipProbe", "init_args": {"out": str(out)}}
     main(
         [
-            "fit",
-            "--config",
-            str(REPO / "configs" / "tiny-cpu.yaml"),
-            "--model.n_layer",
-            "1",
-            "--model.n_head",
-            "2",
-            "--model.n_embd",
-            "32",
-            "--data.data_path",
-            str(small_text),
-            "--data.batch_size",
-            "2",
-            "--data.block_size",
-            "32",
-            "--trainer.max_steps",
-            "3",
-            "--trainer.log_every_n_steps",
-            "1",
-            "--trainer.limit_val_batches",
-            "0",
-            "--checkpoint.every_n_train_steps",
-            "1000",
-            "--throughput.warmup_steps",
-            "1",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp_path / "tb"),
+            *TINY_FIT,
+            *tiny_flags(
+                {
+                    "model.compile": None,  # compiled, as the config has it
+                    "data.data_path": small_text,
+                    "data.block_size": 32,
+                    "trainer.max_steps": 3,
+                    "trainer.log_every_n_steps": 1,
+                    "checkpoint.every_n_train_steps": 1000,
+                    "throughput.warmup_steps": 1,
+                    "trainer.logger.init_args.save_dir": tmp_path / "tb",
+                }
+            ),
             f"--trainer.callbacks+={json.dumps(probe)}",
             "--trainer.precision",
             "bf16-mixed",

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, tiny_flags
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
@@ -19,26 +19,19 @@ from gpt_lightning.training.precision import fast_precision
 CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml"))
 OVERLAYS = {"fsdp2.yaml": "gpt2-xl.yaml"}  # overlay -> the model config the README gives it after
 STEPS = 2
-SHRINK = [
-    "--trainer.accelerator",
-    "cpu",
-    "--model.n_layer",
-    "1",
-    "--model.n_head",
-    "2",
-    "--model.n_embd",
-    "32",
-    "--data.batch_size",
-    "2",
-    "--data.block_size",
-    "32",
-    "--trainer.max_steps",
-    str(STEPS),
-    "--trainer.log_every_n_steps",
-    "1",
-    "--throughput.warmup_steps",
-    "1",
-]
+# The tiny run's sizes; each config's compile, samples and validation batches as written.
+SHRINK = tiny_flags(
+    {
+        "model.compile": None,
+        "model.val_sample_tokens": None,
+        "trainer.limit_val_batches": None,
+        "trainer.accelerator": "cpu",
+        "data.block_size": 32,
+        "trainer.max_steps": STEPS,
+        "trainer.log_every_n_steps": 1,
+        "throughput.warmup_steps": 1,
+    }
+)
 # What a test must never override: the settings that decide whether a real run works.
 AS_WRITTEN = {
     "trainer": ("precision", "gradient_clip_val", "gradient_clip_algorithm", "accumulate_grad_batches", "strategy"),

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from conftest import MODERN_FLAGS
+from conftest import MODERN_FLAGS, TINY_FIT, tiny_flags
 from ddp_probe import check_one_job_on_two_ranks
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_cli import REPO, run_cli
@@ -24,42 +24,23 @@ ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
 def fit_args(small_text, tmp_path, max_steps=6, log_every_n_steps=1):
     probe = {"class_path": "ddp_probe.RecordRank", "init_args": {"out_dir": str(tmp_path / "ranks")}}
     return [
-        "fit",
-        "--config",
-        str(REPO / "configs/tiny-cpu.yaml"),
+        *TINY_FIT,
         "--trainer.strategy",
         "ddp",
-        "--trainer.accelerator",
-        "cpu",
-        "--trainer.precision",
-        "32-true",
-        "--model.compile",
-        "false",
-        "--model.n_layer",
-        "1",
-        "--model.n_embd",
-        "32",
-        "--model.n_head",
-        "2",
-        "--data.data_path",
-        str(small_text),
-        "--data.cache_dir",
-        str(tmp_path / "cache"),
-        "--data.batch_size",
-        "2",
-        "--data.block_size",
-        "32",
-        "--trainer.max_steps",
-        str(max_steps),
-        "--trainer.log_every_n_steps",
-        str(log_every_n_steps),
-        "--trainer.limit_val_batches",
-        "0",
-        "--throughput.warmup_steps",
-        "2",
+        *tiny_flags(
+            {
+                "trainer.accelerator": "cpu",
+                "trainer.precision": "32-true",
+                "data.data_path": small_text,
+                "data.cache_dir": tmp_path / "cache",
+                "data.block_size": 32,
+                "trainer.max_steps": max_steps,
+                "trainer.log_every_n_steps": log_every_n_steps,
+                "throughput.warmup_steps": 2,
+                "trainer.logger.init_args.save_dir": tmp_path / "tb",
+            }
+        ),
         f"--trainer.callbacks+={json.dumps(probe)}",
-        "--trainer.logger.init_args.save_dir",
-        str(tmp_path / "tb"),
     ]
 
 

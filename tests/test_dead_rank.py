@@ -14,6 +14,7 @@ from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
+from conftest import TINY_FIT, tiny_flags
 from lightning.pytorch import Callback
 from test_cli import REPO
 from test_ddp import ENV, fit_args
@@ -339,31 +340,16 @@ def test_a_second_run_in_one_process_still_says_a_launched_rank_ended_and_lightn
     replaced and the end claimed: a later DDP launch (a plain ``Trainer``'s or the CLI's) got neither
     Lightning's kill of the other ranks nor our line."""
     args = [
-        "fit",
-        "--config",
-        str(REPO / "configs/tiny-cpu.yaml"),
-        "--model.compile",
-        "false",
-        "--model.n_layer",
-        "1",
-        "--model.n_embd",
-        "32",
-        "--model.n_head",
-        "2",
-        "--data.data_path",
-        str(small_text),
-        "--data.cache_dir",
-        str(tmp_path / "cache"),
-        "--data.batch_size",
-        "2",
-        "--data.block_size",
-        "32",
-        "--trainer.max_steps",
-        "1",
-        "--trainer.limit_val_batches",
-        "0",
-        "--trainer.logger.init_args.save_dir",
-        str(tmp_path / "tb"),
+        *TINY_FIT,
+        *tiny_flags(
+            {
+                "data.data_path": small_text,
+                "data.cache_dir": tmp_path / "cache",
+                "data.block_size": 32,
+                "trainer.max_steps": 1,
+                "trainer.logger.init_args.save_dir": tmp_path / "tb",
+            }
+        ),
     ]
     killed = {"class_path": "ddp_probe.LaunchedRankKilled"}
     body = f"""

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import COMPILED_TINY, REPO, TINY_MODEL
+from conftest import COMPILED_TINY, REPO, TINY_FIT, TINY_MODEL, tiny_flags
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import EMAWeightAveraging, ModelCheckpoint
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -163,31 +163,22 @@ def test_the_cli_trains_a_compiled_model_with_the_benchmarks_ema_flags(small_tex
     from test_benchmarks import load_benchmark
 
     ema_flags = load_benchmark("muon_variants").EMA
-    shape = {f"--model.{k}": str(v).lower() for k, v in COMPILED_TINY.items()}
     main(
         [
-            "fit",
-            "--config",
-            str(REPO / "configs" / "tiny-cpu.yaml"),
-            *[word for pair in shape.items() for word in pair],
-            "--data.data_path",
-            str(small_text),
-            "--data.batch_size",
-            "2",
-            "--data.block_size",
-            "32",
-            "--trainer.max_steps",
-            "2",
-            "--trainer.val_check_interval",
-            "2",
-            "--trainer.limit_val_batches",
-            "1",
-            "--trainer.enable_progress_bar",
-            "false",
-            "--model.val_sample_tokens",
-            "2",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp_path),
+            *TINY_FIT,
+            *tiny_flags(
+                {
+                    **{f"model.{k}": v for k, v in COMPILED_TINY.items()},
+                    "model.val_sample_tokens": 2,
+                    "data.data_path": small_text,
+                    "data.block_size": 32,
+                    "trainer.max_steps": 2,
+                    "trainer.val_check_interval": 2,
+                    "trainer.limit_val_batches": 1,
+                    "trainer.enable_progress_bar": False,
+                    "trainer.logger.init_args.save_dir": tmp_path,
+                }
+            ),
             *ema_flags,
         ]
     )

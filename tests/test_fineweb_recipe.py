@@ -3,27 +3,14 @@ to make one), and run on a CPU with tiny overrides on shards the test writes."""
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, tiny_flags
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
 
 RECIPE = str(REPO / "configs" / "gpt2-124m-fineweb.yaml")
 # Its precision (bf16-mixed) and clipping as written: clipping under bf16-mixed once died at step 1.
-TINY = [
-    "--trainer.accelerator",
-    "cpu",
-    "--model.compile",
-    "false",
-    "--model.n_layer",
-    "1",
-    "--model.n_head",
-    "2",
-    "--model.n_embd",
-    "32",
-    "--model.val_sample_tokens",
-    "0",
-]
+TINY = tiny_flags({"trainer.accelerator": "cpu"})
 
 
 def test_without_a_shard_folder_it_says_how_to_make_one(tmp_path, capsys, monkeypatch):
@@ -49,10 +36,6 @@ def test_the_recipe_trains_on_shards(shakespeare, tmp_path, caplog):
             *TINY,
             "--data.data_path",
             str(tmp_path / "shards"),
-            "--data.batch_size",
-            "2",
-            "--data.block_size",
-            "16",
             "--data.tokens_per_step",
             "128",
             "--trainer.max_steps",

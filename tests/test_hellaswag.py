@@ -272,6 +272,7 @@ def test_without_the_file_the_callback_says_where_to_put_it_and_training_goes_on
 def test_two_processes_split_the_examples_and_count_what_one_process_counts(tmp_path, small_text):
     """Through the CLI, as a user adds the callback: DDP on 2 CPU processes (gloo), 5 examples
     split 3 + 2, the counts summed over ranks and equal to one process scoring the same weights."""
+    from conftest import TINY_FIT, tiny_flags
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from test_cli import REPO, run_cli
 
@@ -284,41 +285,23 @@ def test_two_processes_split_the_examples_and_count_what_one_process_counts(tmp_
     }
     probe = {"class_path": "hellaswag_probe.RecordHellaSwag", "init_args": {"out_dir": str(tmp_path / "ranks")}}
     result = run_cli(
-        "fit",
-        "--config",
-        str(REPO / "configs/tiny-cpu.yaml"),
+        *TINY_FIT,
         "--trainer.strategy",
         "ddp",
         "--trainer.devices",
         "2",
-        "--trainer.precision",
-        "32-true",
-        "--model.compile",
-        "false",
-        "--model.n_layer",
-        "1",
-        "--model.n_embd",
-        "32",
-        "--model.n_head",
-        "2",
-        "--model.val_sample_tokens",
-        "0",
-        "--data.data_path",
-        str(small_text),
-        "--data.batch_size",
-        "2",
-        "--data.block_size",
-        "32",
-        "--trainer.max_steps",
-        "2",
-        "--trainer.limit_val_batches",
-        "0",
-        "--checkpoint.every_n_train_steps",
-        "2",
+        *tiny_flags(
+            {
+                "trainer.precision": "32-true",
+                "data.data_path": small_text,
+                "data.block_size": 32,
+                "trainer.max_steps": 2,
+                "checkpoint.every_n_train_steps": 2,
+                "trainer.logger.init_args.save_dir": tmp_path / "tb",
+            }
+        ),
         f"--trainer.callbacks+={json.dumps(evaluator)}",
         f"--trainer.callbacks+={json.dumps(probe)}",
-        "--trainer.logger.init_args.save_dir",
-        str(tmp_path / "tb"),
         cwd=tmp_path,
         env_extra={"PYTHONPATH": f"{REPO}:{REPO / 'tests'}"},
     )

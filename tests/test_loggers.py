@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import TINY_FIT, tiny_flags
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_hellaswag import synthetic_examples, write_examples
 
@@ -15,31 +15,17 @@ from gpt_lightning.cli import main
 
 # configs/tiny-cpu.yaml as written (bf16-mixed), shrunk: 2 steps, validating (and sampling) at step 2.
 TINY = [
-    "fit",
-    "--config",
-    str(REPO / "configs/tiny-cpu.yaml"),
-    "--model.n_layer",
-    "1",
-    "--model.n_head",
-    "2",
-    "--model.n_embd",
-    "32",
-    "--model.compile",
-    "false",
-    "--model.val_sample_tokens",
-    "4",
-    "--data.batch_size",
-    "2",
-    "--data.block_size",
-    "32",
-    "--trainer.max_steps",
-    "2",
-    "--trainer.val_check_interval",
-    "2",
-    "--trainer.limit_val_batches",
-    "1",
-    "--throughput.warmup_steps",
-    "1",
+    *TINY_FIT,
+    *tiny_flags(
+        {
+            "model.val_sample_tokens": 4,
+            "data.block_size": 32,
+            "trainer.max_steps": 2,
+            "trainer.val_check_interval": 2,
+            "trainer.limit_val_batches": 1,
+            "throughput.warmup_steps": 1,
+        }
+    ),
 ]
 
 

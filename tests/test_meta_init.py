@@ -5,7 +5,7 @@ shard with the values an eager build from the same seed has."""
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, TINY_CPU, tiny_flags
 from lightning.pytorch import Callback, seed_everything
 
 from gpt_lightning import GPTLightningModule
@@ -83,33 +83,19 @@ def test_model_parallel_builds_empty_then_starts_from_the_eager_weights(small_te
         run=False,
         args=[
             "--config",
-            str(REPO / "configs" / "tiny-cpu.yaml"),
+            TINY_CPU,
             "--config",
             str(REPO / "configs" / "fsdp2.yaml"),
             "--trainer.devices",
             "1",
-            "--model.compile",
-            "false",
-            "--model.n_layer",
-            "1",
-            "--model.n_head",
-            "2",
-            "--model.n_embd",
-            "32",
-            "--data.block_size",
-            "32",
-            "--data.batch_size",
-            "2",
-            "--data.data_path",
-            str(small_text),
-            "--trainer.max_steps",
-            "1",
-            "--trainer.limit_val_batches",
-            "0",
-            "--model.val_sample_tokens",
-            "0",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp_path / "tb"),
+            *tiny_flags(
+                {
+                    "data.block_size": 32,
+                    "data.data_path": small_text,
+                    "trainer.max_steps": 1,
+                    "trainer.logger.init_args.save_dir": tmp_path / "tb",
+                }
+            ),
         ],
     )
     probe = FirstWeights()

@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 import torch._dynamo
-from conftest import REPO
+from conftest import REPO, tiny_flags
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_readme import README
 
@@ -227,34 +227,18 @@ def test_the_preset_trains_exports_to_safetensors_and_refuses_hf(tmp_path, small
             "fit",
             "--config",
             str(REPO / "configs" / "modern-tiny-cpu.yaml"),
-            "--model.compile",
-            "false",
-            "--model.n_layer",
-            "2",  # the preset's SSSL windows block 0 (the last block is always long)
-            "--model.n_head",
-            "2",
-            "--model.n_embd",
-            "32",
-            "--data.batch_size",
-            "2",
-            "--data.block_size",
-            "16",
-            "--trainer.max_steps",
-            "3",
-            "--trainer.limit_val_batches",
-            "0",
-            "--trainer.log_every_n_steps",
-            "1",
-            "--model.val_sample_tokens",
-            "0",
-            "--model.short_window_fraction",  # beside the preset's SSSL: both carried by the checkpoint and the export
-            "0.5",
-            "--data.data_path",
-            str(small_text),
-            "--data.cache_dir",
-            str(tmp_path / "cache"),
-            "--trainer.logger.init_args.save_dir",
-            str(tmp_path),
+            *tiny_flags(
+                {
+                    "model.n_layer": 2,  # the preset's SSSL windows block 0 (the last block is always long)
+                    "data.data_path": small_text,
+                    "data.cache_dir": tmp_path / "cache",
+                    "trainer.max_steps": 3,
+                    "trainer.log_every_n_steps": 1,
+                    "trainer.logger.init_args.save_dir": tmp_path,
+                    # beside the preset's SSSL: both carried by the checkpoint and the export
+                    "model.short_window_fraction": 0.5,
+                }
+            ),
         ]
     )
     (ckpt,) = tmp_path.glob("modern-tiny-cpu/version_0/checkpoints/last.ckpt")

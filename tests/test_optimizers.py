@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 import torch
-from conftest import REPO, TINY_MODEL
+from conftest import REPO, TINY_FIT, TINY_MODEL, tiny_flags
 from lightning.pytorch import Trainer
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -18,28 +18,7 @@ from gpt_lightning.errors import UserError
 from gpt_lightning.training.module import GPTLightningModule
 from gpt_lightning.training.optimizers import MuonWithAdamW, lr_multiplier
 
-TINY_CPU = [
-    "--config",
-    str(REPO / "configs" / "tiny-cpu.yaml"),
-    "--model.compile",
-    "false",
-    "--model.n_layer",
-    "2",
-    "--model.n_head",
-    "2",
-    "--model.n_embd",
-    "32",
-    "--model.val_sample_tokens",
-    "0",
-    "--data.batch_size",
-    "2",
-    "--data.block_size",
-    "32",
-    "--trainer.limit_val_batches",
-    "0",
-    "--throughput.warmup_steps",
-    "0",
-]
+TINY_CPU = [*TINY_FIT, *tiny_flags({"model.n_layer": 2, "data.block_size": 32})]
 
 
 def built(module: GPTLightningModule) -> torch.optim.Optimizer:
@@ -230,7 +209,6 @@ def test_muon_under_fsdp2_is_refused_in_one_line(small_text, tmp_path, capsys, i
     with pytest.raises(SystemExit):
         main(
             [
-                "fit",
                 *TINY_CPU,
                 "--config",
                 str(REPO / "configs" / "fsdp2.yaml"),
@@ -258,7 +236,6 @@ def test_a_muon_run_logs_each_group_s_rate_and_exports_to_hugging_face(small_tex
     transformers = pytest.importorskip("transformers")
     main(
         [
-            "fit",
             *TINY_CPU,
             "--data.data_path",
             str(small_text),

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ONE_QUIET_CPU_STEP, REPO, TINY_MODEL
+from conftest import ONE_QUIET_CPU_STEP, REPO, TINY_FIT, TINY_MODEL, tiny_flags
 from lightning.pytorch import Trainer
 from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader
@@ -139,30 +139,14 @@ def test_the_probe_finds_emulated_bf16_where_onednn_may_not_use_the_cpus_bf16():
     assert float(slowdown) > 2 * precision.EMULATED and chosen == "32-true", result.stdout
 
 
-SHRUNK = [
-    "--model.n_layer",
-    "1",
-    "--model.n_head",
-    "2",
-    "--model.n_embd",
-    "32",
-    "--data.batch_size",
-    "2",
-    "--data.block_size",
-    "32",
-    "--model.compile",
-    "false",
-    "--trainer.max_steps",
-    "2",
-    "--throughput.warmup_steps",
-    "1",
-    "--trainer.limit_val_batches",
-    "0",
-    "--trainer.enable_model_summary",
-    "false",
-    "--model.val_sample_tokens",
-    "0",
-]
+SHRUNK = tiny_flags(
+    {
+        "data.block_size": 32,
+        "trainer.max_steps": 2,
+        "throughput.warmup_steps": 1,
+        "trainer.enable_model_summary": False,
+    }
+)
 
 
 @pytest.mark.parametrize("asked", ["auto", "bf16-mixed"])
@@ -174,9 +158,7 @@ def test_fit_on_a_cpu_that_emulates_bf16(asked, tmp_path, monkeypatch, caplog, c
     caplog.set_level("INFO")
     main(
         [
-            "fit",
-            "--config",
-            str(REPO / "configs/tiny-cpu.yaml"),
+            *TINY_FIT,
             *SHRUNK,
             "--trainer.precision",
             asked,

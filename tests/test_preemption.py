@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_MODEL
+from conftest import REPO, TINY_FIT, TINY_MODEL, tiny_flags
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -30,33 +30,8 @@ def subprocess_env() -> dict[str, str]:
 
 # configs/tiny-cpu.yaml (bf16-mixed) shrunk in size and steps; 3 micro-batches of 2 x 16 a step.
 TINY = [
-    "fit",
-    "--config",
-    str(REPO / "configs" / "tiny-cpu.yaml"),
-    "--model.compile",
-    "false",
-    "--model.n_layer",
-    "1",
-    "--model.n_head",
-    "2",
-    "--model.n_embd",
-    "32",
-    "--model.val_sample_tokens",
-    "0",
-    "--data.batch_size",
-    "2",
-    "--data.block_size",
-    "16",
-    "--data.tokens_per_step",
-    "96",
-    "--trainer.max_steps",
-    "6",
-    "--trainer.limit_val_batches",
-    "0",
-    "--trainer.enable_progress_bar",
-    "false",
-    "--throughput.warmup_steps",
-    "0",
+    *TINY_FIT,
+    *tiny_flags({"data.tokens_per_step": 96, "trainer.max_steps": 6, "trainer.enable_progress_bar": False}),
 ]
 MICRO = 3
 

@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 import yaml
-from conftest import REPO
+from conftest import TINY_FIT, tiny_flags
 
 from gpt_lightning.cli import main
 from gpt_lightning.errors import UserError
@@ -94,27 +94,16 @@ def test_fine_tune_through_the_cli_then_export_to_hugging_face(hf_gpt2, tmp_path
     # tiny-cpu.yaml sets its own architecture; the one given here agrees with the checkpoint's.
     main(
         [
-            "fit",
-            "--config",
-            str(REPO / "configs" / "tiny-cpu.yaml"),
-            "--model.init_from",
-            str(source),
-            "--model.n_layer",
-            "2",
-            "--model.n_head",
-            "2",
-            "--model.n_embd",
-            "32",
-            "--model.compile",
-            "false",
-            "--data.block_size",
-            "32",
-            "--trainer.max_steps",
-            "2",
-            "--trainer.limit_val_batches",
-            "0",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp_path / "tb"),
+            *TINY_FIT,
+            *tiny_flags(
+                {
+                    "model.init_from": source,
+                    "model.n_layer": 2,
+                    "data.block_size": 32,
+                    "trainer.max_steps": 2,
+                    "trainer.logger.init_args.save_dir": tmp_path / "tb",
+                }
+            ),
         ]
     )
     run_dir = tmp_path / "tb" / "tiny-cpu" / "version_0"
@@ -126,27 +115,16 @@ def test_fine_tune_through_the_cli_then_export_to_hugging_face(hf_gpt2, tmp_path
     # Resuming with the same command line does not read init_from (the source is gone now).
     main(
         [
-            "fit",
-            "--config",
-            str(REPO / "configs" / "tiny-cpu.yaml"),
-            "--model.init_from",
-            str(source),
-            "--model.n_layer",
-            "2",
-            "--model.n_head",
-            "2",
-            "--model.n_embd",
-            "32",
-            "--model.compile",
-            "false",
-            "--data.block_size",
-            "32",
-            "--trainer.max_steps",
-            "3",
-            "--trainer.limit_val_batches",
-            "0",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp_path / "tb"),
+            *TINY_FIT,
+            *tiny_flags(
+                {
+                    "model.init_from": source,
+                    "model.n_layer": 2,
+                    "data.block_size": 32,
+                    "trainer.max_steps": 3,
+                    "trainer.logger.init_args.save_dir": tmp_path / "tb",
+                }
+            ),
             "--ckpt_path",
             str(ckpt),
         ]
@@ -169,29 +147,17 @@ def test_the_position_table_is_cropped_only_when_model_block_size_is_given(hf_gp
     directory, _ = hf_gpt2
     main(
         [
-            "fit",
-            "--config",
-            str(REPO / "configs" / "tiny-cpu.yaml"),
-            "--model.init_from",
-            str(directory),
-            "--model.n_layer",
-            "2",
-            "--model.n_head",
-            "2",
-            "--model.n_embd",
-            "32",
-            "--model.compile",
-            "false",
-            "--model.block_size",
-            "48",
-            "--data.block_size",
-            "32",
-            "--trainer.max_steps",
-            "1",
-            "--trainer.limit_val_batches",
-            "0",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp_path / "tb"),
+            *TINY_FIT,
+            *tiny_flags(
+                {
+                    "model.init_from": directory,
+                    "model.n_layer": 2,
+                    "model.block_size": 48,
+                    "data.block_size": 32,
+                    "trainer.max_steps": 1,
+                    "trainer.logger.init_args.save_dir": tmp_path / "tb",
+                }
+            ),
         ]
     )
     ckpt = tmp_path / "tb" / "tiny-cpu" / "version_0" / "checkpoints" / "last.ckpt"

@@ -17,7 +17,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from conftest import REPO
+from conftest import REPO, tiny_flags
 
 from gpt_lightning.cli import main
 
@@ -52,37 +52,27 @@ INSTALL_PROGRAMS = ("python3", ".", "pip")
 
 # Small overrides that make a README command finish in seconds on a CPU; the command is otherwise
 # run exactly as written.
-TINY_MODEL = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.compile", "false"]
 OVERRIDES = {
-    "fit": [
-        "--trainer.max_steps",
-        "2",
-        "--trainer.limit_val_batches",
-        "1",
-        "--trainer.val_check_interval",
-        "2",
-        "--model.val_sample_tokens",
-        "4",
-        *TINY_MODEL,
-    ],
-    "bench": [
-        "--trainer.max_steps",
-        "4",
-        "--throughput.warmup_steps",
-        "1",
-        "--trainer.limit_val_batches",
-        "0",
-        "--model.n_layer",
-        "1",
-        "--model.n_head",
-        "2",
-        "--model.n_embd",
-        "32",
-        "--data.batch_size",
-        "2",
-        "--data.block_size",
-        "32",
-    ],  # the suite's one compiled shape: its kernels are in the compile cache
+    "fit": tiny_flags(  # the tiny model on each command's own data sizes, validating and sampling at step 2
+        {
+            "model.val_sample_tokens": 4,
+            "data.batch_size": None,
+            "data.block_size": None,
+            "trainer.max_steps": 2,
+            "trainer.limit_val_batches": 1,
+            "trainer.val_check_interval": 2,
+            "throughput.warmup_steps": None,
+        }
+    ),
+    "bench": tiny_flags(  # the suite's one compiled shape: its kernels are in the compile cache
+        {
+            "model.compile": None,
+            "model.val_sample_tokens": None,
+            "data.block_size": 32,
+            "trainer.max_steps": 4,
+            "throughput.warmup_steps": 1,
+        }
+    ),
     "sample": ["--max_new_tokens", "5"],
     "export": [],
     "tokenize": ["--shard_tokens", "20000"],
@@ -246,7 +236,7 @@ def test_the_readme_walkthrough_runs_on_a_cpu(tmp_path, shakespeare, monkeypatch
         command = words[1] if words[0] == "gpt-lightning" else "fit"
         extra = list(OVERRIDES[command])
         if command == "fit" and "--ckpt_path" in words:
-            extra[1] = "4"  # resume past the 2 steps the checkpoint has
+            extra += ["--trainer.max_steps", "4"]  # resume past the 2 steps the checkpoint has
         if words[0] == "python":
             extra = ["--trainer.max_steps", "2"]
         if not ran:  # the quick start: the one launch of the installed console script

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import TINY_FIT, tiny_flags
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
@@ -268,32 +268,18 @@ def hparams_step(run_dir):
 
 
 def tiny_cpu_fit(tmp_path, shakespeare, *extra):
-    """``fit`` of tiny-cpu.yaml shrunk (eager, one layer), on a small corpus, logging every step under tmp_path/tb."""
+    """The tiny run on a small corpus, logging every step under tmp_path/tb."""
     (tmp_path / "c.txt").write_text(shakespeare[:20_000])
     return [
-        "fit",
-        "--config",
-        str(REPO / "configs/tiny-cpu.yaml"),
-        "--model.n_layer",
-        "1",
-        "--model.n_head",
-        "2",
-        "--model.n_embd",
-        "32",
-        "--model.compile",
-        "false",
-        "--model.val_sample_tokens",
-        "0",
-        "--data.data_path",
-        str(tmp_path / "c.txt"),
-        "--data.block_size",
-        "16",
-        "--data.cache_dir",
-        str(tmp_path),
-        "--trainer.log_every_n_steps",
-        "1",
-        "--trainer.logger.init_args.save_dir",
-        str(tmp_path / "tb"),
+        *TINY_FIT,
+        *tiny_flags(
+            {
+                "data.data_path": tmp_path / "c.txt",
+                "data.cache_dir": tmp_path,
+                "trainer.log_every_n_steps": 1,
+                "trainer.logger.init_args.save_dir": tmp_path / "tb",
+            }
+        ),
         *extra,
     ]
 

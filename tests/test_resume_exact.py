@@ -8,40 +8,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ARCH_FLAGS, MODERN_FLAGS, REPO
+from conftest import ARCH_FLAGS, MODERN_FLAGS, TINY_FIT, tiny_flags
 
 from gpt_lightning.cli import main
 
 # configs/tiny-cpu.yaml as written (auto: bf16-mixed where the CPU has it), shrunk in size and steps; 11 batches an epoch.
 TINY = [
-    "--config",
-    str(REPO / "configs" / "tiny-cpu.yaml"),
-    "--model.compile",
-    "false",
-    "--model.n_layer",
-    "1",
-    "--model.n_head",
-    "2",
-    "--model.n_embd",
-    "32",
-    "--model.val_sample_tokens",
-    "0",
-    "--data.batch_size",
-    "2",
-    "--data.block_size",
-    "16",
-    "--data.val_fraction",
-    "0",
-    "--trainer.limit_val_batches",
-    "0",
-    "--trainer.log_every_n_steps",
-    "1",
-    "--throughput.warmup_steps",
-    "0",
-    "--trainer.enable_progress_bar",
-    "false",
-    "--checkpoint.save_top_k",
-    "-1",
+    *TINY_FIT,
+    *tiny_flags(
+        {
+            "data.val_fraction": 0,
+            "trainer.log_every_n_steps": 1,
+            "trainer.enable_progress_bar": False,
+            "checkpoint.save_top_k": -1,
+        }
+    ),
 ]
 EPOCH_TOKENS = 11 * 2 * 16 + 1  # 11 batches of 2 x 16, and the last target
 
@@ -84,7 +65,6 @@ def schedules(ckpt: Path) -> list[dict]:
 def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
     main(
         [
-            "fit",
             *TINY,
             "--data.data_path",
             str(corpus),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, TINY_FIT, tiny_flags
 from test_cli import run_cli
 
 from gpt_lightning.cli import main
@@ -36,45 +36,22 @@ def fit(root: Path, corpus: Path, steps: int, processes: int, *extra: str) -> di
     what each rank trained (``ddp_probe.RecordSteps``)."""
     record = {"class_path": "ddp_probe.RecordSteps", "init_args": {"out_dir": str(root / f"steps-{steps}")}}
     args = [
-        "fit",
-        "--config",
-        str(REPO / "configs/tiny-cpu.yaml"),
-        "--model.compile",
-        "false",
-        "--model.n_layer",
-        "1",
-        "--model.n_head",
-        "2",
-        "--model.n_embd",
-        "32",
-        "--model.val_sample_tokens",
-        "0",
-        "--data.data_path",
-        str(corpus),
-        "--data.cache_dir",
-        str(root.parent / "cache"),
-        "--data.val_fraction",
-        "0",
-        "--data.batch_size",
-        str(B),
-        "--data.block_size",
-        str(T),
-        "--data.tokens_per_step",
-        str(STEP_ROWS * T),
-        "--data.shuffle",
-        "true",
-        "--trainer.limit_val_batches",
-        "0",
-        "--trainer.max_steps",
-        str(steps),
-        "--checkpoint.every_n_train_steps",
-        "5",
-        "--throughput.warmup_steps",
-        "0",
-        "--trainer.enable_progress_bar",
-        "false",
-        "--trainer.logger.init_args.save_dir",
-        str(root),
+        *TINY_FIT,
+        *tiny_flags(
+            {
+                "data.data_path": corpus,
+                "data.cache_dir": root.parent / "cache",
+                "data.val_fraction": 0,
+                "data.batch_size": B,
+                "data.block_size": T,
+                "data.tokens_per_step": STEP_ROWS * T,
+                "data.shuffle": True,
+                "trainer.max_steps": steps,
+                "checkpoint.every_n_train_steps": 5,
+                "trainer.enable_progress_bar": False,
+                "trainer.logger.init_args.save_dir": root,
+            }
+        ),
         f"--trainer.callbacks+={json.dumps(record)}",
         *extra,
     ]

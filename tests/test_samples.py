@@ -69,37 +69,25 @@ def test_fsdp2_on_a_cpu_samples_at_its_first_validation(small_text, tmp_path, in
 
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
 
-    from conftest import REPO
+    from conftest import REPO, TINY_FIT, tiny_flags
 
     main(
         [
-            "fit",
-            "--config",
-            str(REPO / "configs/tiny-cpu.yaml"),
+            *TINY_FIT,
             "--config",
             str(REPO / "configs/fsdp2.yaml"),
-            "--model.n_layer",
-            "2",
-            "--model.n_head",
-            "2",
-            "--model.n_embd",
-            "32",
-            "--model.compile",
-            "false",
-            "--data.block_size",
-            "32",
-            "--data.batch_size",
-            "2",
-            "--data.data_path",
-            str(small_text),
-            "--trainer.max_steps",
-            "2",
-            "--trainer.val_check_interval",
-            "2",
-            "--trainer.limit_val_batches",
-            "1",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp_path / "tb"),
+            *tiny_flags(
+                {
+                    "model.n_layer": 2,
+                    "model.val_sample_tokens": None,
+                    "data.block_size": 32,
+                    "data.data_path": small_text,
+                    "trainer.max_steps": 2,
+                    "trainer.val_check_interval": 2,
+                    "trainer.limit_val_batches": 1,
+                    "trainer.logger.init_args.save_dir": tmp_path / "tb",
+                }
+            ),
         ]
     )
     samples = logged_samples(next((tmp_path / "tb" / "tiny-cpu").glob("version_*")))

@@ -5,39 +5,27 @@ it and train/grad_norm are logged only on the steps the logger writes (and the l
 import json
 
 import pytest
-from conftest import REPO
+from conftest import TINY_FIT, tiny_flags
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
 
 
 def fit_tiny_config(small_text, tmp_path, *extra):
-    """configs/tiny-cpu.yaml (auto: bf16-mixed where the CPU has it), shrunk in size and steps, uncompiled for speed."""
+    """The tiny run (auto: bf16-mixed where the CPU has it) with validation samples, validating where ``extra`` asks."""
     main(
         [
-            "fit",
-            "--config",
-            str(REPO / "configs" / "tiny-cpu.yaml"),
-            "--model.compile",
-            "false",
-            "--model.n_layer",
-            "1",
-            "--model.n_head",
-            "2",
-            "--model.n_embd",
-            "32",
-            "--data.data_path",
-            str(small_text),
-            "--data.batch_size",
-            "2",
-            "--data.block_size",
-            "32",
-            "--checkpoint.every_n_train_steps",
-            "1000",
-            "--throughput.warmup_steps",
-            "1",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp_path / "tb"),
+            *TINY_FIT,
+            *tiny_flags(
+                {
+                    "model.val_sample_tokens": None,
+                    "data.data_path": small_text,
+                    "data.block_size": 32,
+                    "checkpoint.every_n_train_steps": 1000,
+                    "throughput.warmup_steps": 1,
+                    "trainer.logger.init_args.save_dir": tmp_path / "tb",
+                }
+            ),
             *extra,
         ]
     )
@@ -60,8 +48,6 @@ def test_train_loss_is_the_mean_over_the_steps_micro_batches(small_text, tmp_pat
         "3",
         "--trainer.log_every_n_steps",
         "1",
-        "--trainer.limit_val_batches",
-        "0",
         f"--trainer.callbacks+={json.dumps(probe)}",
     )
     steps = json.loads((tmp_path / "loss.json").read_text())["steps"]
@@ -110,8 +96,6 @@ def test_steps_the_logger_skips_log_nothing(small_text, tmp_path):
         "7",
         "--trainer.log_every_n_steps",
         "3",
-        "--trainer.limit_val_batches",
-        "0",
         f"--trainer.callbacks+={json.dumps(probe)}",
     )
     report = json.loads((tmp_path / "calls.json").read_text())
@@ -135,8 +119,6 @@ def test_a_step_where_a_callback_stops_the_run_logs_its_own_values(small_text, t
         "10",
         "--trainer.log_every_n_steps",
         "3",
-        "--trainer.limit_val_batches",
-        "0",
         f"--trainer.callbacks+={json.dumps(probe)}",
         f"--trainer.callbacks+={json.dumps(stop)}",
     )
@@ -169,8 +151,6 @@ def test_a_run_kept_going_after_a_stop_logs_each_steps_own_values(small_text, tm
         "0",
         "--trainer.log_every_n_steps",
         "3",
-        "--trainer.limit_val_batches",
-        "0",
         f"--trainer.callbacks+={json.dumps(probe)}",
         f"--trainer.callbacks+={json.dumps(losses)}",
         f"--trainer.callbacks+={json.dumps(stop)}",

@@ -4,7 +4,7 @@ intervals (and validation and checkpoints), so on a GPU the next step's kernels 
 import json
 
 import pytest
-from conftest import REPO
+from conftest import REPO, TINY_FIT, tiny_flags
 
 from gpt_lightning.cli import main
 
@@ -34,36 +34,19 @@ def test_no_host_read_between_logging_intervals(small_text, tmp_path, overlay, i
     probe = {"class_path": "host_reads.HostReadCounter", "init_args": {"out": str(tmp_path / "reads.json")}}
     main(
         [
-            "fit",
-            "--config",
-            str(REPO / "configs" / "tiny-cpu.yaml"),
+            *TINY_FIT,
             *overlay,
-            "--model.compile",
-            "false",
-            "--model.n_layer",
-            "1",
-            "--model.n_head",
-            "2",
-            "--model.n_embd",
-            "32",
-            "--data.data_path",
-            str(small_text),
-            "--data.batch_size",
-            "2",
-            "--data.block_size",
-            "32",
-            "--trainer.max_steps",
-            "16",
-            "--trainer.log_every_n_steps",
-            "5",
-            "--trainer.limit_val_batches",
-            "0",
-            "--checkpoint.every_n_train_steps",
-            "1000",
-            "--throughput.warmup_steps",
-            "2",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp_path / "tb"),
+            *tiny_flags(
+                {
+                    "data.data_path": small_text,
+                    "data.block_size": 32,
+                    "trainer.max_steps": 16,
+                    "trainer.log_every_n_steps": 5,
+                    "checkpoint.every_n_train_steps": 1000,
+                    "throughput.warmup_steps": 2,
+                    "trainer.logger.init_args.save_dir": tmp_path / "tb",
+                }
+            ),
             f"--trainer.callbacks+={json.dumps(probe)}",
         ]
     )

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, tiny_flags
 
 from gpt_lightning.cli import main
 from gpt_lightning.data import TokenStreamDataModule, gpt2_encoding, token_cache
@@ -180,38 +180,19 @@ def test_a_fineweb_edu_style_parquet_folder_trains_the_fineweb_recipe(shakespear
             "fit",
             "--config",
             str(REPO / "configs" / "gpt2-124m-fineweb.yaml"),
-            "--trainer.accelerator",
-            "cpu",
-            "--model.compile",
-            "false",
-            "--model.n_layer",
-            "1",
-            "--model.n_head",
-            "2",
-            "--model.n_embd",
-            "32",
-            "--model.val_sample_tokens",
-            "0",
-            "--data.data_path",
-            str(tmp_path / "edu_fineweb10B"),
-            "--data.batch_size",
-            "2",
-            "--data.block_size",
-            "16",
-            "--data.tokens_per_step",
-            "64",
-            "--trainer.max_steps",
-            "3",
-            "--model.warmup_steps",
-            "1",
-            "--model.cosine_decay_steps",
-            "2",
-            "--trainer.val_check_interval",
-            "3",
-            "--trainer.limit_val_batches",
-            "1",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp_path / "tb"),
+            *tiny_flags(
+                {
+                    "trainer.accelerator": "cpu",
+                    "data.data_path": tmp_path / "edu_fineweb10B",
+                    "data.tokens_per_step": 64,
+                    "trainer.max_steps": 3,
+                    "model.warmup_steps": 1,
+                    "model.cosine_decay_steps": 2,
+                    "trainer.val_check_interval": 3,
+                    "trainer.limit_val_batches": 1,
+                    "trainer.logger.init_args.save_dir": tmp_path / "tb",
+                }
+            ),
         ]
     )
     (run,) = (tmp_path / "tb" / "gpt2-124m-fineweb").iterdir()

@@ -6,42 +6,19 @@ import os
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, TINY_FIT, tiny_flags
 from test_cli import run_cli
 
 from gpt_lightning.cli import main
 
-TINY = [
-    "--model.n_layer",
-    "1",
-    "--model.n_head",
-    "2",
-    "--model.n_embd",
-    "32",
-    "--model.compile",
-    "false",
-    "--trainer.precision",
-    "32-true",
-    "--trainer.limit_val_batches",
-    "0",
-    "--data.block_size",
-    "16",
-    "--data.val_fraction",
-    "0",
-    "--trainer.max_steps",
-    "3",
-    "--model.val_sample_tokens",
-    "0",
-]
+TINY = tiny_flags({"trainer.precision": "32-true", "data.val_fraction": 0, "trainer.max_steps": 3})
 
 
 def fit(tmp_path, small_text, name, *extra, processes=1, caplog=None):
     """One process trains in the pytest process (main(), as `gpt-lightning` calls it); two are a
     real launch of `gpt-lightning` under Lightning's DDP launcher."""
     args = [
-        "fit",
-        "--config",
-        str(REPO / "configs/tiny-cpu.yaml"),
+        *TINY_FIT,
         *TINY,
         "--data.data_path",
         str(small_text),
@@ -82,8 +59,6 @@ def test_accumulation_ddp_and_a_bigger_batch_train_the_same_weights(small_text, 
         tmp_path,
         small_text,
         "accumulate",
-        "--data.batch_size",
-        "2",
         "--data.tokens_per_step",
         "128",
         "--trainer.limit_train_batches",
@@ -101,8 +76,6 @@ def test_accumulation_ddp_and_a_bigger_batch_train_the_same_weights(small_text, 
         tmp_path,
         small_text,
         "ddp",
-        "--data.batch_size",
-        "2",
         "--data.tokens_per_step",
         "128",
         "--trainer.limit_train_batches",
@@ -120,14 +93,10 @@ def test_tokens_per_step_that_does_not_divide_says_what_would(small_text, tmp_pa
     with pytest.raises(SystemExit) as exit_info:
         main(
             [
-                "fit",
-                "--config",
-                str(REPO / "configs/tiny-cpu.yaml"),
+                *TINY_FIT,
                 *TINY,
                 "--data.data_path",
                 str(small_text),
-                "--data.batch_size",
-                "2",
                 "--data.tokens_per_step",
                 "100",
                 "--trainer.logger.init_args.save_dir",
@@ -146,14 +115,10 @@ def test_a_step_smaller_than_one_micro_batch_names_the_smallest(small_text, tmp_
     with pytest.raises(SystemExit):
         main(
             [
-                "fit",
-                "--config",
-                str(REPO / "configs/tiny-cpu.yaml"),
+                *TINY_FIT,
                 *TINY,
                 "--data.data_path",
                 str(small_text),
-                "--data.batch_size",
-                "2",
                 "--data.tokens_per_step",
                 "20",
                 "--trainer.logger.init_args.save_dir",
@@ -172,37 +137,18 @@ def test_with_tokens_per_step_the_validation_interval_counts_optimizer_steps(sma
     caplog.set_level("INFO")
     main(
         [
-            "fit",
-            "--config",
-            str(REPO / "configs/tiny-cpu.yaml"),
-            "--model.n_layer",
-            "1",
-            "--model.n_head",
-            "2",
-            "--model.n_embd",
-            "32",
-            "--model.compile",
-            "false",
-            "--model.val_sample_tokens",
-            "0",
-            "--data.data_path",
-            str(small_text),
-            "--data.block_size",
-            "16",
-            "--data.batch_size",
-            "2",
-            "--data.tokens_per_step",
-            "128",
-            "--trainer.max_steps",
-            "4",
-            "--trainer.val_check_interval",
-            "2",
-            "--trainer.limit_val_batches",
-            "1",
-            "--trainer.log_every_n_steps",
-            "1",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp_path / "tb"),
+            *TINY_FIT,
+            *tiny_flags(
+                {
+                    "data.data_path": small_text,
+                    "data.tokens_per_step": 128,
+                    "trainer.max_steps": 4,
+                    "trainer.val_check_interval": 2,
+                    "trainer.limit_val_batches": 1,
+                    "trainer.log_every_n_steps": 1,
+                    "trainer.logger.init_args.save_dir": tmp_path / "tb",
+                }
+            ),
         ]
     )
     assert "validation every 2 optimizer steps = 8 micro-batches" in caplog.text
@@ -220,14 +166,10 @@ def test_a_batch_limit_under_one_optimizer_step_is_refused_in_one_line(small_tex
     with pytest.raises(SystemExit) as exit_info:
         main(
             [
-                "fit",
-                "--config",
-                str(REPO / "configs/tiny-cpu.yaml"),
+                *TINY_FIT,
                 *TINY,
                 "--data.data_path",
                 str(small_text),
-                "--data.batch_size",
-                "2",
                 "--data.tokens_per_step",
                 "128",
                 "--trainer.limit_train_batches",
@@ -274,41 +216,20 @@ def test_every_optimizer_step_trains_the_whole_budget_across_epoch_ends(source, 
     caplog.clear()
     main(
         [
-            "fit",
-            "--config",
-            str(REPO / "configs/tiny-cpu.yaml"),
-            "--model.n_layer",
-            "1",
-            "--model.n_head",
-            "2",
-            "--model.n_embd",
-            "32",
-            "--model.compile",
-            "false",
-            "--model.val_sample_tokens",
-            "0",
-            "--data.data_path",
-            str(data),
-            "--data.val_fraction",
-            "0.25",
-            "--data.batch_size",
-            "2",
-            "--data.block_size",
-            "16",
-            "--data.tokens_per_step",
-            "96",
-            "--data.cache_dir",
-            str(tmp_path / "cache"),
-            "--trainer.max_steps",
-            "7",
-            "--trainer.val_check_interval",
-            "2",
-            "--trainer.limit_val_batches",
-            "1",
-            "--throughput.warmup_steps",
-            "1",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp_path / "tb"),
+            *TINY_FIT,
+            *tiny_flags(
+                {
+                    "data.data_path": data,
+                    "data.val_fraction": 0.25,
+                    "data.tokens_per_step": 96,
+                    "data.cache_dir": tmp_path / "cache",
+                    "trainer.max_steps": 7,
+                    "trainer.val_check_interval": 2,
+                    "trainer.limit_val_batches": 1,
+                    "throughput.warmup_steps": 1,
+                    "trainer.logger.init_args.save_dir": tmp_path / "tb",
+                }
+            ),
         ]
     )
     (run_dir,) = (tmp_path / "tb" / "tiny-cpu").iterdir()
