@@ -31,12 +31,8 @@ class NonFiniteGuard:
         self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
 
     def skip_update(self, step: int, grads: list[torch.Tensor] | None) -> torch.Tensor:
-        """Whether this optimizer step must not update the weights: a 0-dim bool tensor, no host read.
-
-        Args:
-            step: the optimizer step about to be taken (``trainer.global_step``).
-            grads: the gradients to check, or None when ``GradScaler`` handles them (``16-mixed``).
-        """
+        """Whether optimizer step ``step`` (``trainer.global_step``) must not update the weights: a 0-dim bool
+        tensor, no host read. ``grads``: the gradients to check, None where ``GradScaler`` does (``16-mixed``)."""
         bad = self._loss_bad if self._loss_bad is not None else torch.zeros((), dtype=torch.bool)
         self.grad_norm = None
         if grads:
