@@ -51,7 +51,7 @@ DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
 
 def hellaswag_shaped(examples: int, seed: int = 0) -> list[tuple[tuple[str, str], list[int], list[int]]]:
     """``examples`` x 4 requests (context tokens, ending tokens), the 4 of an example sharing the context."""
-    tokens = gpt2_encoding().encode_ordinary(Corpus.tiny_shakespeare().read_text()[:200_000])
+    tokens = gpt2_encoding().encode_ordinary(Corpus.tiny_shakespeare().open_text().read()[:200_000])
     rng = random.Random(seed)
 
     def span(lo: int, hi: int) -> list[int]:

@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     n = args.new_tokens
     # Rows of tiny Shakespeare, each long enough for the warm-up's longer prompt: real text, not random ids.
     rows, width = max(args.batch_sizes + args.uncached_batch_sizes), args.prompt_tokens + n
-    text = gpt2_encoding().encode_ordinary(Corpus.tiny_shakespeare().read_text()[: 8 * rows * width])
+    text = gpt2_encoding().encode_ordinary(Corpus.tiny_shakespeare().open_text().read()[: 8 * rows * width])
     if len(text) < rows * width:
         parser.error(f"tiny Shakespeare's first {len(text)} tokens are too few for {rows} rows of {width}")
     text = torch.tensor(text[: rows * width]).view(rows, width).to(device)  # (rows, prompt_tokens + new_tokens)

@@ -163,7 +163,7 @@ def on_device(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 
 def sampling(model: torch.nn.Module, device: torch.device, args) -> dict:
     model = on_device(model, device).eval()
-    text = gpt2_encoding().encode_ordinary(Corpus.tiny_shakespeare().read_text()[:20_000])
+    text = gpt2_encoding().encode_ordinary(Corpus.tiny_shakespeare().open_text().read()[:20_000])
     window = torch.tensor(text[: args.block_size + 1], device=device)[None]  # (1, block_size + 1)
     prompt = window[:, : min(16, args.block_size // 2)]  # (1, P): the play's opening words
     new_tokens = min(args.sample_tokens, args.block_size - prompt.size(1))

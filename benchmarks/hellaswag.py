@@ -35,7 +35,7 @@ from gpt_lightning.model import GPT, GPTConfig
 def write_examples(path: Path, n: int, seed: int = 0) -> Path:
     """``n`` HellaSwag-shaped examples from tiny Shakespeare: a context of 20-60 words and 4 endings
     of 8-30 words (HellaSwag's are about 40 and 20 tokens)."""
-    words = Corpus.tiny_shakespeare().read_text().split()
+    words = Corpus.tiny_shakespeare().open_text().read().split()
     rng = random.Random(seed)
 
     def span(lo: int, hi: int) -> str:

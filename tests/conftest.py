@@ -150,7 +150,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def shakespeare() -> str:
     """The packaged tiny Shakespeare text."""
-    return Corpus.tiny_shakespeare().read_text()
+    return Corpus.tiny_shakespeare().open_text().read()
 
 
 @pytest.fixture

@@ -190,10 +190,9 @@ def test_muon_keeps_one_state_for_the_blocks_matrices_and_adamw_s_two_for_the_re
 
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=300, block_size=16)
     model = GPT(config)
-    optimizer = build_optimizer(
-        model, "muon", learning_rate=1e-3, weight_decay=0.0, betas=(0.9, 0.95), eps=1e-8, fused=None,
-        muon_learning_rate=0.02, muon_momentum=0.95, muon_weight_decay=0.0, muon_adjust_lr="original",
-    )  # fmt: skip
+    muon = dict(muon_learning_rate=0.02, muon_momentum=0.95, muon_weight_decay=0.0, muon_adjust_lr="original")
+    hparams = dict(optimizer="muon", learning_rate=1e-3, weight_decay=0.0, betas=(0.9, 0.95), eps=1e-8, **muon)
+    optimizer = build_optimizer(model, hparams, fused=None)
     x = torch.randint(0, 300, (2, 16))
     model(x, x)[1].backward()
     optimizer.step()

@@ -24,7 +24,7 @@ from gpt_lightning.interop.pretrained import export_hf
 from gpt_lightning.interop.weights import load_gpt
 from gpt_lightning.model import GPT, KVCache, flex_window
 from gpt_lightning.scaling.flops import training_flops
-from gpt_lightning.training.optimizers import build_optimizer, group_settings
+from gpt_lightning.training.optimizers import build_optimizer
 
 SHAPE = dict(block_size=16, vocab_size=128, n_layer=2, n_head=2, n_embd=32)
 MODERN = GPTConfig(
@@ -200,9 +200,7 @@ def test_muon_takes_the_blocks_matrices_and_the_embedding_and_head_get_their_own
         head_learning_rate=0.004,
         tie_embeddings=False,
     )
-    optimizer = build_optimizer(
-        model, "muon", fused=None, **{k: v for k, v in hparams.items() if k not in ("optimizer", "tie_embeddings")}
-    )
+    optimizer = build_optimizer(model, hparams, fused=None)
     groups = {g["name"]: g for g in optimizer.param_groups}
     assert list(groups) == ["muon", "embedding", "head", "adamw_no_decay"]
     # The value embedding (block 1) is an embedding: AdamW at the embedding's rate, not Muon.
@@ -213,11 +211,8 @@ def test_muon_takes_the_blocks_matrices_and_the_embedding_and_head_get_their_own
     # c_attn, attn.c_proj, c_fc, mlp.c_proj per block, and block 1's value gate (a matrix, Muon's in nanochat)
     assert len(groups["muon"]["params"]) == 4 * 2 + 1
     assert any(p is model.transformer.h[1].attn.value_gate.weight for p in groups["muon"]["params"])
-    assert [s["lr"] for s in group_settings(hparams)] == [g["lr"] for g in optimizer.param_groups]
-    adamw = build_optimizer(
-        model, "adamw", fused=None, **{k: v for k, v in hparams.items() if k not in ("optimizer", "tie_embeddings")}
-    )
-    assert [s["lr"] for s in group_settings({**hparams, "optimizer": "adamw"})] == [g["lr"] for g in adamw.param_groups]
+    adamw = build_optimizer(model, {**hparams, "optimizer": "adamw"}, fused=None)
+    assert [g["lr"] for g in adamw.param_groups] == [1e-3, 0.1, 0.004, 1e-3]
     assert sum(len(g["params"]) for g in adamw.param_groups) == len(list(model.parameters()))
 
 
@@ -365,9 +360,9 @@ def test_the_residual_scalars_compile_without_graph_breaks():
 def test_the_scalars_train_with_adamw_without_decay_and_never_with_muon(tmp_path):
     model = GPT(dataclasses.replace(MODERN, residual_scalars=True))
     scalars = [model.resid_lambdas, model.x0_lambdas]
-    options = dict(learning_rate=1e-3, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, fused=None)
+    options = dict(optimizer="muon", learning_rate=1e-3, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)
     muon = dict(muon_learning_rate=0.02, muon_momentum=0.95, muon_weight_decay=0.0, muon_adjust_lr="original")
-    groups = {g["name"]: g for g in build_optimizer(model, "muon", **options, **muon).param_groups}
+    groups = {g["name"]: g for g in build_optimizer(model, {**options, **muon}, fused=None).param_groups}
     assert list(groups) == ["muon", "embedding", "head", "adamw_no_decay"]  # no group of their own
     no_decay = {id(p) for p in groups["adamw_no_decay"]["params"]}
     assert all(id(p) in no_decay for p in scalars) and groups["adamw_no_decay"]["weight_decay"] == 0.0

@@ -21,7 +21,7 @@ def test_gpt2_encoding_builds_offline_and_counts_tiny_shakespeare(no_network):
     enc = tokenizer.gpt2_encoding()
     assert enc.n_vocab == 50257
     assert enc.eot_token == 50256
-    text = Corpus.tiny_shakespeare().read_text()
+    text = Corpus.tiny_shakespeare().open_text().read()
     ids = enc.encode_ordinary(text)
     assert len(ids) == 338025  # the reference's "loaded 338025 tokens"
     assert enc.decode(ids) == text

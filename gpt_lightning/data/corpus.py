@@ -38,11 +38,10 @@ def sha256_file(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Corpus:
-    """A text to tokenize, at ``location``: read whole or as a stream, its sha256 known in advance (the
+    """A text to tokenize, at ``location``: read as a stream, its sha256 known in advance (the
     packaged corpus) or hashed from ``file`` when asked for, without decoding the text."""
 
     location: str
-    read_text: Callable[[], str]
     open_text: Callable[[], io.TextIOBase]
     known_sha256: str | None = None
     file: Path | None = None
@@ -64,7 +63,7 @@ class Corpus:
             )
         if not path.is_file():
             raise UserError(f"Data path {path} is not a file. Pass a UTF-8 text file to --data.data_path.")
-        return cls(str(path), lambda: _decode_text_file(path), lambda: _open_text_file(path), file=path)
+        return cls(str(path), lambda: _open_text_file(path), file=path)
 
     @classmethod
     def tiny_shakespeare(cls) -> Corpus:
@@ -72,7 +71,6 @@ class Corpus:
         resource = resources.files(__package__) / TINY_SHAKESPEARE_RESOURCE
         return cls(
             str(resource),
-            lambda: _read_packaged(resource),
             lambda: io.StringIO(_read_packaged(resource), newline=""),
             known_sha256=TINY_SHAKESPEARE_SHA256,
         )

@@ -34,56 +34,55 @@ def refuse_unknown_settings(saved: dict[str, Any], known: Iterable[str], source:
         )
 
 
-def read_checkpoint(path: str | Path, option: str = "--ckpt_path", weights: bool = True) -> dict[str, Any]:
+def read_checkpoint(path: str | Path, weights: bool = True) -> dict[str, Any]:
     """The checkpoint dict of a ``GPTLightningModule`` checkpoint, tensors memory-mapped on the CPU.
 
     Args:
         path: the ``.ckpt`` file, or the folder of a sharded checkpoint.
-        option: the command-line option that named it, for the error messages.
         weights: read the weights (``state_dict``) of a sharded checkpoint too, gathered into whole
             tensors; False reads only its settings. A ``.ckpt`` file is memory-mapped either way.
     """
     path = Path(path).expanduser()
     if not path.exists():
         raise UserError(
-            f"Checkpoint {path} does not exist. Check {option}: a run keeps its checkpoints in "
+            f"Checkpoint {path} does not exist. Check --ckpt_path: a run keeps its checkpoints in "
             "logs/<name>/version_N/checkpoints/ (last.ckpt is the newest)."
         )
     if path.is_dir() and not (path / SHARDED_METADATA).is_file():
         raise UserError(
             f"Checkpoint {path} is a directory without {SHARDED_METADATA}, so not a sharded checkpoint either. "
-            f"Pass a .ckpt file to {option}, e.g. {path / 'last.ckpt'}."
+            f"Pass a .ckpt file to --ckpt_path, e.g. {path / 'last.ckpt'}."
         )
-    checkpoint = _load(path / SHARDED_METADATA if path.is_dir() else path, option)
+    checkpoint = _load(path / SHARDED_METADATA if path.is_dir() else path)
     if path.is_dir() and isinstance(checkpoint, dict):
         if "n_embd" not in (checkpoint.get("hyper_parameters") or {}):
             raise UserError(
                 f"{path} is not a gpt-lightning checkpoint (no model settings in its {SHARDED_METADATA}). "
-                f"Pass a checkpoint written by gpt-lightning fit to {option}."
+                "Pass a checkpoint written by gpt-lightning fit to --ckpt_path."
             )
         if not weights:
             return checkpoint
-        checkpoint["state_dict"] = _gather_sharded_weights(path, checkpoint, option)
+        checkpoint["state_dict"] = _gather_sharded_weights(path, checkpoint)
     state = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
     if not isinstance(state, dict) or "model.transformer.wte.weight" not in state:
         raise UserError(
             f"{path} is not a gpt-lightning checkpoint (it holds no GPT weights). Pass a .ckpt written by "
-            f"gpt-lightning fit to {option}."
+            "gpt-lightning fit to --ckpt_path."
         )
     return checkpoint
 
 
-def _load(path: Path, option: str) -> Any:
+def _load(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for a bad file
         raise UserError(
             f"Checkpoint {path} cannot be read ({type(err).__name__}): it is truncated or damaged, or not a "
-            f"PyTorch checkpoint. Pass another file to {option}, e.g. an earlier checkpoint of the same run."
+            "PyTorch checkpoint. Pass another file to --ckpt_path, e.g. an earlier checkpoint of the same run."
         ) from None
 
 
-def _gather_sharded_weights(path: Path, checkpoint: dict[str, Any], option: str) -> dict[str, torch.Tensor]:
+def _gather_sharded_weights(path: Path, checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The whole ``state_dict`` of a sharded checkpoint, read by DCP's ``load`` (no process group) into
     empty tensors of the saved architecture: the model's entries only, not the optimizer's moments."""
     from torch.distributed.checkpoint import load
@@ -98,7 +97,7 @@ def _gather_sharded_weights(path: Path, checkpoint: dict[str, Any], option: str)
     except Exception as err:  # CheckpointException wraps each rank's error
         raise UserError(
             f"The shards of checkpoint {path} cannot be read ({type(err).__name__}): a file is missing or damaged, "
-            f"or they are of another architecture. Pass another checkpoint to {option}."
+            "or they are of another architecture. Pass another checkpoint to --ckpt_path."
         ) from None
     return state
 
@@ -116,9 +115,9 @@ def saved_config(checkpoint: dict[str, Any]) -> GPTConfig:
     return GPTConfig(**{f.name: hparams[f.name] for f in fields(GPTConfig) if f.name in hparams})
 
 
-def gpt_from_checkpoint(path: str | Path, option: str = "--ckpt_path") -> GPT:
+def gpt_from_checkpoint(path: str | Path) -> GPT:
     """The plain ``GPT`` of a checkpoint, its architecture from the saved hyper-parameters (on the CPU)."""
-    checkpoint = read_checkpoint(path, option)
+    checkpoint = read_checkpoint(path)
     prefix = "model."
     state = {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
     try:  # the memory-mapped tensors become the weights: no random model first, no copy

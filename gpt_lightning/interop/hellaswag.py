@@ -177,8 +177,6 @@ def evaluate(
 ) -> dict:
     """``acc_norm`` (mean loss), ``acc`` (summed loss) and the example count, with ``batch_size`` examples
     per forward pass, each under ``autocast()``. The counts are read once, at the end."""
-    if batch_size < 1:
-        raise UserError(f"--batch_size must be at least 1, got {batch_size}.")
     model = model.to(device).eval()
     chosen = itertools.islice(examples, limit)
     correct_norm, correct, n = count_correct(

@@ -37,14 +37,9 @@ def shard_count(device_mesh: DeviceMesh) -> int:
 
 
 def shard_gpt(model: GPT, mesh: DeviceMesh, param_dtype: torch.dtype | None = None) -> None:
-    """Apply FSDP2 in place: ``fully_shard`` on every ``Block``, then on the root.
-
-    Args:
-        model: the GPT, still unsharded.
-        mesh: 1-D (FSDP) or 2-D (HSDP) mesh, see ``sharding_mesh``.
-        param_dtype: dtype parameters are all-gathered and computed in (bf16 under ``bf16-mixed``);
-            gradients are reduced in float32, master weights stay float32. None keeps float32.
-    """
+    """Apply FSDP2 in place over ``mesh`` (1-D FSDP or 2-D HSDP, ``sharding_mesh``): ``fully_shard`` on every
+    ``Block``, then on the root. Parameters are all-gathered and computed in ``param_dtype`` (None: float32),
+    gradients reduced and master weights kept in float32."""
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     blocks = list(model.transformer.h)
     for i, block in enumerate(blocks):
@@ -71,13 +66,7 @@ def shard_once(model: GPT, device_mesh: DeviceMesh, precision: str) -> None:
 
 def sync_at_last_micro_batch(model: GPT, trainer: Trainer, batch_idx: int) -> None:
     """``on_train_batch_start``: under HSDP, all-reduce gradients across nodes only in an optimizer
-    step's last micro-batch (Lightning's ``no_sync`` covers DDP only). See docs/fsdp2.md.
-
-    Args:
-        model: the GPT, sharded or not (then nothing to do).
-        trainer: the trainer running the step.
-        batch_idx: the batch's index in the epoch, as Lightning gives the hook.
-    """
+    step's last micro-batch (Lightning's ``no_sync`` covers DDP only; an unsharded model: nothing). See docs/fsdp2.md."""
     if isinstance(model, FSDPModule) and trainer.accumulate_grad_batches > 1:
         ready = batch_idx + 1  # batches of this epoch fetched so far, this one included
         last = (

@@ -38,13 +38,8 @@ class SwappedCheckpointStrategy(ModelParallelStrategy):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any | None = None
     ) -> None:
-        """Write the checkpoint to ``.NAME.new`` beside ``filepath``, then swap it in.
-
-        Args:
-            checkpoint: the state Lightning dumps.
-            filepath: the checkpoint's path (a folder of shards, or a file).
-            storage_options: not supported, as in ``ModelParallelStrategy``.
-        """
+        """Write the checkpoint to ``.NAME.new`` beside ``filepath`` (a folder of shards, or a file), then swap
+        it in; ``storage_options`` are not supported, as in ``ModelParallelStrategy``."""
         path = Path(self.broadcast(str(filepath)))
         new, old = path.parent / f".{path.name}.new", path.parent / f".{path.name}.old"
         if self.is_global_zero:

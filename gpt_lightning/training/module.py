@@ -45,11 +45,7 @@ from gpt_lightning.training.compilation import (
     is_compiled,
 )
 from gpt_lightning.training.nonfinite import NonFiniteGuard
-from gpt_lightning.training.optimizers import (
-    build_optimizer,
-    group_settings,
-    lr_multiplier,
-)
+from gpt_lightning.training.optimizers import build_optimizer, lr_multiplier, parameter_groups
 from gpt_lightning.training.precision import check_float16_epsilon, warn_if_bf16_is_emulated
 from gpt_lightning.training.step_loss import StepLoss, stopping, written_now
 
@@ -257,7 +253,8 @@ class GPTLightningModule(LightningModule):
     def on_train_start(self) -> None:
         """The optimizer settings and schedule given now at the (restored) step, for the optimizer
         ``configure_optimizers`` built; a subclass's own is left alone (``resume``)."""
-        resume.continue_own_schedule(self.trainer, self._built, group_settings(self.hparams), self.lr_multiplier)
+        groups = parameter_groups(self.model, self.hparams)
+        resume.continue_own_schedule(self.trainer, self._built, groups, self.lr_multiplier)
         steps = self.trainer.estimated_stepping_batches
         self._final_step = None if steps == float("inf") else int(steps)
 
@@ -381,21 +378,7 @@ class GPTLightningModule(LightningModule):
 
     def configure_optimizers(self) -> Any:
         hp = self.hparams
-        optimizer = build_optimizer(
-            self.model,
-            hp.optimizer,
-            learning_rate=hp.learning_rate,
-            weight_decay=hp.weight_decay,
-            betas=hp.betas,
-            eps=hp.eps,
-            muon_learning_rate=hp.muon_learning_rate,
-            muon_momentum=hp.muon_momentum,
-            muon_weight_decay=hp.muon_weight_decay,
-            muon_adjust_lr=hp.muon_adjust_lr,
-            embedding_learning_rate=hp.embedding_learning_rate,
-            head_learning_rate=hp.head_learning_rate,
-            fused=self.device.type in ("cuda", "cpu") or None,
-        )
+        optimizer = build_optimizer(self.model, hp, fused=self.device.type in ("cuda", "cpu") or None)
         if hp.lr_schedule == "wsd":
             self._total_steps = run_length(self.trainer.estimated_stepping_batches)
         elif hp.warmup_steps == 0 and hp.cosine_decay_steps is None:

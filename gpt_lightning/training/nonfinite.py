@@ -31,27 +31,17 @@ class NonFiniteGuard:
         self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
 
     def skip_update(self, step: int, grads: list[torch.Tensor] | None) -> torch.Tensor:
-        """Whether this optimizer step must not update the weights: a 0-dim bool tensor, no host read.
-
-        Args:
-            step: the optimizer step about to be taken (``trainer.global_step``).
-            grads: the gradients to check, or None when ``GradScaler`` handles them (``16-mixed``).
-        """
+        """Whether optimizer step ``step`` (``trainer.global_step``) must not update the weights: a 0-dim bool
+        tensor, no host read. ``grads``: the gradients to check, None where ``GradScaler`` does (``16-mixed``)."""
         bad = self._loss_bad if self._loss_bad is not None else torch.zeros((), dtype=torch.bool)
         self.grad_norm = None
         if grads:
             self.grad_norm = self.total_norm(grads)  # before any clipping
             bad = bad.to(grads[0].device) | ~torch.isfinite(self.grad_norm)
         elif dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            # Ranks see different losses and must agree, or their weights would drift apart. Where
-            # the norm is taken they agree without a collective: a non-finite loss on any rank makes
-            # its gradients non-finite, and the gradients are summed across ranks before this (DDP's
-            # all-reduce at the step's last micro-batch, no_sync ones accumulating; FSDP2's
-            # reduce-scatter puts the bad element in one rank's shard, and the DTensor norm is
-            # all-reduced; HSDP's once-per-step all-reduce carries it across nodes). NaN and inf
-            # survive every sum. Without the norm (16-mixed, where the GradScaler owns the gradients;
-            # no gradients at all) only the loss tells, so the flag is all-reduced: queued on the
-            # device (Lightning's reduce adds a host barrier).
+            # Ranks must agree, or their weights drift apart. With the norm they do without a collective: the
+            # gradients (NaN and inf survive every sum) are reduced across ranks before it is taken. Without it
+            # (16-mixed, no gradients) only the loss tells: the flag is all-reduced on the device, no host barrier.
             flag = bad.to(torch.uint8)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             bad = flag.bool()
@@ -90,11 +80,9 @@ class NonFiniteGuard:
             norm = self.total_norm(grads)  # Lightning unscaled them, unless the optimizer unscales in its step
             self.grad_norm = norm / loss_scale(scaler) if _unscaled_in_step(module.trainer, optimizer) else norm
         if _unscaled_in_step(module.trainer, optimizer):
-            # 16-mixed with fused AdamW: the GradScaler checks the gradients inside optimizer.step and
-            # skips an update whose gradients are not finite (an fp16 overflow, routine: it lowers
-            # its scale). A non-finite loss is an error; its gradients are made non-finite on the
-            # device, so the scaler skips that update and every later one until the host reads the
-            # guard at the next logging interval.
+            # 16-mixed with fused AdamW: the GradScaler skips, inside optimizer.step, an update whose gradients
+            # are not finite (an fp16 overflow, routine). A non-finite loss is an error: NaN gradients make it
+            # skip this update and every later one until the host reads the guard at the next logging interval.
             if grads:
                 grads[0].masked_fill_(skip, float("nan"))
         elif scaler is None and (

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -13,9 +13,6 @@ from torch import nn
 from gpt_lightning.errors import UserError
 from gpt_lightning.lightning_internals import muon_math
 from gpt_lightning.model import SCALAR_PARAMETERS
-
-# With an untied head the embeddings and the head are groups of their own, at their own rates.
-UNTIED_GROUPS = ("embedding", "head")
 
 
 def is_embedding(name: str) -> bool:
@@ -127,107 +124,46 @@ def muon_matrix_step(
     p.add_(update, alpha=-adjust_lr(lr, group["adjust_lr_fn"], (p.shape[0] // chunks, *p.shape[1:])))
 
 
-def build_optimizer(
-    model: nn.Module,
-    kind: str,
-    *,
-    learning_rate: float,
-    weight_decay: float,
-    betas: Iterable[float],
-    eps: float,
-    fused: bool | None,
-    muon_learning_rate: float,
-    muon_momentum: float,
-    muon_weight_decay: float,
-    muon_adjust_lr: str,
-    embedding_learning_rate: float | None = None,
-    head_learning_rate: float | None = None,
-) -> torch.optim.Optimizer:
-    """The optimizer of ``kind`` ("adamw" or "muon") over ``model``'s trainable parameters, its groups
-    in ``group_settings``' order; the keyword arguments are ``GPTLightningModule``'s options."""
+def parameter_groups(model: nn.Module, hp: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``model``'s trainable parameters in the optimizer's groups, each with its peak settings from
+    ``GPTLightningModule``'s options ``hp``: what ``build_optimizer`` builds and a resumed run re-applies."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    adamw = dict(betas=tuple(betas), eps=eps, fused=fused)
     untied = any(is_head(name) for name, _ in named)  # a tied head is named transformer.wte.weight only
-    own = (
-        [
-            {
-                "name": "embedding",
-                "params": [p for name, p in named if is_embedding(name)],
-                "weight_decay": 0.0,
-                "lr": learning_rate if embedding_learning_rate is None else embedding_learning_rate,
-            },
-            {
-                "name": "head",
-                "params": [p for name, p in named if is_head(name)],
-                "weight_decay": 0.0,
-                "lr": learning_rate if head_learning_rate is None else head_learning_rate,
-            },
-        ]
-        if untied
-        else []
-    )
     rest = [(name, p) for name, p in named if not (untied and (is_embedding(name) or is_head(name)))]
-    if kind == "adamw":
-        groups = [
-            {"params": [p for name, p in rest if not is_scalar(name, p)], "weight_decay": weight_decay},
-            *own,
-            {"params": [p for name, p in rest if is_scalar(name, p)], "weight_decay": 0.0},
-        ]
-        return torch.optim.AdamW(groups, lr=learning_rate, **adamw)
-    require_muon()
-    muon_groups = [{"name": "muon", "params": [p for name, p in rest if is_hidden_matrix(name, p)]}]
-    adamw_groups = [
-        *(
-            own
-            or [
-                {
-                    "name": "adamw",
-                    "params": [p for name, p in rest if not is_hidden_matrix(name, p) and not is_scalar(name, p)],
-                    "weight_decay": weight_decay,
-                }
-            ]
-        ),
-        {"name": "adamw_no_decay", "params": [p for name, p in rest if is_scalar(name, p)], "weight_decay": 0.0},
+    adamw = {"lr": hp["learning_rate"], "betas": tuple(hp["betas"]), "eps": hp["eps"]}
+    own = [
+        {
+            "name": group,
+            "params": [p for name, p in named if is_own(name)],
+            **adamw,
+            "weight_decay": 0.0,
+            **({} if hp.get(f"{group}_learning_rate") is None else {"lr": hp[f"{group}_learning_rate"]}),
+        }
+        for group, is_own in (("embedding", is_embedding), ("head", is_head))
+        if untied
     ]
-    muon = dict(
-        lr=muon_learning_rate,
-        momentum=muon_momentum,
-        nesterov=True,
-        weight_decay=muon_weight_decay,
-        ns_steps=5,
-        adjust_lr_fn=muon_adjust_lr,
-    )
-    return MuonWithAdamW(muon_groups, adamw_groups, muon=muon, adamw=dict(lr=learning_rate, **adamw))
-
-
-def group_settings(hparams: Any) -> list[dict[str, Any]]:
-    """Each parameter group's peak settings in ``build_optimizer``'s order: what a resumed run re-applies."""
-    adamw = dict(betas=tuple(hparams["betas"]), eps=hparams["eps"])
-    decayed, vectors = (
-        {"lr": hparams["learning_rate"], "weight_decay": hparams["weight_decay"], **adamw},
-        {"lr": hparams["learning_rate"], "weight_decay": 0.0, **adamw},
-    )
-    own = []
-    if not hparams.get("tie_embeddings", True):
-        own = [
-            {
-                "lr": hparams["learning_rate"]
-                if hparams.get(f"{name}_learning_rate") is None
-                else hparams[f"{name}_learning_rate"],
-                "weight_decay": 0.0,
-                **adamw,
-            }
-            for name in UNTIED_GROUPS
-        ]
-    if hparams.get("optimizer", "adamw") == "adamw":
+    vectors = {"params": [p for name, p in rest if is_scalar(name, p)], **adamw, "weight_decay": 0.0}
+    decayed = {"params": [p for name, p in rest if not is_scalar(name, p)], **adamw, "weight_decay": hp["weight_decay"]}
+    if hp["optimizer"] == "adamw":
         return [decayed, *own, vectors]
     muon = {
-        "lr": hparams["muon_learning_rate"],
-        "momentum": hparams["muon_momentum"],
-        "weight_decay": hparams["muon_weight_decay"],
-        "adjust_lr_fn": hparams["muon_adjust_lr"],
+        "name": "muon",
+        "params": [p for name, p in rest if is_hidden_matrix(name, p)],
+        "lr": hp["muon_learning_rate"],
+        "momentum": hp["muon_momentum"],
+        "weight_decay": hp["muon_weight_decay"],
+        "adjust_lr_fn": hp["muon_adjust_lr"],
     }
-    return [muon, *(own or [decayed]), vectors]
+    decayed["params"] = [p for name, p in rest if not is_hidden_matrix(name, p) and not is_scalar(name, p)]
+    return [muon, *(own or [{"name": "adamw", **decayed}]), {"name": "adamw_no_decay", **vectors}]
+
+
+def build_optimizer(model: nn.Module, hp: Mapping[str, Any], fused: bool | None) -> torch.optim.Optimizer:
+    """The optimizer of ``hp["optimizer"]`` ("adamw" or "muon") over ``parameter_groups(model, hp)``."""
+    groups = parameter_groups(model, hp)
+    if hp["optimizer"] == "adamw":
+        return torch.optim.AdamW(groups, fused=fused)
+    return MuonWithAdamW(groups[:1], groups[1:], muon=dict(nesterov=True, ns_steps=5), adamw=dict(fused=fused))
 
 
 def lr_multiplier(

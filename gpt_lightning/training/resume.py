@@ -71,14 +71,14 @@ def continue_own_schedule(
     settings: Sequence[Mapping[str, Any]],
     multiplier: Callable[[int], float],
 ) -> None:
-    """At train start, give the module's own optimizer and scheduler (``built``) each group's
-    ``settings`` (``lr``: the peak) and the schedule ``multiplier`` given now, at the restored step,
+    """At train start, give the module's own optimizer and scheduler (``built``) each group's ``settings``
+    (``lr``: the peak; ``params`` ignored) and the schedule ``multiplier`` given now, at the restored step,
     keeping the moments; a subclass's own are left as restored."""
     if built is None or not any(optimizer is built[0] for optimizer in trainer.optimizers):
         return
     (optimizer, scheduler), step = built, trainer.global_step
     for group, given in zip(optimizer.param_groups, settings):
-        group.update({key: value for key, value in given.items() if key != "lr"})
+        group.update({key: value for key, value in given.items() if key not in ("lr", "params")})
         group["lr"] = given["lr"] * multiplier(step)
         if "initial_lr" in group:  # LambdaLR's record of the peak
             group["initial_lr"] = given["lr"]
