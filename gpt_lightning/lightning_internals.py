@@ -52,6 +52,11 @@ def skip_sigterm_broadcast(trainer: Trainer) -> None:
     trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
 
 
+def nvml_device_index(cuda_index: int) -> int:
+    """NVML's number for the GPU CUDA numbers ``cuda_index`` (``CUDA_VISIBLE_DEVICES`` applied), without CUDA."""
+    return torch.cuda._get_nvml_device_index(cuda_index)
+
+
 def process_group_timeout(trainer: Trainer) -> timedelta | None:
     """The timeout of the strategy's process group; None where the strategy has none."""
     return getattr(trainer.strategy, "_timeout", None)

@@ -67,7 +67,7 @@ def test_the_training_forward_runs_in_the_chosen_order_and_decode_does_not(monke
         return sdpa(*args, **kwargs)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
-    module = GPTLightningModule(n_layer=2, n_head=2, n_embd=32, block_size=16, compile=False)
+    module = GPTLightningModule(n_layer=2, n_head=2, n_embd=32, block_size=16, compile=False, cudnn_attention=True)
     idx = torch.randint(0, 50257, (2, 16))
     module.training_step((idx, idx), 0).backward()
     assert orders == [int(SDPBackend.CUDNN_ATTENTION)] * 2  # both blocks
@@ -130,7 +130,7 @@ def test_only_a_graph_for_the_step_s_length_alone_asks_for_the_cpu_s_math(settin
     module = GPTLightningModule(n_layer=1, n_head=2, n_embd=32, block_size=16, **settings)
     idx = torch.randint(0, 50257, (2, 16))
     module.training_step((idx, idx), 0)
-    assert asked == [{"seq_len": 16, "static_graph": static_graph, "dtype": torch.float32, "cudnn_attention": True}]
+    assert asked == [{"seq_len": 16, "static_graph": static_graph, "dtype": torch.float32, "cudnn_attention": False}]
 
 
 COMPILED_ATTENTION = """

@@ -108,6 +108,11 @@ CHECKS: dict[str, Callable[[], bool]] = {
         and _present(Trainer(logger=False).fit_loop.epoch_loop.batch_progress, "is_last_batch")
     ),
     "fit_loop.epoch_loop._broadcast_sigterm_tensor": lambda: _calls_sigterm_broadcast(),
+    "trainer._signal_connector._sigterm_notifier_fn": lambda: (
+        "self._sigterm_notifier_fn"
+        in inspect.getsource(Trainer(logger=False)._signal_connector.register_signal_handlers)
+    ),
+    "torch.cuda._get_nvml_device_index": lambda: callable(getattr(torch.cuda, "_get_nvml_device_index", None)),
     "strategy._timeout": lambda: (
         getattr(DDPStrategy(timeout=timedelta(seconds=7)), "_timeout", None) == timedelta(seconds=7)
     ),

@@ -15,6 +15,7 @@ from lightning.pytorch.accelerators import Accelerator, CPUAccelerator, CUDAAcce
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from gpt_lightning.errors import UserError
+from gpt_lightning.lightning_internals import nvml_device_index
 from gpt_lightning.precision import matmul_dtype
 
 # A bf16 matmul this many times slower than float32's means emulation: native bf16 takes 0.5-1x
@@ -54,7 +55,7 @@ def cuda_has_bf16() -> bool:
     process asks CUDA, with a warning that says why."""
     if not torch.cuda.is_initialized():
         try:
-            return nvml_compute_capability(torch.cuda._get_nvml_device_index(0)) >= (8, 0)
+            return nvml_compute_capability(nvml_device_index(0)) >= (8, 0)
         except (OSError, RuntimeError, AttributeError, IndexError) as err:  # IndexError: no GPU visible
             rank_zero_warn(
                 f"precision auto: NVML could not tell whether this GPU has bf16 ({err}); asking CUDA in this "
