@@ -238,13 +238,10 @@ class ThroughputMonitor(Callback):
 
     def _start_clock(self, mark: Any) -> None:
         self._step_start = mark
-        if self._evaluators:
-            self._passes_seen = [len(evaluator.durations) for evaluator in self._evaluators]
+        self._passes_seen = [len(evaluator.durations) for evaluator in self._evaluators]
 
     def _evaluating(self) -> float:
         """Seconds of evaluation passes run since the clock last started."""
-        if not self._evaluators:
-            return 0.0
         return sum(sum(e.durations[seen:]) for e, seen in zip(self._evaluators, self._passes_seen))
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
