@@ -269,8 +269,7 @@ class ThroughputMonitor(Callback):
         )
         log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
         if self.filename and trainer.is_global_zero and log_dir:
-            path = Path(log_dir) / self.filename
-            atomic_write_bytes(path, (json.dumps(s, indent=2) + "\n").encode())
+            atomic_write_bytes(Path(log_dir) / self.filename, (json.dumps(s, indent=2) + "\n").encode())
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if isinstance(exception, SystemExit) and self._step_index:  # stopped on a signal (Preempted)
