@@ -33,12 +33,9 @@ OVERVIEW = "\n".join(
 
 
 def _lightning_errors() -> tuple[type[Exception], ...]:
-    """Lightning's configuration error, once Lightning is loaded (``tokenize`` never loads it)."""
-    if "lightning" not in sys.modules:
-        return ()
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-    return (MisconfigurationException,)
+    """Lightning's configuration error, where its module is loaded: only then can one be raised."""
+    exceptions = sys.modules.get("lightning.fabric.utilities.exceptions")
+    return (exceptions.MisconfigurationException,) if exceptions else ()
 
 
 def main(args: list[str] | None = None) -> None:

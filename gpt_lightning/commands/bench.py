@@ -141,10 +141,6 @@ def run_in_subprocess(name: str, args: list[str], cold: bool) -> dict[str, Any]:
         return {"name": name, "args": args, **json.loads(result.read_text())}
 
 
-def window_means(losses: list[float], window: int) -> list[float]:
-    return [sum(losses[i : i + window]) / len(losses[i : i + window]) for i in range(0, len(losses), window)]
-
-
 def compare(run: dict[str, Any], eager: dict[str, Any] | None, window: int = 10) -> dict[str, Any]:
     """One summary row: the run's figures, speedup and largest ``window``-step mean loss difference
     against eager (``max_loss_diff_step``: the window's first step), and of single steps."""
@@ -170,9 +166,10 @@ def compare(run: dict[str, Any], eager: dict[str, Any] | None, window: int = 10)
         if e and s:
             row["speedup_vs_eager"] = s["tokens_per_sec_median"] / e["tokens_per_sec_median"]
         steps = min(len(eager["loss"]), len(run["loss"]))
+        pairs = list(zip(eager["loss"][:steps], run["loss"][:steps]))
         diffs = [
-            abs(a - b)
-            for a, b in zip(window_means(eager["loss"][:steps], window), window_means(run["loss"][:steps], window))
+            abs(sum(a - b for a, b in pairs[i : i + window])) / len(pairs[i : i + window])
+            for i in range(0, steps, window)
         ]
         if diffs:
             row["max_loss_diff_vs_eager"] = max(diffs)
@@ -298,15 +295,12 @@ def main(argv: list[str]) -> None:
         print(
             "Too few steps for post-warm-up statistics: raise --trainer.max_steps or lower --throughput.warmup_steps."
         )
-    diverged = {
-        name: r
-        for name, r in rows.items()
-        if r["max_loss_diff_vs_eager"] is not None and r["max_loss_diff_vs_eager"] > args.tolerance
-    }
-    for name, r in diverged.items():
-        first = r["max_loss_diff_step"]
+    diffs = {name: r["max_loss_diff_vs_eager"] for name, r in rows.items()}
+    diverged = [name for name, diff in diffs.items() if diff is not None and diff > args.tolerance]
+    for name in diverged:
+        first = rows[name]["max_loss_diff_step"]
         print(
-            f"FAIL: {name}'s loss curve leaves eager's: |Δ mean loss| = {r['max_loss_diff_vs_eager']:.4f} over steps "
+            f"FAIL: {name}'s loss curve leaves eager's: |Δ mean loss| = {diffs[name]:.4f} over steps "
             f"{first}-{first + args.window - 1}, beyond the tolerance {args.tolerance}."
         )
     if diverged:

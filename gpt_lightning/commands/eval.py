@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gpt_lightning.atomic import atomic_write_bytes
 from gpt_lightning.errors import UserError
 
 # torch, the model and lm_eval are imported where used: `eval --help` answers without them.
@@ -226,15 +227,12 @@ def model_to_score(args: argparse.Namespace):
 
 def text_bits_per_byte_of(args: argparse.Namespace) -> None:
     """``--text_file``: the text's bits per byte, as ``val/bpb`` counts them."""
-    from gpt_lightning.atomic import atomic_write_bytes
     from gpt_lightning.data.tokenizer import gpt2_encoding
     from gpt_lightning.training.bits_per_byte import text_bits_per_byte
 
     path = Path(args.text_file)
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"--text_file {path} does not exist.") from None
     except UnicodeDecodeError as err:
         raise UserError(f"--text_file {path} is not UTF-8 text ({err.reason} at byte {err.start}).") from None
     ids = gpt2_encoding().encode_ordinary(text)
@@ -255,8 +253,6 @@ def write_results(results: dict[str, Any], path: Path) -> None:
     beside it as ``samples_<task>.jsonl``."""
     from lm_eval.utils import handle_non_serializable
 
-    from gpt_lightning.atomic import atomic_write_bytes
-
     folder = path.is_dir() or (not path.exists() and not path.suffix)
     path = path / "results.json" if folder else path
     samples = results.pop("samples", None) or {}
@@ -271,7 +267,6 @@ def write_results(results: dict[str, Any], path: Path) -> None:
 
 def hellaswag(args: argparse.Namespace) -> None:
     """``--task hellaswag``: build-nanogpt's figure (acc_norm: mean loss per ending token)."""
-    from gpt_lightning.atomic import atomic_write_bytes
     from gpt_lightning.data.corpus import default_cache_dir
     from gpt_lightning.data.tokenizer import gpt2_encoding
     from gpt_lightning.interop.hellaswag import evaluate, read_examples, validation_file

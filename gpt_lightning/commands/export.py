@@ -11,12 +11,7 @@ from gpt_lightning.interop.weights import export_weights
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(
-        prog="gpt-lightning export",
-        description="Write the GPT weights of a checkpoint: --format safetensors, one file that "
-        "gpt_lightning.load_gpt loads without Lightning; --format hf, a directory that "
-        "transformers.GPT2LMHeadModel.from_pretrained (and AutoTokenizer) loads.",
-    )
+    parser = argparse.ArgumentParser(prog="gpt-lightning export", description=__doc__)
     parser.add_argument("--ckpt_path", required=True, help="a .ckpt written by gpt-lightning fit")
     parser.add_argument("--out", required=True, help="output .safetensors file, or directory for --format hf")
     parser.add_argument(

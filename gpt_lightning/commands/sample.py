@@ -74,7 +74,6 @@ def sample(
             raise UserError(f"--{name} must be at least {least}, got {value}.")
     if temperature < 0:
         raise UserError(f"--temperature must be >= 0 (0 is greedy), got {temperature}.")
-    top_k = top_k or None  # 0: the whole vocabulary
     if dtype not in SAMPLE_DTYPES:
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(SAMPLE_DTYPES)}.")
     torch_device = resolve_device(device)
@@ -88,17 +87,15 @@ def sample(
             f"{encoding.n_vocab} that `sample` reads and writes text with. Sample from it in Python with your "
             "own tokenizer: gpt_lightning.generation.generate(gpt_lightning.interop.checkpoint.gpt_from_checkpoint(path), ids, ...)."
         )
-    ids = encoding.encode_ordinary(prompt) or [encoding.eot_token]
-    ids = ids[-model.config.block_size :]
+    ids = (encoding.encode_ordinary(prompt) or [encoding.eot_token])[-model.config.block_size :]
     idx = torch.tensor([ids] * num_samples, dtype=torch.long, device=torch_device)  # (num_samples, T)
-    generator = torch.Generator(device=torch_device).manual_seed(seed)
     out = generate(
         model,
         idx,
         max_new_tokens,
         temperature=temperature,
-        top_k=top_k,
-        generator=generator,
+        top_k=top_k or None,  # 0: the whole vocabulary
+        generator=torch.Generator(device=torch_device).manual_seed(seed),
         vocab_limit=encoding.n_vocab,
         compile=compile,
     )

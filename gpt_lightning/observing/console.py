@@ -109,7 +109,9 @@ class TrainingFlopsSummary(ModelSummary):
         self._flops_per_batch: float | None = None
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._flops_per_batch = _training_flops_per_batch(trainer, pl_module)
+        flops = getattr(pl_module, "training_flops", None)
+        sizes = [getattr(trainer.datamodule, name, None) for name in ("batch_size", "block_size")]
+        self._flops_per_batch = flops(*sizes) if callable(flops) and all(sizes) else None
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*is not supported by the model summary.*")
             super().on_fit_start(trainer, pl_module)
@@ -133,26 +135,10 @@ class TrainingFlopsSummary(ModelSummary):
             if warning:
                 rank_zero_warn(warning)
 
-    def summarize(
-        self,
-        summary_data: list[tuple[str, list[str]]],
-        total_parameters: int,
-        trainable_parameters: int,
-        model_size: float,
-        total_training_modes: dict[str, int],
-        total_flops: int,
-        **summarize_kwargs: Any,
-    ) -> None:
+    def summarize(self, summary_data: list[tuple[str, list[str]]], *totals: Any, **summarize_kwargs: Any) -> None:
+        # totals: parameters, trainable parameters, model size and training modes; Lightning's FLOPs are replaced
         columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
-        table = format_summary_table(
-            total_parameters,
-            trainable_parameters,
-            model_size,
-            total_training_modes,
-            int(self._flops_per_batch or 0),
-            *columns,
-        )
-        lines = table.splitlines()
+        lines = format_summary_table(*totals[:4], int(self._flops_per_batch or 0), *columns).splitlines()
         if self._flops_per_batch:
             lines = [line.replace("Total Flops", "Training FLOPs per batch (forward + backward)") for line in lines]
         else:
@@ -195,12 +181,3 @@ def optimizer_states_per_parameter(trainer: Trainer) -> float:
     total = sum(p.numel() for group in groups for p in group["params"])
     held = sum(states(group) * p.numel() for group in groups for p in group["params"])
     return held / total if total else 2.0
-
-
-def _training_flops_per_batch(trainer: Trainer, pl_module: LightningModule) -> float | None:
-    training_flops = getattr(pl_module, "training_flops", None)
-    batch_size = getattr(trainer.datamodule, "batch_size", None)
-    block_size = getattr(trainer.datamodule, "block_size", None)
-    if not callable(training_flops) or not batch_size or not block_size:
-        return None
-    return training_flops(batch_size, block_size)

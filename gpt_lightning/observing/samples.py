@@ -87,11 +87,10 @@ class ValidationSamples(Callback):
 def text_writers(trainer: Trainer) -> list[Callable[[str, int], None]]:
     """A ``write(text, step)`` for each logger that takes text, else one appending to ``samples.txt``.
     Call on every rank."""
-    log_dir = trainer.log_dir or trainer.default_root_dir
     writers = [w for w in map(_logger_text_writer, trainer.loggers) if w is not None]
     if writers:
         return writers
-    path = Path(log_dir) / FILENAME
+    path = Path(trainer.log_dir or trainer.default_root_dir) / FILENAME
     names = ", ".join(type(logger).__name__ for logger in trainer.loggers)
     rank_zero_info(f"Validation samples: {f'{names} takes no text' if names else 'no logger'}; they go to {path}.")
 

@@ -113,6 +113,13 @@ def _deciles(values: list[float]) -> tuple[float, float]:
     return deciles[0], deciles[-1]
 
 
+def _summed_over_ranks(
+    trainer: Trainer, pl_module: LightningModule, values: list, dtype: torch.dtype | None = None
+) -> list:
+    """``values``, each summed over the ranks in one collective."""
+    return trainer.strategy.reduce(torch.tensor(values, dtype=dtype, device=pl_module.device), reduce_op="sum").tolist()
+
+
 @dataclass
 class StepTiming:
     index: int  # optimizer steps since this fit started (0 = the first, compiling step)
@@ -231,13 +238,10 @@ class ThroughputMonitor(Callback):
 
     def _start_clock(self, mark: Any) -> None:
         self._step_start = mark
-        if self._evaluators:
-            self._passes_seen = [len(evaluator.durations) for evaluator in self._evaluators]
+        self._passes_seen = [len(evaluator.durations) for evaluator in self._evaluators]
 
     def _evaluating(self) -> float:
         """Seconds of evaluation passes run since the clock last started."""
-        if not self._evaluators:
-            return 0.0
         return sum(sum(e.durations[seen:]) for e, seen in zip(self._evaluators, self._passes_seen))
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -265,8 +269,7 @@ class ThroughputMonitor(Callback):
         )
         log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
         if self.filename and trainer.is_global_zero and log_dir:
-            path = Path(log_dir) / self.filename
-            atomic_write_bytes(path, (json.dumps(s, indent=2) + "\n").encode())
+            atomic_write_bytes(Path(log_dir) / self.filename, (json.dumps(s, indent=2) + "\n").encode())
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if isinstance(exception, SystemExit) and self._step_index:  # stopped on a signal (Preempted)
@@ -304,8 +307,7 @@ class ThroughputMonitor(Callback):
         seconds = sum(step.seconds for step in measured)
         if not measured or seconds <= 0:
             return
-        local = sum(step.tokens for step in measured) / seconds
-        total = float(trainer.strategy.reduce(torch.tensor(local, device=pl_module.device), reduce_op="sum"))
+        (total,) = _summed_over_ranks(trainer, pl_module, [sum(step.tokens for step in measured) / seconds])
         metrics = {
             "throughput/tokens_per_sec": total,
             "throughput/tokens_per_sec_per_device": total / trainer.world_size,
@@ -330,16 +332,13 @@ class ThroughputMonitor(Callback):
         if not measured:
             return None
         world = trainer.world_size
-
-        def summed_over_ranks(value: float) -> float:
-            return float(trainer.strategy.reduce(torch.tensor(value, device=pl_module.device), reduce_op="sum"))
-
         # Per-rank statistics of this rank's own steps, then summed over ranks: the job's rate.
         rates = [step.tokens / step.seconds for step in measured]
         step_ms = [1000.0 * step.seconds for step in measured]
-        median = summed_over_ranks(statistics.median(rates))
-        mean = summed_over_ranks(sum(s.tokens for s in measured) / sum(s.seconds for s in measured))
-        p10, p90 = (summed_over_ranks(value) for value in _deciles(rates))
+        mean = sum(s.tokens for s in measured) / sum(s.seconds for s in measured)
+        median, mean, p10, p90 = _summed_over_ranks(
+            trainer, pl_module, [statistics.median(rates), mean, *_deciles(rates)]
+        )
         device = pl_module.device
         if device.type == "cuda":
             device_name = torch.cuda.get_device_name(device)
@@ -350,17 +349,8 @@ class ThroughputMonitor(Callback):
         first = self.steps[0]
         # What every optimizer step of this fit trained, all ranks: whether steps differed, fewest, most, total.
         counts = self._tokens_per_step
-        uneven, fewest, most, total = (
-            int(v)
-            for v in trainer.strategy.reduce(
-                torch.tensor(
-                    [len(counts) > 1, min(counts), max(counts), sum(t * n for t, n in counts.items())],
-                    dtype=torch.int64,
-                    device=pl_module.device,
-                ),
-                reduce_op="sum",
-            ).tolist()
-        )
+        trained = [len(counts) > 1, min(counts), max(counts), sum(t * n for t, n in counts.items())]
+        uneven, fewest, most, total = _summed_over_ranks(trainer, pl_module, trained, torch.int64)
         return {
             "tokens_per_sec_median": median,
             "tokens_per_sec_mean": mean,
