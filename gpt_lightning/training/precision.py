@@ -48,10 +48,8 @@ def cpu_bf16_slowdown() -> float:
 
 @functools.cache
 def cuda_has_bf16() -> bool:
-    """Whether the CUDA GPU runs bfloat16 natively (compute capability 8.0 or newer), asked of NVML (the
-    driver's library, which needs no CUDA context) where this process has no CUDA context yet, so the processes
-    ``ddp_fork`` and ``ddp_notebook`` fork afterwards can still initialize CUDA. Where NVML cannot answer, this
-    process asks CUDA, with a warning that says why."""
+    """Whether the CUDA GPU runs bfloat16 natively (capability >= 8.0), asked of NVML while CUDA is not initialized
+    (``ddp_fork`` and ``ddp_notebook`` need it not to be); else, or where NVML cannot answer (a warning), of CUDA."""
     if not torch.cuda.is_initialized():
         try:
             return nvml_compute_capability(torch.cuda._get_nvml_device_index(0)) >= (8, 0)
@@ -96,11 +94,6 @@ def _device_type(accelerator: str | Accelerator) -> str:
     return accelerator
 
 
-def accelerator_argument(trainer_arguments: dict[str, Any]) -> str | Accelerator:
-    """The ``accelerator`` a Trainer is given (read here, so jsonargparse keeps Lightning's type for it)."""
-    return trainer_arguments.get("accelerator", "auto")
-
-
 def fast_precision(accelerator: str | Accelerator = "auto") -> tuple[str, str]:
     """``(precision, why)``: bf16-mixed on a CUDA GPU with bf16 or a CPU whose bf16 matmul is native (measured:
     ``cpu_bf16_slowdown``), else 32-true (float16 is left to be asked for: it needs loss scaling)."""
@@ -139,7 +132,7 @@ class AutoPrecisionTrainer(Trainer):
                 or GPU runs bf16 natively, else 32-true (a measured bf16 matmul decides on a CPU).
         """
         if precision == "auto":
-            precision, why = fast_precision(accelerator_argument(kwargs))
+            precision, why = fast_precision(kwargs.get("accelerator", "auto"))
             rank_zero_info(f"precision auto: {precision} ({why}).")
         super().__init__(precision=precision, **kwargs)
 
