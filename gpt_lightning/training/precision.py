@@ -79,14 +79,12 @@ def nvml_compute_capability(index: int) -> tuple[int, int]:
 
 def _device_type(accelerator: str | Accelerator) -> str:
     """``cpu``, ``cuda`` or another device type, for a Trainer's ``accelerator`` argument, as Lightning picks it."""
+    if isinstance(accelerator, CPUAccelerator):
+        return "cpu"
+    if isinstance(accelerator, CUDAAccelerator):
+        return "cuda"
     if isinstance(accelerator, Accelerator):
-        return (
-            "cpu"
-            if isinstance(accelerator, CPUAccelerator)
-            else "cuda"
-            if isinstance(accelerator, CUDAAccelerator)
-            else "other"
-        )
+        return "other"
     if accelerator in ("auto", "gpu"):
         if CUDAAccelerator.is_available():  # Lightning's test: NVML's count, no CUDA initialized (as is_available)
             return "cuda"
