@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import secrets
@@ -46,23 +47,18 @@ def atomic_output(path: Path) -> Iterator[Path]:
 
 def remove_leftovers(path: Path) -> None:
     """Remove the temporary files that killed writers of ``path`` left beside it (one writer at a time)."""
-    path = Path(path)
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.*{_TMP}{glob.escape(path.suffix)}"):
         tmp.unlink(missing_ok=True)
 
 
 def sync_folder(folder: Path) -> None:
     """Flush a folder's entries (a rename into it) to disk; a no-op where the filesystem cannot."""
-    try:
+    with contextlib.suppress(OSError):  # some filesystems (and all of Windows) do not sync folders
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems (and all of Windows) do not sync folders
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -1,9 +1,6 @@
-"""Sampling text from a ``GPT``: KV-cached decoding, the sliding window past ``block_size``, the
-sampler, and a compiled decode step.
-
-The prompt goes through the blocks once (prefill, ``GPT.forward_cached`` filling one ``KVCache`` per
-block), then each new token alone (decode), attending to the cached keys and values. The model's
-training ``forward`` is left as it is, and no layer of the model is changed while sampling.
+"""Sampling text from a ``GPT``: the prompt through the blocks once (prefill), then each new token alone
+(decode) through one ``KVCache`` per block (``GPT.forward_cached``); the window sliding past ``block_size``,
+the sampler, and a compiled decode step.
 
     from gpt_lightning.generation import generate
     out = generate(model, idx, 100, temperature=0.8, top_k=200)   # (B, T + 100) token ids
@@ -113,10 +110,10 @@ def _generate_cached(
     start = max(0, T - block_size)  # the window: out[:, start:end] is in the cache
     logits = model.forward_cached(out[:, start:T], caches, positions[: T - start])  # prefill
     if compile and idx.is_cuda:  # the caches exist now and stay where they are: CUDA graphs keep their addresses
-        for tensor in (t for cache in caches for t in cache.tensors()):  # keys and values
+        for tensor in (t for cache in caches for t in (cache.k, cache.v)):
             torch._dynamo.mark_static_address(tensor)
     elif compile and B > 1:  # one CPU graph for every batch size above 1 (see compiled_decoding)
-        for tensor in (token, *(t for cache in caches for t in cache.tensors())):
+        for tensor in (token, *(t for cache in caches for t in (cache.k, cache.v))):
             torch._dynamo.mark_dynamic(tensor, 0)
     # On a CPU, inductor freezes the weights while it compiles (at the first step): the option must be on
     # while dynamo traces too, so not torch.compile(options=...). max_autotune keeps each matmul's fastest
@@ -169,7 +166,8 @@ def compiled_decoding(
     """The model's compiled decode step for ``batch`` rows, caches of ``length`` positions and this
     call's dtype, and those caches; compiled again once the weights a CPU step froze have changed."""
     cuda = device.type == "cuda"
-    weights = None if cuda else _weights_key(model)
+    parameters = list(model.parameters())  # a weight written in place (its version) or replaced (its storage)
+    weights = None if cuda else (tensor_versions(parameters), tuple(p.data_ptr() for p in parameters))
     decoding = _COMPILED.get(model)
     if decoding is None or decoding.weights != weights:
         decoding = _COMPILED[model] = CompiledDecoding(weights)
@@ -188,12 +186,6 @@ def compiled_decoding(
             decode, mode="reduce-overhead" if cuda else None, fullgraph=True, dynamic=False
         )
     return functools.partial(decoding.steps[key], model), decoding.caches[batch, length, device, dtype]
-
-
-def _weights_key(model: GPT) -> tuple:
-    """Changes when any weight is written in place (its version) or replaced (its storage)."""
-    parameters = list(model.parameters())
-    return tensor_versions(parameters), tuple(p.data_ptr() for p in parameters)
 
 
 def _decode(model: GPT, idx: torch.Tensor, caches: list[KVCache], pos: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
+from unittest import mock
 
 import torch
 from lightning.pytorch import Trainer
@@ -154,12 +155,8 @@ def rank_zero_logger() -> logging.Logger:
 def fit_ends_this_epoch(trainer: Trainer) -> bool:
     """``trainer.fit_loop.done``, read without the "`Trainer.fit` stopped" line it logs each time it is read
     (Lightning reads it too, and prints the line then)."""
-    logger = rank_zero_logger()
-    disabled, logger.disabled = logger.disabled, True
-    try:
+    with mock.patch.object(rank_zero_logger(), "disabled", True):
         return trainer.fit_loop.done
-    finally:
-        logger.disabled = disabled
 
 
 class CheckpointArguments:
@@ -168,9 +165,6 @@ class CheckpointArguments:
 
     def _parse_ckpt_path(self) -> None:
         self.parse_ckpt_path()
-
-    def parse_ckpt_path(self) -> None:
-        lightning_parse_ckpt_path(self)
 
 
 def lightning_parse_ckpt_path(cli: LightningCLI) -> None:
@@ -200,8 +194,5 @@ def watch_launched_ranks(on_start: Callable[[list[Any]], None], on_end: Callable
         def _terminate_all(self) -> None:
             on_end(self._child_processes)
 
-    subprocess_script._ChildProcessObserver = Watcher
-    try:
+    with mock.patch.object(subprocess_script, "_ChildProcessObserver", Watcher):
         yield
-    finally:
-        subprocess_script._ChildProcessObserver = lightnings

@@ -36,17 +36,10 @@ def chunked_cross_entropy(
 
 
 class ChunkedCrossEntropy(torch.autograd.Function):
-    """Each chunk's logits (in ``h``'s dtype, as autocast's matmul) and their float32 log-softmax, the
-    logits freed before the next chunk. The gradients (of ``h``, and in float32 of ``weight``):
-
-    - bfloat16 and float32: made in the forward with the loss, as Liger's fused linear cross-entropy
-      does, and scaled by the backward: the head's three matmuls, as unchunked, no recompute.
-    - float16 (``16-mixed``, ``16-true``): made in the backward, each chunk's logits again, the
-      gradient of the logits scaled by the backward's ``grad_loss`` (GradScaler's scale, the
-      accumulation's 1/n) before it is cast to float16, as ``F.cross_entropy``'s is: float16 cannot
-      hold the unscaled one (softmax / N is below its smallest value for p < 6e-8 N). One more matmul.
-
-    Without grad mode the forward makes the loss alone (the head's one matmul)."""
+    """Each chunk's logits (in ``h``'s dtype) and their float32 log-softmax, freed before the next chunk.
+    Under bfloat16 and float32 the gradients are made in the forward with the loss (as Liger's fused linear
+    cross-entropy) and scaled by the backward; under float16, in the backward from the logits made again,
+    scaled by ``grad_loss`` before the cast, as ``F.cross_entropy``'s: float16 cannot hold softmax / N."""
 
     @staticmethod
     def forward(ctx, h, weight, targets, softcap, chunk_rows, ignore_index, grad_enabled):

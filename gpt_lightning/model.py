@@ -45,10 +45,6 @@ class KVCache:
         self.k.index_copy_(2, pos, k)
         self.v.index_copy_(2, pos, v)
 
-    def tensors(self) -> list[torch.Tensor]:
-        """The cache's tensors a compiled decode step reads and writes in place: keys and values."""
-        return [t for t in (self.k, self.v) if t is not None]
-
 
 def _draw_(weight: torch.Tensor, draw: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """``draw`` (fills a CPU tensor in place) applied to ``weight``, through a whole CPU copy where it is not one."""
@@ -283,8 +279,7 @@ class GPT(nn.Module):
     def init_weights(self, generator: torch.Generator | None = None) -> None:
         """GPT-2's initialization from the CPU ``generator`` (None: the global one), drawn whole on the CPU
         for any placement (GPU, FSDP2 shard), so every placement gets a CPU build's values."""
-        if self.config.tie_embeddings and self.lm_head.weight is not self.transformer.wte.weight:
-            self.tie_weights()  # to_empty gave each module a Parameter of its own
+        self.tie_weights()  # to_empty gave each module a Parameter of its own
         layers = [m for m in self.modules() if isinstance(m, (nn.Linear, nn.Embedding))]
         # First consume the generator as the layers' default inits do, so a seed gives nanoGPT's weights.
         with torch.random.fork_rng(devices=[], enabled=generator is not None):

@@ -1,8 +1,6 @@
 """What a Lightning precision (``--trainer.precision``) means to the package, in one table: the dtype the
-matmuls run in, the dtype of the weights, gradients and optimizer states, and whether a GradScaler scales
-the loss. Plain torch, as the model. Transformer Engine's precisions are not in it: nothing is estimated
-for them (memory, MFU at float32's peak).
-"""
+matmuls run in, that of the weights, gradients and optimizer states, and whether a GradScaler scales the
+loss. Plain torch, as the model; Transformer Engine's precisions are not in it (nothing is estimated)."""
 
 from __future__ import annotations
 

@@ -129,15 +129,10 @@ def logged_metrics(results: dict[str, Any]) -> dict[str, float]:
             metrics[f"eval/{task}/samples"] = float(values["sample_len"])
         for key, value in values.items():
             metric, comma, filter_name = key.partition(",")  # "acc,none": a metric and its filter
-            if (
-                not comma
-                or metric.endswith("_stderr")
-                or isinstance(value, bool)
-                or not isinstance(value, (int, float))
-            ):
-                continue
-            name = metric if filter_name == "none" else f"{metric}_{filter_name}"
-            metrics[f"eval/{task}/{name}"] = float(value)
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if comma and number and not metric.endswith("_stderr"):
+                name = metric if filter_name == "none" else f"{metric}_{filter_name}"
+                metrics[f"eval/{task}/{name}"] = float(value)
     return metrics
 
 
@@ -150,7 +145,6 @@ def ranked_lm_class() -> type:
     class RankedHarnessLM(GPTHarnessLM):
         def __init__(self, model: torch.nn.Module, strategy: Strategy, **kwargs: Any) -> None:
             super().__init__(model, **kwargs)
-            self.strategy = strategy
             self._rank, self._world_size = strategy.global_rank, strategy.world_size
 
         def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:

@@ -27,13 +27,10 @@ FIRST_ROUND_TOKENS = 16
 def available_memory() -> int:
     """Bytes this machine can hand out without swapping: Linux's MemAvailable, else the free pages, or
     all pages where the OS counts none (macOS)."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # kB
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except ValueError:
@@ -209,10 +206,15 @@ class GPTHarnessLM(TemplateLM):
     def _generation_options(
         self, gen_kwargs: dict[str, Any], task: str | None = None
     ) -> tuple[list[str], int, dict[str, Any]]:
-        """(stop sequences, max_gen_toks, ``generate``'s sampling options) of a request's ``gen_kwargs``."""
-        kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
+        """(stop sequences, max_gen_toks, ``generate``'s sampling options) of a request's ``gen_kwargs``: greedy
+        unless ``do_sample``; anything else is refused rather than ignored."""
+        kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)  # a copy
         until = handle_stop_sequences(kwargs.pop("until", None), eos=END_OF_TEXT)
         max_gen_toks = kwargs.pop("max_gen_toks")
+        do_sample = kwargs.pop("do_sample", False)
+        temperature = float(kwargs.pop("temperature", 1.0 if do_sample else 0.0))
+        top_k = kwargs.pop("top_k", None)
+        top_p = kwargs.pop("top_p", None)
         where = f"Task {task}" if task else "A generation task"
         if max_gen_toks >= self.max_length:
             raise UserError(
@@ -220,10 +222,17 @@ class GPTHarnessLM(TemplateLM):
                 f"prompt in the model's context of {self.max_length}: set its generation_kwargs.max_gen_toks "
                 "below that (in the task's YAML)."
             )
-        try:
-            return until, max_gen_toks, sampling_options(kwargs)
-        except ValueError as err:
-            raise UserError(f"{where}: {err}") from None
+        if kwargs:
+            raise UserError(
+                f"{where}: generation_kwargs {', '.join(sorted(kwargs))} not supported: give only do_sample, "
+                "temperature, top_k, top_p, until, max_gen_toks."
+            )
+        if top_p is not None and not 0 < float(top_p) <= 1:
+            raise UserError(f"{where}: generation_kwargs top_p must be in (0, 1], got {top_p}.")
+        if not do_sample or temperature == 0.0:
+            return until, max_gen_toks, dict(temperature=0.0)
+        top_p = float(top_p) if top_p is not None else None
+        return until, max_gen_toks, dict(temperature=temperature, top_k=int(top_k) if top_k else None, top_p=top_p)
 
     def _generate(
         self, prompts: list[list[int]], max_gen_toks: int, until: list[str], sampling: dict[str, Any]
@@ -255,25 +264,3 @@ def largest_batch_size(fits, maximum: int) -> int:
     while size > 1 and not fits(size):
         size //= 2
     return size
-
-
-def sampling_options(gen_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``generate``'s sampling options for the harness's ``gen_kwargs``: greedy unless ``do_sample``;
-    anything else is refused rather than ignored."""
-    kwargs = dict(gen_kwargs)
-    do_sample = kwargs.pop("do_sample", False)
-    temperature = float(kwargs.pop("temperature", 1.0 if do_sample else 0.0))
-    top_k = kwargs.pop("top_k", None)
-    top_p = kwargs.pop("top_p", None)
-    if kwargs:
-        raise ValueError(
-            f"generation_kwargs {', '.join(sorted(kwargs))} not supported: give only do_sample, temperature, "
-            "top_k, top_p, until, max_gen_toks."
-        )
-    if top_p is not None and not 0 < float(top_p) <= 1:
-        raise ValueError(f"generation_kwargs top_p must be in (0, 1], got {top_p}.")
-    if not do_sample or temperature == 0.0:
-        return dict(temperature=0.0)
-    return dict(
-        temperature=temperature, top_k=int(top_k) if top_k else None, top_p=float(top_p) if top_p is not None else None
-    )

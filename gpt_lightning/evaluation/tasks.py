@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from gpt_lightning.errors import UserError
 from gpt_lightning.evaluation.suite import SUITE_DIR
@@ -58,11 +59,7 @@ def run_tasks(
     the options are ``gpt-lightning eval``'s, ``seeds`` its ``--seed``'s four values."""
     lm_eval = import_lm_eval()
     manager = task_manager(tasks, include_path)
-    seeded = (
-        dict(zip(("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed"), seeds))
-        if seeds
-        else {}
-    )
+    seeded = dict(zip(("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed"), seeds or ()))
     try:
         with quiet_git_probe():
             results = lm_eval.simple_evaluate(
@@ -89,27 +86,20 @@ def run_tasks(
     return results
 
 
-@contextlib.contextmanager
-def quiet_git_probe():
+def quiet_git_probe() -> contextlib.AbstractContextManager:
     """The harness's ``git describe`` probe for its results, without its ``fatal: not a git repository``."""
     from lm_eval import evaluator
     from lm_eval.loggers.utils import get_commit_from_path
 
     def commit_hash() -> str | None:
         try:
-            probe = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True)
-        except FileNotFoundError:  # no git installed
-            probe = None
-        if probe is not None and probe.returncode == 0:
-            return probe.stdout.strip()
-        return get_commit_from_path(os.getcwd())
+            return subprocess.check_output(
+                ["git", "describe", "--always"], stderr=subprocess.DEVNULL, text=True
+            ).strip()
+        except (subprocess.CalledProcessError, FileNotFoundError):  # not a repository, or no git installed
+            return get_commit_from_path(os.getcwd())
 
-    saved = evaluator.get_git_commit_hash
-    evaluator.get_git_commit_hash = commit_hash
-    try:
-        yield
-    finally:
-        evaluator.get_git_commit_hash = saved
+    return mock.patch.object(evaluator, "get_git_commit_hash", commit_hash)
 
 
 def is_offline_error(err: BaseException) -> bool:

@@ -35,13 +35,8 @@ def refuse_unknown_settings(saved: dict[str, Any], known: Iterable[str], source:
 
 
 def read_checkpoint(path: str | Path, weights: bool = True) -> dict[str, Any]:
-    """The checkpoint dict of a ``GPTLightningModule`` checkpoint, tensors memory-mapped on the CPU.
-
-    Args:
-        path: the ``.ckpt`` file, or the folder of a sharded checkpoint.
-        weights: read the weights (``state_dict``) of a sharded checkpoint too, gathered into whole
-            tensors; False reads only its settings. A ``.ckpt`` file is memory-mapped either way.
-    """
+    """The checkpoint dict of a ``.ckpt`` file or sharded folder, tensors memory-mapped on the CPU; a sharded
+    one's ``state_dict`` gathered into whole tensors unless ``weights`` is False (only its settings read)."""
     path = Path(path).expanduser()
     if not path.exists():
         raise UserError(

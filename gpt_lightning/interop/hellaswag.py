@@ -128,10 +128,9 @@ def make_batch(examples: list[Example], encode, block_size: int) -> Batch:
 @torch.no_grad()
 def ending_losses(model: GPT, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and summed cross-entropy (R,) of each row's ending tokens, logits at those positions only."""
-    R = batch.tokens.size(0)
     logits = model.logits_at(batch.tokens, batch.scored)  # (N, V)
     losses = F.cross_entropy(logits.float(), batch.targets, reduction="none")  # (N,)
-    summed = torch.zeros(R, device=losses.device).index_add_(0, batch.rows, losses)  # (R,)
+    summed = losses.new_zeros(batch.tokens.size(0)).index_add_(0, batch.rows, losses)  # (R,)
     return summed / batch.lengths, summed
 
 

@@ -81,15 +81,10 @@ def read_hf_gpt2(source: str) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
         state[key] = value.t().contiguous() if key.endswith(_CONV1D) else value
     with torch.device("meta"):
         expected = set(GPT(config).state_dict()) - {_TIED}
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-    if missing or unexpected:
-        raise UserError(
-            f"{weights_path} does not match its config.json as GPT-2: "
-            + (f"missing {', '.join(missing[:5])}" if missing else "")
-            + ("; " if missing and unexpected else "")
-            + (f"unexpected {', '.join(unexpected[:5])}" if unexpected else "")
-            + "."
-        )
+    differences = {"missing": sorted(expected - set(state)), "unexpected": sorted(set(state) - expected)}
+    if any(differences.values()):
+        said = "; ".join(f"{what} {', '.join(keys[:5])}" for what, keys in differences.items() if keys)
+        raise UserError(f"{weights_path} does not match its config.json as GPT-2: {said}.")
     return config, state
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -78,10 +79,8 @@ def put_back_swapped_aside(path: Path) -> None:
     newer = new.exists()
     if path.exists() or not old.exists():
         return
-    try:
+    with contextlib.suppress(FileNotFoundError):  # another rank put it back first
         os.replace(new if newer else old, path)
-    except FileNotFoundError:  # another rank put it back first
-        pass
 
 
 def _no_room_for(path: Path) -> str | None:

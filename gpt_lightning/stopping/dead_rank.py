@@ -101,16 +101,12 @@ def exit_if_peer_went_away(err: BaseException) -> None:
     os._exit(1)
 
 
-def shorten_strategy_timeouts(timeout: timedelta = PROCESS_GROUP_TIMEOUT) -> None:
+def shorten_strategy_timeouts() -> None:
     """Give every strategy Lightning builds from a name (``ddp``, or ``auto`` on several devices)
-    ``timeout`` as its process group's timeout. A strategy given as a class keeps its own. Called by the CLI only.
-
-    Args:
-        timeout: how long a rank waits at a collective for the others.
-    """
+    ``PROCESS_GROUP_TIMEOUT``. A strategy given as a class keeps its own. Called by the CLI only."""
     for name, entry in list(StrategyRegistry.items()):
         strategy, init_params = entry["strategy"], entry["init_params"]
         if "timeout" in inspect.signature(strategy).parameters and "timeout" not in init_params:
             StrategyRegistry.register(
-                name, strategy, entry.get("description"), override=True, timeout=timeout, **init_params
+                name, strategy, entry.get("description"), override=True, timeout=PROCESS_GROUP_TIMEOUT, **init_params
             )

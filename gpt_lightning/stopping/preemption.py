@@ -32,14 +32,8 @@ _FAILED_EARLY_WAIT_S = 5.0
 
 
 class Preempted(SystemExit):
-    """Raised out of ``trainer.fit`` once the checkpoint is saved; exit code 128 + the signal's number
-    (143 for SIGTERM, 130 for SIGINT), so a job script can tell a stop from a finished run.
-
-    Args:
-        signum: the signal that stopped the run.
-        ckpt_path: the checkpoint of the step reached; None when no step was trained.
-        step: that step (``trainer.global_step``).
-    """
+    """Raised out of ``trainer.fit`` once ``ckpt_path`` (None when no step was trained) holds ``step``; exit code
+    128 + ``signum`` (143 for SIGTERM, 130 for SIGINT), so a job script can tell a stop from a finished run."""
 
     def __init__(self, signum: int, ckpt_path: str | None, step: int) -> None:
         super().__init__(128 + signum)
@@ -60,14 +54,13 @@ class Preemption(Callback):
 
     def __init__(self, dirpath: str | None = None) -> None:
         self.dirpath = dirpath
-        self.signum = 0  # the first stop signal this process received during the fit, 0: none
         self._previous: dict[int, Any] = {}  # the handlers ours replaced, put back when the fit ends
         self._armed = False
         self._pid = os.getpid()  # the process whose fit this is; a process forked during it is not
         self._reset()
 
     def _reset(self) -> None:
-        self.signum = 0
+        self.signum = 0  # the first stop signal this process received during the fit, 0: none
         self._announced = False
         self._step = -1  # the optimizer step last seen ending; -1 before training starts
         self._between_steps = False  # an optimizer step has just ended and the next not yet started
@@ -125,10 +118,6 @@ class Preemption(Callback):
         if self.signum and peer_went_away(exception):  # a group signal ended that rank before its fit set up
             setattr(exception, STOP_SIGNAL_ATTRIBUTE, self.signum)
 
-    def _listen(self, trainer: Trainer) -> None:
-        """Ours again in place of the handler Lightning registers after the restore (which calls ours)."""
-        self._install()
-
     def _announce(self, trainer: Trainer, in_step: bool = True) -> None:
         """Says once, from the loop, what the recorded signal will do."""
         if not self.signum or self._announced:
@@ -144,7 +133,7 @@ class Preemption(Callback):
         print(f"gpt-lightning: {signal.Signals(self.signum).name} received{rank}; {then}.", file=sys.stderr, flush=True)
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._listen(trainer)
+        self._install()  # ours again in place of the handler Lightning registers after the restore (which calls ours)
         self._announce(trainer)
 
     def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
@@ -152,7 +141,7 @@ class Preemption(Callback):
 
     # --- agreeing and stopping ----------------------------------------------------------------------
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._listen(trainer)
+        self._install()
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
             self._several = True
             self._group = self._side_group(trainer)

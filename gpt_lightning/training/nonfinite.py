@@ -17,7 +17,7 @@ from gpt_lightning.training.optimizers import MuonWithAdamW
 
 class NonFiniteGuard:
     """Tracks non-finite losses and gradients on the device: ``observe_loss`` every micro-batch,
-    ``skip_update`` once per optimizer step, ``first_bad_step`` when the host may wait."""
+    ``skip_update`` once per optimizer step, ``raise_if_found`` when the host may wait."""
 
     def __init__(self) -> None:
         self._loss_bad: torch.Tensor | None = None  # a micro-batch of this step had a non-finite loss
@@ -59,14 +59,6 @@ class NonFiniteGuard:
             norm = norm.full_tensor()  # an all-reduce, no host read
         return norm
 
-    def first_bad_step(self) -> int | None:
-        """The first optimizer step whose loss or gradients were non-finite, or None. Reads one
-        number back from the device: call it where the host may wait."""
-        if self._first_bad is None:
-            return None
-        step = int(self._first_bad)
-        return step if step >= 0 else None
-
     # --- the LightningModule's hooks ---------------------------------------------------------------
     def before_optimizer_step(self, module: LightningModule, optimizer: torch.optim.Optimizer) -> None:
         """``on_before_optimizer_step``: decide on the device whether this update is skipped; the
@@ -86,7 +78,9 @@ class NonFiniteGuard:
             if grads:
                 grads[0].masked_fill_(skip, float("nan"))
         elif scaler is None and (
-            optimizer.defaults.get("fused") or isinstance(optimizer, MuonWithAdamW) and optimizer.skips_on_device
+            optimizer.defaults.get("fused")
+            or isinstance(optimizer, MuonWithAdamW)
+            and optimizer.adamw.defaults.get("fused")
         ):
             # The fused kernel (and MuonWithAdamW, whose AdamW part is fused) leaves weights and moments untouched.
             optimizer.found_inf = skip.float()
@@ -111,9 +105,8 @@ class NonFiniteGuard:
         if not grads:
             return
         algorithm = GradClipAlgorithmType(algorithm or GradClipAlgorithmType.NORM)
-        scale = None
-        if _unscaled_in_step(module.trainer, optimizer):
-            scale = loss_scale(module.trainer.precision_plugin.scaler)  # a tensor; get_scale() reads it back
+        scaled = _unscaled_in_step(module.trainer, optimizer)
+        scale = loss_scale(module.trainer.precision_plugin.scaler) if scaled else None  # a tensor: no host read
         norm = self.grad_norm  # before_optimizer_step's: unscaled, as the gradients will be
         if scale is not None:
             # An infinite norm would zero (norm) or bound (value) the gradients and hide the
@@ -141,8 +134,8 @@ class NonFiniteGuard:
         """Raise ``UserError`` if a step so far was non-finite (``on_save_checkpoint``: no checkpoint
         is written after a bad step; ``on_train_end``). One host read."""
         self._checked_at = step
-        bad_step = self.first_bad_step()
-        if bad_step is not None:
+        bad_step = -1 if self._first_bad is None else int(self._first_bad)  # the first bad optimizer step
+        if bad_step >= 0:
             raise UserError(
                 f"train/loss or a gradient became non-finite (nan or inf) at step {bad_step}. That update "
                 "and every one after it were skipped, and no checkpoint was written since, so the weights "

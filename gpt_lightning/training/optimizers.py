@@ -62,11 +62,6 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self.muon.param_groups, self.adamw.param_groups = self.param_groups[:n], self.param_groups[n:]
         self.muon.state = self.adamw.state = self.state
 
-    @property
-    def skips_on_device(self) -> bool:
-        """Whether ``found_inf`` may be set: only a fused AdamW takes it."""
-        return bool(self.adamw.defaults.get("fused"))
-
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)  # builds new group dicts and a new state: share them again
         self._share_with_parts()
@@ -81,47 +76,31 @@ class MuonWithAdamW(torch.optim.Optimizer):
         if skip is None:
             self.muon.step()
         else:
-            self._muon_step_unless(skip.bool())
+            for group in self.muon.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        muon_matrix_step(p, group, self.state[p], skip.bool())
         self.adamw.found_inf = skip  # fused AdamW skips on the device; None: no guard
         self.adamw.step()
         return loss
 
-    def _muon_step_unless(self, skip: torch.Tensor) -> None:
-        for group in self.muon.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    muon_matrix_step(p, group, self.state[p], skip)
 
-
-def muon_matrix_step(
-    p: torch.Tensor, group: dict[str, Any], state: dict[str, Any], skip: torch.Tensor | None = None, chunks: int = 1
-) -> None:
-    """One matrix's Muon step, torch's ``_single_tensor_muon`` bit for bit, with no host read.
-
-    ``skip`` (a 0-dim bool tensor) True leaves the weights and momentum as they were; ``chunks``
-    orthogonalizes that many row blocks apart (modded-nanogpt's Q, K, V split).
-    """
+def muon_matrix_step(p: torch.Tensor, group: dict[str, Any], state: dict[str, Any], skip: torch.Tensor) -> None:
+    """One matrix's Muon step, torch's ``_single_tensor_muon`` bit for bit, with no host read; ``skip`` (a
+    0-dim bool tensor) True leaves the weights and momentum as they were."""
     zeropower_via_newtonschulz, adjust_lr = muon_math()  # torch's own Muon math
     lr, weight_decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
     if "momentum_buffer" not in state:  # once, as torch's _init_group does
         state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
     buf = state["momentum_buffer"]
-    grad = p.grad if skip is None else torch.where(skip, buf, p.grad)  # skipped: buf, so nothing non-finite gets in
+    grad = torch.where(skip, buf, p.grad)  # skipped: buf, so nothing non-finite gets in
     buf.lerp_(grad, 1 - momentum)
     update = grad.lerp(buf, momentum) if group["nesterov"] else buf
-    blocks = [
-        zeropower_via_newtonschulz(u, group["ns_coefficients"], group["ns_steps"], group["eps"])
-        for u in update.chunk(chunks, dim=0)
-    ]
-    update = blocks[0] if chunks == 1 else torch.cat(blocks)  # (rows, cols) again
-    if skip is not None:
-        update.mul_((~skip).to(update.dtype))  # finite: grad is buf where skipped
-    if weight_decay:
-        if skip is None:
-            p.mul_(1 - lr * weight_decay)
-        else:  # torch's own product (any dtype), kept where skipped
-            torch.where(skip, p, p * (1 - lr * weight_decay), out=p)
-    p.add_(update, alpha=-adjust_lr(lr, group["adjust_lr_fn"], (p.shape[0] // chunks, *p.shape[1:])))
+    update = zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
+    update.mul_((~skip).to(update.dtype))  # finite: grad is buf where skipped
+    if weight_decay:  # torch's own product (any dtype), kept where skipped
+        torch.where(skip, p, p * (1 - lr * weight_decay), out=p)
+    p.add_(update, alpha=-adjust_lr(lr, group["adjust_lr_fn"], p.shape))
 
 
 def parameter_groups(model: nn.Module, hp: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -49,10 +49,8 @@ def cpu_bf16_slowdown() -> float:
 
 @functools.cache
 def cuda_has_bf16() -> bool:
-    """Whether the CUDA GPU runs bfloat16 natively (compute capability 8.0 or newer), asked of NVML (the
-    driver's library, which needs no CUDA context) where this process has no CUDA context yet, so the processes
-    ``ddp_fork`` and ``ddp_notebook`` fork afterwards can still initialize CUDA. Where NVML cannot answer, this
-    process asks CUDA, with a warning that says why."""
+    """Whether the CUDA GPU runs bfloat16 natively (capability >= 8.0), asked of NVML while CUDA is not initialized
+    (``ddp_fork`` and ``ddp_notebook`` need it not to be); else, or where NVML cannot answer (a warning), of CUDA."""
     if not torch.cuda.is_initialized():
         try:
             return nvml_compute_capability(nvml_device_index(0)) >= (8, 0)
@@ -82,24 +80,17 @@ def nvml_compute_capability(index: int) -> tuple[int, int]:
 
 def _device_type(accelerator: str | Accelerator) -> str:
     """``cpu``, ``cuda`` or another device type, for a Trainer's ``accelerator`` argument, as Lightning picks it."""
+    if isinstance(accelerator, CPUAccelerator):
+        return "cpu"
+    if isinstance(accelerator, CUDAAccelerator):
+        return "cuda"
     if isinstance(accelerator, Accelerator):
-        return (
-            "cpu"
-            if isinstance(accelerator, CPUAccelerator)
-            else "cuda"
-            if isinstance(accelerator, CUDAAccelerator)
-            else "other"
-        )
+        return "other"
     if accelerator in ("auto", "gpu"):
         if CUDAAccelerator.is_available():  # Lightning's test: NVML's count, no CUDA initialized (as is_available)
             return "cuda"
         return "cpu" if accelerator == "auto" and not torch.backends.mps.is_available() else "other"
     return accelerator
-
-
-def accelerator_argument(trainer_arguments: dict[str, Any]) -> str | Accelerator:
-    """The ``accelerator`` a Trainer is given (read here, so jsonargparse keeps Lightning's type for it)."""
-    return trainer_arguments.get("accelerator", "auto")
 
 
 def fast_precision(accelerator: str | Accelerator = "auto") -> tuple[str, str]:
@@ -140,7 +131,7 @@ class AutoPrecisionTrainer(Trainer):
                 or GPU runs bf16 natively, else 32-true (a measured bf16 matmul decides on a CPU).
         """
         if precision == "auto":
-            precision, why = fast_precision(accelerator_argument(kwargs))
+            precision, why = fast_precision(kwargs.get("accelerator", "auto"))
             rank_zero_info(f"precision auto: {precision} ({why}).")
         super().__init__(precision=precision, **kwargs)
 
