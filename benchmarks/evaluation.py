@@ -32,15 +32,45 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from gpt_lightning.atomic import atomic_write_bytes
 from gpt_lightning.data.corpus import Corpus
 from gpt_lightning.data.tokenizer import gpt2_encoding
-from gpt_lightning.evaluation.continuations import scoring_flops
+from gpt_lightning.evaluation.continuations import _groups, _trunk
 from gpt_lightning.evaluation.harness_model import GPTHarnessLM
 from gpt_lightning.interop.pretrained import export_hf
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.observing.roofline import matmul_flops_per_sec
+
+
+def scoring_flops(config: GPTConfig, requests: list[tuple[list[int], list[int]]]) -> float:
+    """FLOPs of scoring ``requests`` with nothing run twice, padded or masked: torch's flop counter on a
+    meta model gives a token's, a (token, position) pair's and a scored row's; the requests' shapes sum them."""
+
+    def blocks(idx: torch.Tensor, pos: torch.Tensor, prefix=None, visible=None) -> tuple[float, list]:
+        with FlopCounterMode(display=False) as counter:
+            kv = []
+            _trunk(model, model.embed(idx, pos), idx, pos, prefix, visible, kv)  # (1, T, C)
+        return float(counter.get_total_flops()), kv
+
+    with torch.device("meta"):
+        model, one = GPT(config), torch.zeros(1, 1, dtype=torch.long)
+        alone, kv = blocks(one, torch.tensor([0]))  # a token and one pair
+        after = blocks(one, torch.tensor([1]), kv, torch.ones(1, 1, 1, 2, dtype=torch.bool))[0]  # and two pairs
+        with FlopCounterMode(display=False) as counter:
+            model.logits(torch.zeros(1, config.n_embd))  # (1, V)
+    pair, head = after - alone, float(counter.get_total_flops())
+    token = alone - pair
+    total = 0.0
+    for context, members in _groups(requests, config.block_size).items():
+        P = len(context)
+        total += P * token + P * (P + 1) / 2 * pair  # causal: position i sees i + 1
+        for i in members:
+            n = len(requests[i][1])  # scored rows; the blocks see all but the last token
+            total += (n - 1) * (token + P * pair) + (n - 1) * n / 2 * pair + n * head
+    return total
+
 
 SHAPES = {
     "gpt2-124m": GPTConfig(),

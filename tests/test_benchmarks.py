@@ -226,7 +226,6 @@ def test_the_decode_bound_counts_what_each_pass_must_read_and_compute():
 def test_the_evaluation_benchmark_sets_both_backends_against_the_bound_of_the_least_work():
     """evaluation.py, in this process on a one-layer GPT: beside each backend's requests/s, the bound
     (scoring_flops over the matmul FLOP/s measured in the run's dtype) and the fraction reached."""
-    from gpt_lightning.evaluation.continuations import scoring_flops
     from gpt_lightning.model import GPTConfig
 
     evaluation = load_benchmark("evaluation")
@@ -244,7 +243,7 @@ def test_the_evaluation_benchmark_sets_both_backends_against_the_bound_of_the_le
     assert bound["flops"] == P * token + P * (P + 1) / 2 * pair + sum(
         (n - 1) * (token + P * pair) + (n - 1) * n / 2 * pair + n * head for n in endings
     )
-    assert bound["flops"] == scoring_flops(config, [(c, e) for _, c, e in requests])
+    assert bound["flops"] == evaluation.scoring_flops(config, [(c, e) for _, c, e in requests])
     assert bound["requests_per_s"] == pytest.approx(4 * bound["matmul_flops_per_sec"] / bound["flops"])
     for name in ("hf", "ours"):
         assert result["fraction_of_bound"][name] == pytest.approx(

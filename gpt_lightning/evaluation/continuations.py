@@ -8,9 +8,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
-from gpt_lightning.model import GPT, Block, GPTConfig, in_window, windowed_attention
+from gpt_lightning.model import GPT, Block, in_window, windowed_attention
 
 
 def score_continuations(
@@ -49,34 +48,6 @@ def _groups(requests: list[tuple[list[int], list[int]]], block_size: int) -> dic
         whole = (context + continuation)[-(block_size + 1) :]
         groups.setdefault(tuple(whole[: -len(continuation)]), []).append(index)
     return groups
-
-
-def scoring_flops(config: GPTConfig, requests: list[tuple[list[int], list[int]]]) -> float:
-    """FLOPs of scoring ``requests`` with nothing run twice, padded or masked: torch's flop counter on a
-    meta model gives a token's, a (token, position) pair's and a scored row's; the requests' shapes sum them."""
-
-    def blocks(idx: torch.Tensor, pos: torch.Tensor, prefix=None, visible=None) -> tuple[float, list]:
-        with FlopCounterMode(display=False) as counter:
-            kv = []
-            _trunk(model, model.embed(idx, pos), idx, pos, prefix, visible, kv)  # (1, T, C)
-        return float(counter.get_total_flops()), kv
-
-    with torch.device("meta"):
-        model, one = GPT(config), torch.zeros(1, 1, dtype=torch.long)
-        alone, kv = blocks(one, torch.tensor([0]))  # a token and one pair
-        after = blocks(one, torch.tensor([1]), kv, torch.ones(1, 1, 1, 2, dtype=torch.bool))[0]  # and two pairs
-        with FlopCounterMode(display=False) as counter:
-            model.logits(torch.zeros(1, config.n_embd))  # (1, V)
-    pair, head = after - alone, float(counter.get_total_flops())
-    token = alone - pair
-    total = 0.0
-    for context, members in _groups(requests, config.block_size).items():
-        P = len(context)
-        total += P * token + P * (P + 1) / 2 * pair  # causal: position i sees i + 1
-        for i in members:
-            n = len(requests[i][1])  # scored rows; the blocks see all but the last token
-            total += (n - 1) * (token + P * pair) + (n - 1) * n / 2 * pair + n * head
-    return total
 
 
 def _score_batch(model, batch, requests, answers, device, on_batch=None) -> None:
