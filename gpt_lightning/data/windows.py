@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -49,22 +49,8 @@ class ResumableStream(IterableDataset):
         self._offset = 0  # the row batch 0 of the epoch begins at
         self._restored: dict[str, Any] | None = None
 
-    # Subclasses: each segment's (a text's, a shard's) rows and tokens, the segments' and rows' order
-    # in an epoch (None: in order), and the settings that fix the order.
-    def segment_rows(self) -> list[int]:
-        raise NotImplementedError
-
-    def segment_tokens(self, segment: int) -> np.ndarray:
-        raise NotImplementedError
-
-    def segment_order(self, epoch: int) -> list[int]:
-        raise NotImplementedError
-
-    def row_order(self, segment: int, epoch: int) -> np.ndarray | None:
-        raise NotImplementedError
-
-    def order(self) -> dict[str, Any]:
-        raise NotImplementedError
+    # Subclasses define segment_rows() (each segment's rows: a text's, a shard's), segment_tokens(segment),
+    # segment_order(epoch) and row_order(segment, epoch) (None: in order), and order(), the settings that fix it.
 
     @property
     def rows_per_batch(self) -> int:
@@ -198,23 +184,11 @@ class TokenWindows(ResumableStream):
     """Epochs of contiguous ``(batch_size, block_size)`` windows of ``tokens`` (1-D ids, a memory map is
     fine); ``seed`` with the epoch fixes the shuffled order. The other arguments: ``ResumableStream``'s."""
 
-    def __init__(
-        self,
-        tokens: np.ndarray,
-        batch_size: int,
-        block_size: int,
-        rank: int = 0,
-        world_size: int = 1,
-        shuffle: bool = False,
-        seed: int | Sequence[int] = 0,
-        progress: Callable[[], tuple[int, int]] | None = None,
-        accumulate: int = 1,
-        moved: Callable[[int, int, bool], None] | None = None,
-    ) -> None:
-        super().__init__(batch_size, block_size, rank, world_size, shuffle, progress, accumulate, moved)
+    def __init__(self, tokens: np.ndarray, *args: Any, seed: int = 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.tokens = tokens
-        self.seed = [seed] if isinstance(seed, int) else list(seed)
-        self.rows = max(0, (len(tokens) - 1) // block_size)  # every row of T + 1 tokens (targets shifted by one)
+        self.seed = seed
+        self.rows = max(0, (len(tokens) - 1) // self.block_size)  # every row of T + 1 tokens (targets shifted by one)
 
     def segment_rows(self) -> list[int]:
         return [self.rows]
@@ -226,8 +200,7 @@ class TokenWindows(ResumableStream):
         return [0]
 
     def row_order(self, segment: int, epoch: int) -> np.ndarray | None:
-        return np.random.default_rng([*self.seed, epoch]).permutation(self.rows) if self.shuffle else None
+        return np.random.default_rng([self.seed, epoch]).permutation(self.rows) if self.shuffle else None
 
     def order(self) -> dict[str, Any]:
-        seed = self.seed[0] if len(self.seed) == 1 else self.seed
-        return {"block_size": self.block_size, "shuffle": self.shuffle, "seed": seed, "rows": self.segment_rows()}
+        return {"block_size": self.block_size, "shuffle": self.shuffle, "seed": self.seed, "rows": self.segment_rows()}
