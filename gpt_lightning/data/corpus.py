@@ -8,7 +8,6 @@ import io
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
@@ -38,18 +37,13 @@ def sha256_file(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Corpus:
-    """A text to tokenize, at ``location``: read as a stream, its sha256 known in advance (the
-    packaged corpus) or hashed from ``file`` when asked for, without decoding the text."""
+    """A text to tokenize, at ``location``: read as a stream, from ``file`` or with its sha256 known in advance
+    (the packaged corpus)."""
 
     location: str
     open_text: Callable[[], io.TextIOBase]
     known_sha256: str | None = None
     file: Path | None = None
-
-    @cached_property
-    def sha256(self) -> str:
-        """The sha256 of the text's UTF-8 bytes: the token cache's key (a file is read whole, once)."""
-        return self.known_sha256 or sha256_file(self.file)
 
     @classmethod
     def from_file(cls, path: str | Path) -> Corpus:
