@@ -47,7 +47,7 @@ from gpt_lightning.training.compilation import (
 from gpt_lightning.training.nonfinite import NonFiniteGuard
 from gpt_lightning.training.optimizers import build_optimizer, lr_multiplier, parameter_groups
 from gpt_lightning.training.precision import check_float16_epsilon, warn_if_bf16_is_emulated
-from gpt_lightning.training.step_loss import StepLoss, stopping, written_now
+from gpt_lightning.training.step_loss import stopping, written_now
 
 
 class GPTLightningModule(LightningModule):
@@ -182,7 +182,8 @@ class GPTLightningModule(LightningModule):
             self.val_perplexity = CompositionalMetric(torch.exp, self.val_loss, None)  # exp of val_loss's compute()
             self.val_bpb = BitsPerByte()  # bits over bytes, each summed across ranks at compute()
         self._byte_lengths: torch.Tensor | None = None  # (vocab_size,) on the device, at the first validation
-        self._nonfinite, self._step_loss = NonFiniteGuard(), StepLoss()  # see on_before_optimizer_step
+        self._nonfinite = NonFiniteGuard()  # see on_before_optimizer_step
+        self._step_losses: list[torch.Tensor] = []  # this optimizer step's micro-batch losses, on the device
         self._total_steps: int | None = None  # the run's optimizer steps, for the "wsd" schedule
         self._final_step: int | None = None  # the same, for logging its last step (None: no end)
         self._step_values: tuple[torch.Tensor | None, torch.Tensor | None] | None = None  # this step's loss, grad norm
@@ -287,11 +288,12 @@ class GPTLightningModule(LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
         self._nonfinite.observe_loss(loss)
-        self._step_loss.add(loss)  # logged once per optimizer step, in on_before_optimizer_step
+        self._step_losses.append(loss.detach())  # their mean logged once per optimizer step
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        loss = self._step_loss.pop_mean()
+        losses, self._step_losses = self._step_losses, []
+        loss = torch.stack(losses).mean() if losses else None
         self._nonfinite.before_optimizer_step(self, optimizer)  # skips a non-finite update on the device
         self._step_values = (loss, self._nonfinite.grad_norm)  # also for on_train_batch_end, at a stop
         if written_now(self.trainer, self._final_step):  # other steps log nothing: no host cost (step_loss)
