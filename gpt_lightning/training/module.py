@@ -71,12 +71,10 @@ class GPTLightningModule(LightningModule):
         zero_init_proj: start the residual output projections and an untied head at zero.
         logit_softcap: squash the logits to (-c, c) by c * tanh(logits / c); None: no cap.
         value_embeddings: nanochat's value embeddings on every other block.
-        window_pattern: sliding-window attention, a letter a block tiled over them: "S" short, "L" long;
-            e.g. "SSSL". "L": GPT-2's attention everywhere.
+        window_pattern: sliding-window attention, a letter per block, tiled: "S" short, "L" long (e.g. "SSSL").
         short_window_fraction: an "S" block's window as a fraction of ``block_size``.
         residual_scalars: nanochat's per-block residual and x0 scalars (``GPTConfig``), trained by AdamW, no decay.
-        optimizer: "adamw" on every weight, or "muon": ``torch.optim.Muon`` (torch >= 2.9) on the blocks'
-            2-D matrices and AdamW on the rest (docs/optimizers.md). Not under FSDP2.
+        optimizer: "adamw", or "muon" (torch >= 2.9) on the blocks' matrices and AdamW on the rest; not under FSDP2.
         learning_rate: AdamW peak learning rate.
         weight_decay: AdamW weight decay, of 2-D weights only (matmuls, embeddings; not biases, LayerNorm gains).
         betas: AdamW moment coefficients.
@@ -84,37 +82,28 @@ class GPTLightningModule(LightningModule):
         muon_learning_rate: Muon's peak learning rate; the schedule scales it as it scales ``learning_rate``.
         muon_momentum: Muon's Nesterov momentum.
         muon_weight_decay: Muon's decoupled weight decay (each step multiplies the matrices by 1 - lr x this).
-        muon_adjust_lr: Muon's per-shape lr scale: "original" (sqrt(max(1, rows / cols)), lr about 0.02) or
-            "match_rms_adamw" (0.2 x sqrt(max(rows, cols)), for an AdamW-like lr).
+        muon_adjust_lr: Muon's per-shape lr scale: "original" (lr about 0.02) or "match_rms_adamw" (an AdamW-like lr).
         embedding_learning_rate: AdamW peak rate of the embeddings when the head is untied; None: ``learning_rate``.
         head_learning_rate: AdamW peak rate of the untied LM head; None: ``learning_rate``.
         warmup_steps: linear learning-rate warm-up from 0 over this many optimizer steps.
-        lr_schedule: after warm-up, "cosine" (over ``cosine_decay_steps``) or "wsd": constant, then a linear
-            decay to ``min_lr_ratio`` x peak over the last ``decay_fraction`` of the run's optimizer steps.
-        cosine_decay_steps: cosine decay to ``min_lr_ratio`` x peak over this many steps after warm-up, then
-            constant. None: constant after warm-up.
+        lr_schedule: after warm-up, "cosine" or "wsd": constant, then linear decay over the last ``decay_fraction``.
+        cosine_decay_steps: cosine decay to ``min_lr_ratio`` x peak over this many steps, then constant; None: none.
         decay_fraction: the fraction of the run's steps the "wsd" schedule decays over, at its end.
         min_lr_ratio: final learning rate of the decay, as a fraction of the peak.
         compile: ``torch.compile`` the model in place (checkpoint keys stay plain); the first step compiles.
-        compile_scope: "model": one graph for the GPT; "blocks": one graph reused by every ``Block`` plus one
-            for the head and loss.
-        compile_mode: ``torch.compile`` mode: None (default), "reduce-overhead", "max-autotune", ...
-            The two that record CUDA graphs are refused on CUDA under gradient accumulation.
+        compile_scope: "model": one graph for the GPT; "blocks": one reused by every ``Block``, one for the head.
+        compile_mode: ``torch.compile`` mode: None (default), "max-autotune", ... (no CUDA graphs with accumulation).
         compile_dynamic: ``torch.compile(dynamic=...)``; False suits the fixed (B, T) batches.
         compile_fullgraph: fail on any graph break instead of falling back to eager.
         compile_eval: compile evaluation too (a second graph, at the first validation); for long evaluations.
         activation_checkpointing: recompute each block's activations in the backward pass: less memory.
-        chunked_loss: compute the training loss a chunk of rows at a time, so the (B, T, vocab_size) logits
-            never exist whole; False: ``F.cross_entropy`` over all of them. None: chunked on a CPU, where it
-            was measured faster; whole on a GPU, where it is not yet measured (docs/gpu-fast-path.md).
-        cudnn_attention: on GPUs of compute capability >= 9.0 with cuDNN >= 9, try cuDNN's attention first
-            in the training forward (not yet measured on a GPU); False: SDPA's own order, as measured.
+        chunked_loss: the training loss a chunk of rows at a time, never all (B, T, vocab_size) logits. None: on CPUs.
+        cudnn_attention: try cuDNN's attention first in training, on GPUs of compute capability >= 9.0 (unmeasured).
         float32_matmul_precision: set when ``fit`` starts ("high": TF32 on Ampere and newer); None: left alone.
         val_sample_tokens: tokens the ``ValidationSamples`` callback samples after each validation. 0: off.
         val_sample_prompt: the prompt for those samples.
-        init_from: start from a Hugging Face GPT-2: a hub name (``gpt2`` ... ``gpt2-xl``) or a local directory
-            or weights file with its ``config.json``, whose architecture fills the options left at their defaults.
-            A resumed run ignores it.
+        init_from: start from a Hugging Face GPT-2 (``gpt2`` ... ``gpt2-xl``, or a local export); its architecture
+            fills the options left at their defaults. A resumed run ignores it.
     """
 
     def __init__(
@@ -341,7 +330,7 @@ class GPTLightningModule(LightningModule):
             logits, loss = self.model(x, y)  # (B, T, vocab_size), mean over tokens
         self.val_loss.update(loss, weight=x.numel())
         if self._byte_lengths is None or self._byte_lengths.device != y.device:
-            self._byte_lengths = token_byte_lengths(self.config.vocab_size, y.device)  # once: no host read per step
+            self._byte_lengths = token_byte_lengths(self.config.vocab_size).to(y.device)  # once: no host read per step
         self.val_bpb.update(*bits_and_bytes(logits, y, self._byte_lengths))
 
     test_step = validation_step  # the same loss, logged as test/ by on_test_epoch_end
