@@ -25,19 +25,15 @@ class TokenStreamDataModule(LightningDataModule):
     """GPT-2 tokens of a text file or a shard directory, served as contiguous ``(B, T)`` windows.
 
     Args:
-        data_path: a UTF-8 text file (tokenized once, cached); a directory of pre-tokenized shards
-            (``.bin`` nanoGPT / llm.c, ``.npy`` build-nanogpt), split by ``train`` / ``val`` in the file
-            names; or None for the packaged tiny Shakespeare.
+        data_path: a UTF-8 text file (tokenized once, cached), a folder of token shards (``.bin``, ``.npy``;
+            ``train`` / ``val`` in their names), or None for the packaged tiny Shakespeare.
         batch_size: sequences per batch and per device (B).
         block_size: tokens per sequence (T). The CLI passes it to the model too.
         val_fraction: for a text file, the share of tokens at its end held out for validation; 0: none.
-        tokens_per_step: tokens per optimizer step over all processes: sets gradient accumulation to
-            tokens_per_step / (world_size x batch_size x block_size), which must divide evenly, and an
-            integer ``trainer.val_check_interval`` then counts optimizer steps. None: the trainer's own.
-        cache_dir: where token caches live. None: ``$GPT_LIGHTNING_CACHE_DIR``, else
-            ``$XDG_CACHE_HOME/gpt_lightning`` or ``~/.cache/gpt_lightning``.
-        shuffle: serve the training windows in a seeded random order, a new one each epoch (for shards:
-            shards, then rows within each). False: the stream's own order.
+        tokens_per_step: tokens per optimizer step over all processes: sets gradient accumulation (and makes an
+            integer ``trainer.val_check_interval`` count optimizer steps). None: the trainer's own.
+        cache_dir: where token caches live. None: ``$GPT_LIGHTNING_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpt_lightning``.
+        shuffle: serve the training windows (shards, then rows) in a seeded random order, new each epoch.
         seed: the shuffle's seed: the same order in every run, on every process and after a resume.
     """
 
