@@ -36,8 +36,6 @@ class ResumableStream(IterableDataset):
         accumulate: int = 1,
         moved: Callable[[int, int, bool], None] | None = None,
     ) -> None:
-        if not isinstance(accumulate, int) or accumulate < 1:
-            raise ValueError(f"accumulate must be a positive integer, got {accumulate!r}.")
         self.batch_size, self.block_size = batch_size, block_size
         self.rank, self.world_size = rank, world_size
         self.shuffle = shuffle
