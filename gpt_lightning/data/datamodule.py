@@ -76,9 +76,7 @@ class TokenStreamDataModule(LightningDataModule):
     def is_sharded(self) -> bool:
         return self.data_path is not None and Path(self.data_path).expanduser().is_dir()
 
-    @property
-    def vocab_size(self) -> int:
-        return GPT2_VOCAB_SIZE
+    vocab_size = GPT2_VOCAB_SIZE  # the tokenizer's; the model checks it has as many embedding rows
 
     def corpus(self) -> Corpus:
         return Corpus.tiny_shakespeare() if self.data_path is None else Corpus.from_file(self.data_path)
@@ -103,7 +101,7 @@ class TokenStreamDataModule(LightningDataModule):
             self.tokens = load_tokens(token_file)
             n = len(self.tokens)
             rank_zero_info(f"loaded {n} tokens")
-        windows = self._train_windows()
+        windows = self._windows("train")
         if windows.available() == 0:
             raise UserError(
                 f"The training split is too small: one batch on each of {self.world_size} process(es) "
@@ -259,15 +257,12 @@ class TokenStreamDataModule(LightningDataModule):
         with the stream's."""
         if self.trainer is None:
             return
-        epoch = self._epoch_batches(len(self._train_windows()))
+        epoch = self._epoch_batches(len(self._windows("train")))
         ended = ended or batches >= epoch
         move_batch_progress(self.trainer, min(batches, epoch), self._accumulation(), accumulated, ended)
 
     def _accumulation(self) -> int:
         return 1 if self.trainer is None else self.trainer.accumulate_grad_batches
-
-    def _train_windows(self) -> TokenWindows | ShardWindows:
-        return self._windows("train")  # type: ignore[return-value]
 
     def _loader(self, windows: IterableDataset, loader: type[DataLoader] = DataLoader) -> DataLoader:
         pin = self.trainer is not None and self.trainer.accelerator.__class__.__name__ == "CUDAAccelerator"
@@ -275,7 +270,7 @@ class TokenStreamDataModule(LightningDataModule):
         return loader(windows, batch_size=None, num_workers=0, pin_memory=pin)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self._train_windows(), ResumableLoader)
+        return self._loader(self._windows("train"), ResumableLoader)
 
     def val_dataloader(self) -> DataLoader | list:
         windows = self._windows("val")
