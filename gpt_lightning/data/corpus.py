@@ -83,17 +83,13 @@ def _read_packaged(resource) -> str:
 
 def _open_text_file(path: Path) -> io.TextIOBase:
     """A stream of the file's text; a small file is checked whole first (empty? UTF-8?)."""
-    if path.stat().st_size <= 1 << 20:
-        return io.StringIO(_decode_text_file(path), newline="")
-    return open(path, encoding="utf-8", newline="")  # decoding errors surface while it is read
-
-
-def _decode_text_file(path: Path) -> str:
+    if path.stat().st_size > 1 << 20:
+        return open(path, encoding="utf-8", newline="")  # decoding errors surface while it is read
     raw = path.read_bytes()
     if not raw.strip():
         raise UserError(f"Data file {path} is empty. Pass a UTF-8 text file with some text in it.")
     try:
-        return raw.decode("utf-8")
+        return io.StringIO(raw.decode("utf-8"), newline="")
     except UnicodeDecodeError as err:
         raise UserError(
             f"Data file {path} is not UTF-8 text (undecodable byte at offset {err.start}). "
