@@ -205,9 +205,7 @@ class GPTLightningModule(LightningModule):
         warn_if_bf16_is_emulated(trainer)  # here, so a plain Trainer's and a stock LightningCLI's runs are told too
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint with settings this module does not have, or of another architecture or optimizer
-        (``resume``); without weight averaging, train on from the trained weights of a checkpoint written
-        with it (``averaging``)."""
+        """Refuse a checkpoint this run cannot go on from (``resume``); train on from its trained weights (``averaging``)."""
         path = self._trainer.ckpt_path if self._trainer is not None else None
         source = f"Checkpoint {path}" if path else "The checkpoint"
         refuse_unknown_settings(checkpoint.get("hyper_parameters") or {}, self.hparams, source)
@@ -241,8 +239,7 @@ class GPTLightningModule(LightningModule):
             rank_zero_info(compile_notice(self.hparams.compile_scope, self.hparams.compile_eval))
 
     def on_train_start(self) -> None:
-        """The optimizer settings and schedule given now at the (restored) step, for the optimizer
-        ``configure_optimizers`` built; a subclass's own is left alone (``resume``)."""
+        """Give the optimizer ``configure_optimizers`` built the settings and schedule given now (``resume``)."""
         groups = parameter_groups(self.model, self.hparams)
         resume.continue_own_schedule(self.trainer, self._built, groups, self.lr_multiplier)
         steps = self.trainer.estimated_stepping_batches
