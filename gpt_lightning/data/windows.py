@@ -145,17 +145,12 @@ class ResumableStream(IterableDataset):
         if layout == self.layout():
             steps = batches // self.accumulate
             restored.update(ended=ended, offset=rows - steps * self.accumulate * self.rows_per_batch)
-            self._restored = restored
-        else:
-            self._restore_at_row(restored, rows, ended, int(layout["accumulate"]))
-
-    def _restore_at_row(self, restored: dict[str, Any], rows: int, ended: bool, accumulated: int) -> None:
-        """Go on from row ``rows`` of the restored epoch in whole steps of this layout, telling ``moved``."""
-        left = 0 if ended else max(0, (sum(self.segment_rows()) - rows) // (self.accumulate * self.rows_per_batch))
-        done = len(self) - left * self.accumulate  # batches of the epoch this layout counts as done
-        restored.update(batches=done, ended=left == 0, offset=rows - done * self.rows_per_batch)
-        if self.moved is not None:
-            self.moved(done, accumulated, left == 0)
+        else:  # another layout: go on from row ``rows`` in whole steps of this one, telling ``moved``
+            left = 0 if ended else max(0, (sum(self.segment_rows()) - rows) // (self.accumulate * self.rows_per_batch))
+            done = len(self) - left * self.accumulate  # batches of the epoch this layout counts as done
+            restored.update(batches=done, ended=left == 0, offset=rows - done * self.rows_per_batch)
+            if self.moved is not None:
+                self.moved(done, int(layout["accumulate"]), left == 0)
         self._restored = restored
 
     def _check_order(self, order: dict[str, Any], rows: int, at_epoch_start: bool) -> None:
