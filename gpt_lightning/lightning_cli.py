@@ -280,31 +280,24 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         """``model.block_size`` follows ``data.block_size`` unless it, or ``model.init_from``, is given."""
-        config = self.config[self.subcommand] if self.subcommand else self.config
-        if config.model.block_size is None and config.model.init_from is None:
-            config.model.block_size = config.data.block_size
+        model = self._get(self.config, "model")
+        if model.block_size is None and model.init_from is None:
+            model.block_size = self._get(self.config, "data").block_size
 
     def instantiate_classes(self) -> None:
         """Lightning's, with the model built on the meta device under ``ModelParallelStrategy`` (sharded later)."""
-        config = self.config[self.subcommand] if self.subcommand else self.config
-        strategy = config.get("trainer", {}).get("strategy")
-        if not _is_model_parallel(strategy):
+        if not _is_model_parallel(self._get(self.config, "trainer", {}).get("strategy")):
             return super().instantiate_classes()
         with torch.device("meta"):
             self.config_init = self.parser.instantiate_classes(self.config)
-        self.datamodule = self.config_section("data")
-        self.model = self.config_section("model")
+        self.datamodule = self._get(self.config_init, "data")
+        self.model = self._get(self.config_init, "model")
         add_configure_optimizers(self, self.subcommand)
         self.trainer = self.instantiate_trainer()
 
-    def config_section(self, key: str, default: Any = None) -> Any:
-        """``key`` (``"model"``, ``"trainer"``, ...) of the instantiated config, under the subcommand if any."""
-        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
-        return config.get(key, default)
-
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The trainer, with our samples, progress bar and FLOPs summary unless off or the user's, and ``Preemption``."""
-        trainer_config = self.config_section("trainer", default={})
+        trainer_config = self._get(self.config_init, "trainer", {})
         callbacks = list(kwargs.pop("callbacks", None) or trainer_config.get("callbacks") or [])
         callbacks.append(PeerGoneReport())  # a rank gone after the first step: one line from the CLI
         if not any(isinstance(c, ValidationSamples) for c in callbacks):
@@ -326,7 +319,7 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
             raise UserError(f"The trainer settings are not usable here: {err}") from None
         _put_preemption_last(trainer)
         if not trainer.loggers:  # --trainer.logger false: our learning-rate monitor has nowhere to write
-            ours = self.config_section("lr_monitor")
+            ours = self._get(self.config_init, "lr_monitor")
             trainer.callbacks = [c for c in trainer.callbacks if c is not ours]
         return trainer
 
@@ -342,7 +335,7 @@ class GPTLightningCLI(CheckpointArguments, LightningCLI):
                 f"{ckpt_path} --out weights.safetensors."
             )
         stale = sorted(Path(trainer.default_root_dir).glob("hpc_ckpt_*.ckpt"))
-        plugins = self.config_section("trainer", default={}).get("plugins")
+        plugins = self._get(self.config_init, "trainer", {}).get("plugins")
         plugins = plugins if isinstance(plugins, (list, tuple)) else [plugins]
         asked = any(isinstance(p, SLURMEnvironment) and p.auto_requeue for p in plugins)  # Lightning's way, chosen
         if not ckpt_path and stale and SLURMEnvironment.detect() and not asked:

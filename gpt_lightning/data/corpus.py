@@ -8,7 +8,6 @@ import io
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
@@ -38,18 +37,13 @@ def sha256_file(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Corpus:
-    """A text to tokenize, at ``location``: read as a stream, its sha256 known in advance (the
-    packaged corpus) or hashed from ``file`` when asked for, without decoding the text."""
+    """A text to tokenize, at ``location``: read as a stream, from ``file`` or with its sha256 known in advance
+    (the packaged corpus)."""
 
     location: str
     open_text: Callable[[], io.TextIOBase]
     known_sha256: str | None = None
     file: Path | None = None
-
-    @cached_property
-    def sha256(self) -> str:
-        """The sha256 of the text's UTF-8 bytes: the token cache's key (a file is read whole, once)."""
-        return self.known_sha256 or sha256_file(self.file)
 
     @classmethod
     def from_file(cls, path: str | Path) -> Corpus:
@@ -89,17 +83,13 @@ def _read_packaged(resource) -> str:
 
 def _open_text_file(path: Path) -> io.TextIOBase:
     """A stream of the file's text; a small file is checked whole first (empty? UTF-8?)."""
-    if path.stat().st_size <= 1 << 20:
-        return io.StringIO(_decode_text_file(path), newline="")
-    return open(path, encoding="utf-8", newline="")  # decoding errors surface while it is read
-
-
-def _decode_text_file(path: Path) -> str:
+    if path.stat().st_size > 1 << 20:
+        return open(path, encoding="utf-8", newline="")  # decoding errors surface while it is read
     raw = path.read_bytes()
     if not raw.strip():
         raise UserError(f"Data file {path} is empty. Pass a UTF-8 text file with some text in it.")
     try:
-        return raw.decode("utf-8")
+        return io.StringIO(raw.decode("utf-8"), newline="")
     except UnicodeDecodeError as err:
         raise UserError(
             f"Data file {path} is not UTF-8 text (undecodable byte at offset {err.start}). "

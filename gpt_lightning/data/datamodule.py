@@ -25,19 +25,15 @@ class TokenStreamDataModule(LightningDataModule):
     """GPT-2 tokens of a text file or a shard directory, served as contiguous ``(B, T)`` windows.
 
     Args:
-        data_path: a UTF-8 text file (tokenized once, cached); a directory of pre-tokenized shards
-            (``.bin`` nanoGPT / llm.c, ``.npy`` build-nanogpt), split by ``train`` / ``val`` in the file
-            names; or None for the packaged tiny Shakespeare.
+        data_path: a UTF-8 text file (tokenized once, cached), a folder of token shards (``.bin``, ``.npy``;
+            ``train`` / ``val`` in their names), or None for the packaged tiny Shakespeare.
         batch_size: sequences per batch and per device (B).
         block_size: tokens per sequence (T). The CLI passes it to the model too.
         val_fraction: for a text file, the share of tokens at its end held out for validation; 0: none.
-        tokens_per_step: tokens per optimizer step over all processes: sets gradient accumulation to
-            tokens_per_step / (world_size x batch_size x block_size), which must divide evenly, and an
-            integer ``trainer.val_check_interval`` then counts optimizer steps. None: the trainer's own.
-        cache_dir: where token caches live. None: ``$GPT_LIGHTNING_CACHE_DIR``, else
-            ``$XDG_CACHE_HOME/gpt_lightning`` or ``~/.cache/gpt_lightning``.
-        shuffle: serve the training windows in a seeded random order, a new one each epoch (for shards:
-            shards, then rows within each). False: the stream's own order.
+        tokens_per_step: tokens per optimizer step over all processes: sets gradient accumulation (and makes an
+            integer ``trainer.val_check_interval`` count optimizer steps). None: the trainer's own.
+        cache_dir: where token caches live. None: ``$GPT_LIGHTNING_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpt_lightning``.
+        shuffle: serve the training windows (shards, then rows) in a seeded random order, new each epoch.
         seed: the shuffle's seed: the same order in every run, on every process and after a resume.
     """
 
@@ -80,9 +76,7 @@ class TokenStreamDataModule(LightningDataModule):
     def is_sharded(self) -> bool:
         return self.data_path is not None and Path(self.data_path).expanduser().is_dir()
 
-    @property
-    def vocab_size(self) -> int:
-        return GPT2_VOCAB_SIZE
+    vocab_size = GPT2_VOCAB_SIZE  # the tokenizer's; the model checks it has as many embedding rows
 
     def corpus(self) -> Corpus:
         return Corpus.tiny_shakespeare() if self.data_path is None else Corpus.from_file(self.data_path)
@@ -107,7 +101,7 @@ class TokenStreamDataModule(LightningDataModule):
             self.tokens = load_tokens(token_file)
             n = len(self.tokens)
             rank_zero_info(f"loaded {n} tokens")
-        windows = self._train_windows()
+        windows = self._windows("train")
         if windows.available() == 0:
             raise UserError(
                 f"The training split is too small: one batch on each of {self.world_size} process(es) "
@@ -263,15 +257,12 @@ class TokenStreamDataModule(LightningDataModule):
         with the stream's."""
         if self.trainer is None:
             return
-        epoch = self._epoch_batches(len(self._train_windows()))
+        epoch = self._epoch_batches(len(self._windows("train")))
         ended = ended or batches >= epoch
         move_batch_progress(self.trainer, min(batches, epoch), self._accumulation(), accumulated, ended)
 
     def _accumulation(self) -> int:
         return 1 if self.trainer is None else self.trainer.accumulate_grad_batches
-
-    def _train_windows(self) -> TokenWindows | ShardWindows:
-        return self._windows("train")  # type: ignore[return-value]
 
     def _loader(self, windows: IterableDataset, loader: type[DataLoader] = DataLoader) -> DataLoader:
         pin = self.trainer is not None and self.trainer.accelerator.__class__.__name__ == "CUDAAccelerator"
@@ -279,7 +270,7 @@ class TokenStreamDataModule(LightningDataModule):
         return loader(windows, batch_size=None, num_workers=0, pin_memory=pin)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self._train_windows(), ResumableLoader)
+        return self._loader(self._windows("train"), ResumableLoader)
 
     def val_dataloader(self) -> DataLoader | list:
         windows = self._windows("val")

@@ -7,9 +7,10 @@ import dataclasses
 import glob
 import gzip
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpt_lightning.errors import UserError
 
@@ -115,27 +116,28 @@ def work_items(
 
 
 def _batched(
-    pieces: Iterator[tuple[bool, str]], chunk_chars: int, source: str, size: int
+    entries: Iterator[tuple[Any, int, float]], chunk_chars: int, make: Callable[[tuple], WorkItem]
 ) -> Iterator[tuple[WorkItem, float]]:
-    batch, chars, read = [], 0, 0
-    for piece in pieces:
-        batch.append(piece)
-        chars += len(piece[1])
-        read += len(piece[1])
+    """``(entry, its characters, the share of the file read)`` gathered into work items of ``chunk_chars``."""
+    batch, chars = [], 0
+    for entry, size, done in entries:
+        batch.append(entry)
+        chars += size
         if chars >= chunk_chars:
-            yield WorkItem(pieces=tuple(batch), source=source), read / max(size, 1)
+            yield make(tuple(batch)), done
             batch, chars = [], 0
     if batch:
-        yield WorkItem(pieces=tuple(batch), source=source), 1.0
+        yield make(tuple(batch)), 1.0
 
 
 def _text_items(path: Path, separator: str | None, chunk_chars: int) -> Iterator[tuple[WorkItem, float]]:
-    size = path.stat().st_size  # characters read / bytes: the share read, exact for ASCII
+    size = max(path.stat().st_size, 1)
     with open(path, encoding="utf-8", newline="") as stream:  # newline="": \r\n stays two characters
         pieces = (
             text_pieces(stream, chunk_chars, True) if separator is None else _separated(stream, separator, chunk_chars)
         )
-        yield from _batched(pieces, chunk_chars, str(path), size)
+        entries = ((piece, len(piece[1]), stream.buffer.tell() / size) for piece in pieces)
+        yield from _batched(entries, chunk_chars, lambda batch: WorkItem(pieces=batch, source=str(path)))
 
 
 def _separated(stream: io.TextIOBase, separator: str, chunk_chars: int) -> Iterator[tuple[bool, str]]:
@@ -155,17 +157,10 @@ def _jsonl_items(path: Path, text_key: str, chunk_chars: int) -> Iterator[tuple[
     size = max(path.stat().st_size, 1)
     compressed = path.name.lower().endswith(".gz")
     with open(path, "rb") as raw, gzip.open(raw, "rb") if compressed else raw as f:
-        batch, chars = [], 0
-        for line in f:
-            if not line.strip():
-                continue
-            batch.append(line)
-            chars += len(line)
-            if chars >= chunk_chars:
-                yield WorkItem(lines=tuple(batch), text_key=text_key, source=str(path)), raw.tell() / size
-                batch, chars = [], 0
-        if batch:
-            yield WorkItem(lines=tuple(batch), text_key=text_key, source=str(path)), 1.0
+        lines = ((line, len(line), raw.tell() / size) for line in f if line.strip())
+        yield from _batched(
+            lines, chunk_chars, lambda batch: WorkItem(lines=batch, text_key=text_key, source=str(path))
+        )
 
 
 def _parquet_items(path: Path, text_key: str, chunk_chars: int) -> Iterator[tuple[WorkItem, float]]:
@@ -180,21 +175,18 @@ def _parquet_items(path: Path, text_key: str, chunk_chars: int) -> Iterator[tupl
             "Name the text column with --text_key."
         )
     rows = max(parquet.metadata.num_rows, 1)
-    batch, chars, read = [], 0, 0
-    # One row group's text column at a time (iter_batches reads ahead: its memory grew with the file).
-    for group in range(parquet.num_row_groups):
-        column = parquet.read_row_group(group, columns=[text_key], use_threads=False).column(0)
-        for chunk in column.chunks:
-            for start in range(0, len(chunk), 1024):  # Python strings for 1,024 rows at a time
-                for text in chunk.slice(start, 1024).to_pylist():
-                    read += 1
-                    if not text:
-                        continue
-                    batch.append((True, text))
-                    chars += len(text)
-                    if chars >= chunk_chars:
-                        yield WorkItem(pieces=tuple(batch), source=str(path)), read / rows
-                        batch, chars = [], 0
-        del column
-    if batch:
-        yield WorkItem(pieces=tuple(batch), source=str(path)), 1.0
+
+    def texts() -> Iterator[tuple[tuple[bool, str], int, float]]:
+        read = 0
+        # One row group's text column at a time (iter_batches reads ahead: its memory grew with the file).
+        for group in range(parquet.num_row_groups):
+            column = parquet.read_row_group(group, columns=[text_key], use_threads=False).column(0)
+            for chunk in column.chunks:
+                for start in range(0, len(chunk), 1024):  # Python strings for 1,024 rows at a time
+                    for text in chunk.slice(start, 1024).to_pylist():
+                        read += 1
+                        if text:
+                            yield (True, text), len(text), read / rows
+            del column
+
+    yield from _batched(texts(), chunk_chars, lambda batch: WorkItem(pieces=batch, source=str(path)))

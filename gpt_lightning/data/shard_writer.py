@@ -71,17 +71,13 @@ class ShardWriter:
         for path, _ in self.written if remove_finished else ():
             path.unlink(missing_ok=True)
 
-    @property
-    def header_bytes(self) -> int:
-        return {"npy": NPY_HEADER_BYTES, "llmc": LLMC_HEADER_INTS * 4, "ours": 0}[self.format]
-
     def _open(self) -> None:
         split = "val" if not self.written else "train"
         path = self.output_dir / f"{self.prefix}_{split}_{len(self.written):06d}{FORMATS[self.format]}"
         self._context = atomic_output(path)
         self._path, tmp = path, self._context.__enter__()
         self._file = open(tmp, "wb")
-        self._file.write(b"\0" * self.header_bytes)  # rewritten once the count is known
+        self._file.write(self._header(0))  # rewritten once the count is known
         self._count = 0
 
     def _close(self) -> None:

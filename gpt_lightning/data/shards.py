@@ -3,7 +3,6 @@ memory-mapped one shard at a time; ``val`` / ``train`` in the name picks the spl
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,23 +57,11 @@ class ShardWindows(ResumableStream):
     two, a batch may. Shuffled, the order of shards and of rows within each changes every epoch, fixed by
     ``seed``. The other arguments: ``ResumableStream``'s."""
 
-    def __init__(
-        self,
-        shards: list[Path],
-        batch_size: int,
-        block_size: int,
-        rank: int = 0,
-        world_size: int = 1,
-        shuffle: bool = False,
-        seed: int = 0,
-        progress: Callable[[], tuple[int, int]] | None = None,
-        accumulate: int = 1,
-        moved: Callable[[int, int, bool], None] | None = None,
-    ) -> None:
-        super().__init__(batch_size, block_size, rank, world_size, shuffle, progress, accumulate, moved)
+    def __init__(self, shards: list[Path], *args: Any, seed: int = 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.shards = list(shards)
         self.seed = seed
-        self.rows_per_shard = [max(0, (len(open_shard(p)) - 1) // block_size) for p in self.shards]
+        self.rows_per_shard = [max(0, (len(open_shard(p)) - 1) // self.block_size) for p in self.shards]
 
     def segment_rows(self) -> list[int]:
         return self.rows_per_shard

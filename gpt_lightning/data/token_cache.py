@@ -37,8 +37,8 @@ class Manifest:
 SETTLED_NS = 2_000_000_000
 
 
-def cache_paths(cache_dir: Path, source_sha256: str, tokenizer: str = "gpt2") -> tuple[Path, Path]:
-    stem = f"{source_sha256[:24]}.{tokenizer}"
+def cache_paths(cache_dir: Path, source_sha256: str) -> tuple[Path, Path]:
+    stem = f"{source_sha256[:24]}.gpt2"
     return cache_dir / "tokens" / f"{stem}.bin", cache_dir / "tokens" / f"{stem}.json"
 
 
@@ -62,9 +62,7 @@ def stamped_sha256(path: Path, cache_dir: Path) -> str:
     return digest
 
 
-def _problem(
-    bin_path: Path, json_path: Path, source_sha256: str, tokenizer: str, cache_dir: Path | None = None
-) -> str | None:
+def _problem(bin_path: Path, json_path: Path, source_sha256: str, cache_dir: Path | None = None) -> str | None:
     """Why the cache can't be used, or None when it is sound (``cache_dir``: trust its stamps)."""
     if not json_path.is_file() or not bin_path.is_file():
         return "not built yet"
@@ -74,8 +72,8 @@ def _problem(
         return f"unreadable manifest ({err})"
     if manifest.format != FORMAT_VERSION:
         return f"format {manifest.format}, expected {FORMAT_VERSION}"
-    if manifest.tokenizer != tokenizer:
-        return f"made by tokenizer {manifest.tokenizer!r}, expected {tokenizer!r}"
+    if manifest.tokenizer != "gpt2":
+        return f"made by tokenizer {manifest.tokenizer!r}, expected 'gpt2'"
     if manifest.source_sha256 != source_sha256:
         return "made from another source"
     size = bin_path.stat().st_size
@@ -91,9 +89,9 @@ def build_token_cache(
 ) -> Path:
     """Tokenize ``corpus`` into the cache (streamed, on ``workers`` processes) unless a sound cache
     exists; return the token file path."""
-    source_sha256 = corpus.sha256 if corpus.file is None else stamped_sha256(corpus.file, cache_dir)
+    source_sha256 = corpus.known_sha256 if corpus.file is None else stamped_sha256(corpus.file, cache_dir)
     bin_path, json_path = cache_paths(cache_dir, source_sha256)
-    problem = _problem(bin_path, json_path, source_sha256, "gpt2", cache_dir)
+    problem = _problem(bin_path, json_path, source_sha256, cache_dir)
     if problem is None:
         return bin_path
     stream = corpus.open_text()  # clear errors for empty / non-UTF-8 files, or a damaged package

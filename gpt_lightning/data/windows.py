@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -36,8 +36,6 @@ class ResumableStream(IterableDataset):
         accumulate: int = 1,
         moved: Callable[[int, int, bool], None] | None = None,
     ) -> None:
-        if not isinstance(accumulate, int) or accumulate < 1:
-            raise ValueError(f"accumulate must be a positive integer, got {accumulate!r}.")
         self.batch_size, self.block_size = batch_size, block_size
         self.rank, self.world_size = rank, world_size
         self.shuffle = shuffle
@@ -49,22 +47,8 @@ class ResumableStream(IterableDataset):
         self._offset = 0  # the row batch 0 of the epoch begins at
         self._restored: dict[str, Any] | None = None
 
-    # Subclasses: each segment's (a text's, a shard's) rows and tokens, the segments' and rows' order
-    # in an epoch (None: in order), and the settings that fix the order.
-    def segment_rows(self) -> list[int]:
-        raise NotImplementedError
-
-    def segment_tokens(self, segment: int) -> np.ndarray:
-        raise NotImplementedError
-
-    def segment_order(self, epoch: int) -> list[int]:
-        raise NotImplementedError
-
-    def row_order(self, segment: int, epoch: int) -> np.ndarray | None:
-        raise NotImplementedError
-
-    def order(self) -> dict[str, Any]:
-        raise NotImplementedError
+    # Subclasses define segment_rows() (each segment's rows: a text's, a shard's), segment_tokens(segment),
+    # segment_order(epoch) and row_order(segment, epoch) (None: in order), and order(), the settings that fix it.
 
     @property
     def rows_per_batch(self) -> int:
@@ -161,17 +145,12 @@ class ResumableStream(IterableDataset):
         if layout == self.layout():
             steps = batches // self.accumulate
             restored.update(ended=ended, offset=rows - steps * self.accumulate * self.rows_per_batch)
-            self._restored = restored
-        else:
-            self._restore_at_row(restored, rows, ended, int(layout["accumulate"]))
-
-    def _restore_at_row(self, restored: dict[str, Any], rows: int, ended: bool, accumulated: int) -> None:
-        """Go on from row ``rows`` of the restored epoch in whole steps of this layout, telling ``moved``."""
-        left = 0 if ended else max(0, (sum(self.segment_rows()) - rows) // (self.accumulate * self.rows_per_batch))
-        done = len(self) - left * self.accumulate  # batches of the epoch this layout counts as done
-        restored.update(batches=done, ended=left == 0, offset=rows - done * self.rows_per_batch)
-        if self.moved is not None:
-            self.moved(done, accumulated, left == 0)
+        else:  # another layout: go on from row ``rows`` in whole steps of this one, telling ``moved``
+            left = 0 if ended else max(0, (sum(self.segment_rows()) - rows) // (self.accumulate * self.rows_per_batch))
+            done = len(self) - left * self.accumulate  # batches of the epoch this layout counts as done
+            restored.update(batches=done, ended=left == 0, offset=rows - done * self.rows_per_batch)
+            if self.moved is not None:
+                self.moved(done, int(layout["accumulate"]), left == 0)
         self._restored = restored
 
     def _check_order(self, order: dict[str, Any], rows: int, at_epoch_start: bool) -> None:
@@ -198,23 +177,11 @@ class TokenWindows(ResumableStream):
     """Epochs of contiguous ``(batch_size, block_size)`` windows of ``tokens`` (1-D ids, a memory map is
     fine); ``seed`` with the epoch fixes the shuffled order. The other arguments: ``ResumableStream``'s."""
 
-    def __init__(
-        self,
-        tokens: np.ndarray,
-        batch_size: int,
-        block_size: int,
-        rank: int = 0,
-        world_size: int = 1,
-        shuffle: bool = False,
-        seed: int | Sequence[int] = 0,
-        progress: Callable[[], tuple[int, int]] | None = None,
-        accumulate: int = 1,
-        moved: Callable[[int, int, bool], None] | None = None,
-    ) -> None:
-        super().__init__(batch_size, block_size, rank, world_size, shuffle, progress, accumulate, moved)
+    def __init__(self, tokens: np.ndarray, *args: Any, seed: int = 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.tokens = tokens
-        self.seed = [seed] if isinstance(seed, int) else list(seed)
-        self.rows = max(0, (len(tokens) - 1) // block_size)  # every row of T + 1 tokens (targets shifted by one)
+        self.seed = seed
+        self.rows = max(0, (len(tokens) - 1) // self.block_size)  # every row of T + 1 tokens (targets shifted by one)
 
     def segment_rows(self) -> list[int]:
         return [self.rows]
@@ -226,8 +193,7 @@ class TokenWindows(ResumableStream):
         return [0]
 
     def row_order(self, segment: int, epoch: int) -> np.ndarray | None:
-        return np.random.default_rng([*self.seed, epoch]).permutation(self.rows) if self.shuffle else None
+        return np.random.default_rng([self.seed, epoch]).permutation(self.rows) if self.shuffle else None
 
     def order(self) -> dict[str, Any]:
-        seed = self.seed[0] if len(self.seed) == 1 else self.seed
-        return {"block_size": self.block_size, "shuffle": self.shuffle, "seed": seed, "rows": self.segment_rows()}
+        return {"block_size": self.block_size, "shuffle": self.shuffle, "seed": self.seed, "rows": self.segment_rows()}

@@ -13,7 +13,8 @@ from gpt_lightning.data.tokenizer import gpt2_encoding
 
 
 @functools.lru_cache(maxsize=4)
-def _byte_lengths(vocab_size: int) -> torch.Tensor:
+def token_byte_lengths(vocab_size: int) -> torch.Tensor:
+    """UTF-8 bytes (vocab_size,) of each GPT-2 token id, on the CPU; 0 for special and padded ids."""
     encoding = gpt2_encoding()
     tokens = range(min(vocab_size, encoding.n_vocab))
     lengths = torch.zeros(vocab_size, dtype=torch.long)
@@ -21,11 +22,6 @@ def _byte_lengths(vocab_size: int) -> torch.Tensor:
     for name in encoding.special_tokens_set:
         lengths[encoding.encode_single_token(name)] = 0
     return lengths
-
-
-def token_byte_lengths(vocab_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """UTF-8 bytes (vocab_size,) of each GPT-2 token id; 0 for special and padded ids."""
-    return _byte_lengths(vocab_size).to(device)
 
 
 def bits_and_bytes(
@@ -65,7 +61,7 @@ def text_bits_per_byte(model: torch.nn.Module, ids: list[int], device: torch.dev
         raise ValueError("no tokens to score")
     T, N = model.config.block_size, len(ids)
     stream = torch.tensor([gpt2_encoding().eot_token, *ids])  # (N + 1,): position i predicts i + 1
-    lengths = token_byte_lengths(model.config.vocab_size, device)
+    lengths = token_byte_lengths(model.config.vocab_size).to(device)
     whole = list(range(0, N - T + 1, T))  # first input positions of the windows of T predictions
     passes = [(whole[i : i + batch_size], T) for i in range(0, len(whole), batch_size)]
     if N % T:  # the rest: its last N % T positions scored, after as much input as fits

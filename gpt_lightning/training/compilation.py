@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import getpass
 import os
-import re
 import sys
 import sysconfig
 import tempfile
@@ -92,14 +90,8 @@ def evaluation_stance(compile_eval: bool, sanity_checking: bool) -> AbstractCont
 
 def inductor_cache_dir() -> str:
     """Where inductor caches compiled code: ``$TORCHINDUCTOR_CACHE_DIR``, else its default. Creates nothing."""
-    configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if configured:
-        return os.path.abspath(configured)
-    default = inductor_default_cache_dir()
-    if default is not None:
-        return os.path.abspath(default)
-    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
-    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+    configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or inductor_default_cache_dir()
+    return os.path.abspath(configured or tempfile.gettempdir())  # a torch that hides its default: somewhere here
 
 
 def compile_notice(scope: str, compile_eval: bool) -> str:

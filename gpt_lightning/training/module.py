@@ -47,7 +47,7 @@ from gpt_lightning.training.compilation import (
 from gpt_lightning.training.nonfinite import NonFiniteGuard
 from gpt_lightning.training.optimizers import build_optimizer, lr_multiplier, parameter_groups
 from gpt_lightning.training.precision import check_float16_epsilon, warn_if_bf16_is_emulated
-from gpt_lightning.training.step_loss import StepLoss, stopping, written_now
+from gpt_lightning.training.step_loss import stopping, written_now
 
 
 class GPTLightningModule(LightningModule):
@@ -71,12 +71,10 @@ class GPTLightningModule(LightningModule):
         zero_init_proj: start the residual output projections and an untied head at zero.
         logit_softcap: squash the logits to (-c, c) by c * tanh(logits / c); None: no cap.
         value_embeddings: nanochat's value embeddings on every other block.
-        window_pattern: sliding-window attention, a letter a block tiled over them: "S" short, "L" long;
-            e.g. "SSSL". "L": GPT-2's attention everywhere.
+        window_pattern: sliding-window attention, a letter per block, tiled: "S" short, "L" long (e.g. "SSSL").
         short_window_fraction: an "S" block's window as a fraction of ``block_size``.
         residual_scalars: nanochat's per-block residual and x0 scalars (``GPTConfig``), trained by AdamW, no decay.
-        optimizer: "adamw" on every weight, or "muon": ``torch.optim.Muon`` (torch >= 2.9) on the blocks'
-            2-D matrices and AdamW on the rest (docs/optimizers.md). Not under FSDP2.
+        optimizer: "adamw", or "muon" (torch >= 2.9) on the blocks' matrices and AdamW on the rest; not under FSDP2.
         learning_rate: AdamW peak learning rate.
         weight_decay: AdamW weight decay, of 2-D weights only (matmuls, embeddings; not biases, LayerNorm gains).
         betas: AdamW moment coefficients.
@@ -84,37 +82,28 @@ class GPTLightningModule(LightningModule):
         muon_learning_rate: Muon's peak learning rate; the schedule scales it as it scales ``learning_rate``.
         muon_momentum: Muon's Nesterov momentum.
         muon_weight_decay: Muon's decoupled weight decay (each step multiplies the matrices by 1 - lr x this).
-        muon_adjust_lr: Muon's per-shape lr scale: "original" (sqrt(max(1, rows / cols)), lr about 0.02) or
-            "match_rms_adamw" (0.2 x sqrt(max(rows, cols)), for an AdamW-like lr).
+        muon_adjust_lr: Muon's per-shape lr scale: "original" (lr about 0.02) or "match_rms_adamw" (an AdamW-like lr).
         embedding_learning_rate: AdamW peak rate of the embeddings when the head is untied; None: ``learning_rate``.
         head_learning_rate: AdamW peak rate of the untied LM head; None: ``learning_rate``.
         warmup_steps: linear learning-rate warm-up from 0 over this many optimizer steps.
-        lr_schedule: after warm-up, "cosine" (over ``cosine_decay_steps``) or "wsd": constant, then a linear
-            decay to ``min_lr_ratio`` x peak over the last ``decay_fraction`` of the run's optimizer steps.
-        cosine_decay_steps: cosine decay to ``min_lr_ratio`` x peak over this many steps after warm-up, then
-            constant. None: constant after warm-up.
+        lr_schedule: after warm-up, "cosine" or "wsd": constant, then linear decay over the last ``decay_fraction``.
+        cosine_decay_steps: cosine decay to ``min_lr_ratio`` x peak over this many steps, then constant; None: none.
         decay_fraction: the fraction of the run's steps the "wsd" schedule decays over, at its end.
         min_lr_ratio: final learning rate of the decay, as a fraction of the peak.
         compile: ``torch.compile`` the model in place (checkpoint keys stay plain); the first step compiles.
-        compile_scope: "model": one graph for the GPT; "blocks": one graph reused by every ``Block`` plus one
-            for the head and loss.
-        compile_mode: ``torch.compile`` mode: None (default), "reduce-overhead", "max-autotune", ...
-            The two that record CUDA graphs are refused on CUDA under gradient accumulation.
+        compile_scope: "model": one graph for the GPT; "blocks": one reused by every ``Block``, one for the head.
+        compile_mode: ``torch.compile`` mode: None (default), "max-autotune", ... (no CUDA graphs with accumulation).
         compile_dynamic: ``torch.compile(dynamic=...)``; False suits the fixed (B, T) batches.
         compile_fullgraph: fail on any graph break instead of falling back to eager.
         compile_eval: compile evaluation too (a second graph, at the first validation); for long evaluations.
         activation_checkpointing: recompute each block's activations in the backward pass: less memory.
-        chunked_loss: compute the training loss a chunk of rows at a time, so the (B, T, vocab_size) logits
-            never exist whole; False: ``F.cross_entropy`` over all of them. None: chunked on a CPU, where it
-            was measured faster; whole on a GPU, where it is not yet measured (docs/gpu-fast-path.md).
-        cudnn_attention: on GPUs of compute capability >= 9.0 with cuDNN >= 9, try cuDNN's attention first
-            in the training forward (not yet measured on a GPU); False: SDPA's own order, as measured.
+        chunked_loss: the training loss a chunk of rows at a time, never all (B, T, vocab_size) logits. None: on CPUs.
+        cudnn_attention: try cuDNN's attention first in training, on GPUs of compute capability >= 9.0 (unmeasured).
         float32_matmul_precision: set when ``fit`` starts ("high": TF32 on Ampere and newer); None: left alone.
         val_sample_tokens: tokens the ``ValidationSamples`` callback samples after each validation. 0: off.
         val_sample_prompt: the prompt for those samples.
-        init_from: start from a Hugging Face GPT-2: a hub name (``gpt2`` ... ``gpt2-xl``) or a local directory
-            or weights file with its ``config.json``, whose architecture fills the options left at their defaults.
-            A resumed run ignores it.
+        init_from: start from a Hugging Face GPT-2 (``gpt2`` ... ``gpt2-xl``, or a local export); its architecture
+            fills the options left at their defaults. A resumed run ignores it.
     """
 
     def __init__(
@@ -182,7 +171,8 @@ class GPTLightningModule(LightningModule):
             self.val_perplexity = CompositionalMetric(torch.exp, self.val_loss, None)  # exp of val_loss's compute()
             self.val_bpb = BitsPerByte()  # bits over bytes, each summed across ranks at compute()
         self._byte_lengths: torch.Tensor | None = None  # (vocab_size,) on the device, at the first validation
-        self._nonfinite, self._step_loss = NonFiniteGuard(), StepLoss()  # see on_before_optimizer_step
+        self._nonfinite = NonFiniteGuard()  # see on_before_optimizer_step
+        self._step_losses: list[torch.Tensor] = []  # this optimizer step's micro-batch losses, on the device
         self._total_steps: int | None = None  # the run's optimizer steps, for the "wsd" schedule
         self._final_step: int | None = None  # the same, for logging its last step (None: no end)
         self._step_values: tuple[torch.Tensor | None, torch.Tensor | None] | None = None  # this step's loss, grad norm
@@ -215,9 +205,7 @@ class GPTLightningModule(LightningModule):
         warn_if_bf16_is_emulated(trainer)  # here, so a plain Trainer's and a stock LightningCLI's runs are told too
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint with settings this module does not have, or of another architecture or optimizer
-        (``resume``); without weight averaging, train on from the trained weights of a checkpoint written
-        with it (``averaging``)."""
+        """Refuse a checkpoint this run cannot go on from (``resume``); train on from its trained weights (``averaging``)."""
         path = self._trainer.ckpt_path if self._trainer is not None else None
         source = f"Checkpoint {path}" if path else "The checkpoint"
         refuse_unknown_settings(checkpoint.get("hyper_parameters") or {}, self.hparams, source)
@@ -251,8 +239,7 @@ class GPTLightningModule(LightningModule):
             rank_zero_info(compile_notice(self.hparams.compile_scope, self.hparams.compile_eval))
 
     def on_train_start(self) -> None:
-        """The optimizer settings and schedule given now at the (restored) step, for the optimizer
-        ``configure_optimizers`` built; a subclass's own is left alone (``resume``)."""
+        """Give the optimizer ``configure_optimizers`` built the settings and schedule given now (``resume``)."""
         groups = parameter_groups(self.model, self.hparams)
         resume.continue_own_schedule(self.trainer, self._built, groups, self.lr_multiplier)
         steps = self.trainer.estimated_stepping_batches
@@ -287,11 +274,12 @@ class GPTLightningModule(LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
         self._nonfinite.observe_loss(loss)
-        self._step_loss.add(loss)  # logged once per optimizer step, in on_before_optimizer_step
+        self._step_losses.append(loss.detach())  # their mean logged once per optimizer step
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        loss = self._step_loss.pop_mean()
+        losses, self._step_losses = self._step_losses, []
+        loss = torch.stack(losses).mean() if losses else None
         self._nonfinite.before_optimizer_step(self, optimizer)  # skips a non-finite update on the device
         self._step_values = (loss, self._nonfinite.grad_norm)  # also for on_train_batch_end, at a stop
         if written_now(self.trainer, self._final_step):  # other steps log nothing: no host cost (step_loss)
@@ -339,7 +327,7 @@ class GPTLightningModule(LightningModule):
             logits, loss = self.model(x, y)  # (B, T, vocab_size), mean over tokens
         self.val_loss.update(loss, weight=x.numel())
         if self._byte_lengths is None or self._byte_lengths.device != y.device:
-            self._byte_lengths = token_byte_lengths(self.config.vocab_size, y.device)  # once: no host read per step
+            self._byte_lengths = token_byte_lengths(self.config.vocab_size).to(y.device)  # once: no host read per step
         self.val_bpb.update(*bits_and_bytes(logits, y, self._byte_lengths))
 
     test_step = validation_step  # the same loss, logged as test/ by on_test_epoch_end

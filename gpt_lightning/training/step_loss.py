@@ -2,29 +2,7 @@
 
 from __future__ import annotations
 
-import torch
 from lightning.pytorch import Trainer
-
-
-class StepLoss:
-    """The mean loss of an optimizer step's micro-batches, summed on the device."""
-
-    def __init__(self) -> None:
-        self._sum: torch.Tensor | None = None
-        self._micro_batches = 0
-
-    def add(self, loss: torch.Tensor) -> None:
-        detached = loss.detach()
-        self._sum = detached if self._sum is None else self._sum + detached
-        self._micro_batches += 1
-
-    def pop_mean(self) -> torch.Tensor | None:
-        """This step's mean (None if no micro-batch was added), and start the next step."""
-        if self._sum is None:
-            return None
-        mean = self._sum / self._micro_batches
-        self._sum, self._micro_batches = None, 0
-        return mean
 
 
 def written_now(trainer: Trainer, final_step: int | None) -> bool:
