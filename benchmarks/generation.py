@@ -35,7 +35,7 @@ from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.generation import generate
 from gpt_lightning.interop.pretrained import export_hf
 from gpt_lightning.model import GPT, GPTConfig, KVCache
-from gpt_lightning.observing.roofline import READ_BYTES, matmul_flops_per_sec, read_bytes_per_sec
+from gpt_lightning.observing.roofline import _median_seconds, matmul_flops_per_sec
 
 
 def sync(device: torch.device) -> None:
@@ -86,6 +86,24 @@ def run_cost(config: GPTConfig, batch: int, prompt_tokens: int, new_tokens: int,
             {"flops": at[first] + slope * (length - first), "bytes": weights + row + kv_per_position * length}
         )
     return {"weight_bytes": weights, "passes": passes}
+
+
+# The matrix streamed by the bandwidth probe: far above any CPU's L3 or GPU's L2.
+READ_BYTES = 512 * 2**20
+
+
+def read_bytes_per_sec(
+    device: torch.device | str, dtype: torch.dtype, nbytes: int = READ_BYTES, repeats: int = 5
+) -> float:
+    """Bytes/s ``device`` streams from memory into a matrix-vector product of ``dtype`` (the best of
+    three), which bounds decoding at small batch."""
+    device = torch.device(device)
+    cols = 1024
+    rows = max(1, nbytes // (cols * torch.finfo(dtype).bits // 8))
+    matrix = torch.ones(rows, cols, device=device, dtype=dtype)  # written: no shared zero pages to read
+    vector = torch.ones(cols, device=device, dtype=dtype)
+    probes = (matrix.sum, lambda: torch.mv(matrix, vector), lambda: torch.nn.functional.linear(vector[None], matrix))
+    return max(matrix.nbytes / _median_seconds(probe, device, repeats) for probe in probes)
 
 
 def roofline(passes: list[dict], flops_per_sec: float, bytes_per_sec: float) -> dict:

@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Callback, Trainer
 
-from gpt_lightning.data import TokenStreamDataModule
 from gpt_lightning.data.corpus import Corpus
+from gpt_lightning.data.datamodule import TokenStreamDataModule
 from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.errors import UserError
 from gpt_lightning.generation import generate

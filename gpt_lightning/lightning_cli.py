@@ -23,7 +23,7 @@ from lightning.pytorch.plugins.environments import ClusterEnvironment, SLURMEnvi
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.data.datamodule import TokenStreamDataModule
 from gpt_lightning.errors import UserError
 from gpt_lightning.interop.checkpoint import LIGHTNING_CKPT_ALIASES, SHARDED_METADATA, read_checkpoint, saved_arguments
 from gpt_lightning.lightning_internals import (

@@ -11,7 +11,7 @@ from conftest import ONE_QUIET_CPU_STEP
 from lightning.pytorch import Trainer
 from torch.nn.attention import SDPBackend
 
-from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.data.datamodule import TokenStreamDataModule
 from gpt_lightning.generation import generate
 from gpt_lightning.training import module as training_module
 from gpt_lightning.training.attention import device_attention_backends, training_attention_backends

@@ -17,8 +17,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins import MixedPrecision
 from test_cli_errors import fit_args, run_main
 
-from gpt_lightning.data import TokenStreamDataModule, token_cache
+from gpt_lightning.data import token_cache
 from gpt_lightning.data.corpus import Corpus
+from gpt_lightning.data.datamodule import TokenStreamDataModule
 from gpt_lightning.errors import UserError
 from gpt_lightning.training.compilation import check_kernels_can_build
 from gpt_lightning.training.module import GPTLightningModule

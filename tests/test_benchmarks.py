@@ -5,8 +5,10 @@ import json
 import re
 import subprocess
 import sys
+import time
 
 import pytest
+import torch
 import yaml
 from conftest import REPO
 
@@ -380,3 +382,10 @@ def test_muon_variants_measures_shorter_runs_against_an_earlier_result_s_targets
     (tmp_path / "fewer.json").write_text(json.dumps(fewer))
     with pytest.raises(SystemExit, match=r"no targets at seeds \[1, 2\]"):
         run(tmp_path / "fewer.json")
+
+
+def test_the_read_bandwidth_is_measured_quickly_and_plausibly():
+    start = time.perf_counter()
+    bandwidth = load_benchmark("generation").read_bytes_per_sec("cpu", torch.float32, nbytes=2**20, repeats=2)
+    assert time.perf_counter() - start < 2
+    assert 1e8 < bandwidth < 1e13  # 1 MB sits in a cache: faster than memory, but not beyond reason

@@ -11,7 +11,7 @@ from conftest import ONE_QUIET_CPU_STEP, TINY_MODEL
 from lightning.pytorch import Trainer
 
 from gpt_lightning.commands.export import main as export_main
-from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.data.datamodule import TokenStreamDataModule
 from gpt_lightning.errors import UserError
 from gpt_lightning.interop.weights import export_weights, load_gpt
 from gpt_lightning.training.module import GPTLightningModule

@@ -12,7 +12,7 @@ from conftest import REPO, TINY_FIT, tiny_flags
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
-from gpt_lightning.data import gpt2_encoding
+from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.lightning_cli import GPTLightningCLI
 from gpt_lightning.model import GPT, GPTConfig
 from gpt_lightning.scaling.memory import GIB, training_memory

@@ -9,7 +9,7 @@ from conftest import ONE_QUIET_CPU_STEP, TINY_CPU, TINY_MODEL
 from lightning.pytorch import Trainer
 
 from gpt_lightning.cli import main
-from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.data.datamodule import TokenStreamDataModule
 from gpt_lightning.training.module import GPTLightningModule
 
 

@@ -14,7 +14,7 @@ from conftest import COMPILED_TINY, TINY_MODEL
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.data.datamodule import TokenStreamDataModule
 from gpt_lightning.observing.samples import ValidationSamples
 from gpt_lightning.training.compilation import evaluation_stance, inductor_cache_dir
 from gpt_lightning.training.module import GPTLightningModule

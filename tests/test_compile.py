@@ -7,7 +7,7 @@ import torch._dynamo
 from conftest import COMPILED_TINY
 from lightning.pytorch import Trainer
 
-from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.data.datamodule import TokenStreamDataModule
 from gpt_lightning.generation import generate
 from gpt_lightning.loss import chunked_cross_entropy
 from gpt_lightning.model import GPT, GPTConfig

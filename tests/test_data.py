@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from gpt_lightning.data import TokenStreamDataModule, TokenWindows, token_cache
+from gpt_lightning.data import token_cache
 from gpt_lightning.data.corpus import Corpus
+from gpt_lightning.data.datamodule import TokenStreamDataModule
+from gpt_lightning.data.windows import TokenWindows
 
 
 class ReferenceLoader:

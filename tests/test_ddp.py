@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from test_cli import REPO, run_cli
 from test_eval_callback import TASK, write_task
 
-from gpt_lightning.data import gpt2_encoding
+from gpt_lightning.data.tokenizer import gpt2_encoding
 
 ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
 

@@ -241,7 +241,7 @@ from datetime import timedelta
 from pathlib import Path
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DDPStrategy
-from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.data.datamodule import TokenStreamDataModule
 from gpt_lightning.training.module import GPTLightningModule
 
 TIMEOUT = 3

@@ -201,7 +201,7 @@ def test_generation_reads_nothing_back_and_the_compiled_step_gives_the_eager_tok
 def test_hellaswag_counts_stay_on_the_device_under_bf16():
     from test_hellaswag import synthetic_examples
 
-    from gpt_lightning.data import gpt2_encoding
+    from gpt_lightning.data.tokenizer import gpt2_encoding
     from gpt_lightning.interop.hellaswag import batches, count_correct
     from gpt_lightning.model import GPT
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt_lightning.cli import main
-from gpt_lightning.data import gpt2_encoding
+from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.errors import UserError
 from gpt_lightning.evaluation.hellaswag_callback import HellaSwagEval
 from gpt_lightning.interop import hellaswag

@@ -16,7 +16,7 @@ from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader
 
 from gpt_lightning.cli import main
-from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.data.datamodule import TokenStreamDataModule
 from gpt_lightning.precision import PRECISIONS
 from gpt_lightning.training import precision
 from gpt_lightning.training.module import GPTLightningModule

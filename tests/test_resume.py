@@ -7,7 +7,7 @@ from conftest import TINY_MODEL
 from lightning.pytorch import Callback, Trainer, seed_everything
 
 from gpt_lightning.commands.bench import LossRecorder
-from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.data.datamodule import TokenStreamDataModule
 from gpt_lightning.errors import UserError
 from gpt_lightning.observing.throughput import ThroughputMonitor
 from gpt_lightning.training.module import GPTLightningModule

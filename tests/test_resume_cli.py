@@ -9,7 +9,7 @@ from conftest import TINY_FIT, tiny_flags
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
-from gpt_lightning.data import gpt2_encoding
+from gpt_lightning.data.tokenizer import gpt2_encoding
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ EPOCH_TOKENS = 11 * 2 * 16 + 1  # 11 batches of 2 x 16, and the last target
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, shakespeare) -> Path:
-    from gpt_lightning.data import gpt2_encoding
+    from gpt_lightning.data.tokenizer import gpt2_encoding
 
     enc = gpt2_encoding()
     ids = enc.encode_ordinary(shakespeare[:4000])[: EPOCH_TOKENS + 10]  # +10: not a whole batch more
@@ -40,7 +40,7 @@ def corpus(tmp_path_factory, shakespeare) -> Path:
 
 
 def shard_folder(corpus: Path, folder: Path) -> Path:
-    from gpt_lightning.data import gpt2_encoding
+    from gpt_lightning.data.tokenizer import gpt2_encoding
 
     ids = np.array(gpt2_encoding().encode_ordinary(corpus.read_text()), dtype=np.uint16)
     folder.mkdir()

@@ -21,7 +21,7 @@ ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, shakespeare) -> Path:
-    from gpt_lightning.data import gpt2_encoding
+    from gpt_lightning.data.tokenizer import gpt2_encoding
 
     enc = gpt2_encoding()
     ids = enc.encode_ordinary(shakespeare[:8000])[: 84 * T + 1]

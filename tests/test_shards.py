@@ -6,7 +6,7 @@ import torch
 from test_data import saved_at
 
 from gpt_lightning.cli import main
-from gpt_lightning.data import TokenStreamDataModule
+from gpt_lightning.data.datamodule import TokenStreamDataModule
 from gpt_lightning.data.shards import LLMC_MAGIC, ShardWindows, find_shards, open_shard
 from gpt_lightning.data.tokenizer import gpt2_encoding
 from gpt_lightning.errors import UserError

@@ -183,7 +183,7 @@ def fit_on_fake_time(small_text, tmp_path, monkeypatch, clock, callbacks, **trai
     from conftest import TINY_MODEL
     from lightning.pytorch import Trainer
 
-    from gpt_lightning.data import TokenStreamDataModule
+    from gpt_lightning.data.datamodule import TokenStreamDataModule
 
     monkeypatch.setattr(ThroughputMonitor, "_now", staticmethod(lambda: clock.now))
     data = TokenStreamDataModule(str(small_text), batch_size=2, block_size=32, cache_dir=str(tmp_path))
@@ -401,7 +401,7 @@ def test_matmul_precision_is_set_before_the_device_is_set_up(monkeypatch, matmul
     from lightning.pytorch import Trainer
     from lightning.pytorch.accelerators import CPUAccelerator
 
-    from gpt_lightning.data import TokenStreamDataModule
+    from gpt_lightning.data.datamodule import TokenStreamDataModule
 
     matmul_precision("highest")
     seen = []

@@ -12,11 +12,13 @@ import pytest
 from conftest import REPO, tiny_flags
 
 from gpt_lightning.cli import main
-from gpt_lightning.data import TokenStreamDataModule, gpt2_encoding, token_cache
+from gpt_lightning.data import token_cache
 from gpt_lightning.data.corpus import Corpus
+from gpt_lightning.data.datamodule import TokenStreamDataModule
 from gpt_lightning.data.documents import safe_cut, text_pieces
 from gpt_lightning.data.shard_writer import tokenize_to_shards
 from gpt_lightning.data.shards import find_shards, open_shard
+from gpt_lightning.data.tokenizer import gpt2_encoding
 
 # Every kind of whitespace run the GPT-2 pattern treats specially, next to every kind of neighbour.
 TRICKY = "a  \nb\r\nc \n d\n\ne\u3000\nf\tg\n'sx\n\u00a0y\nz\u2028\nw\n\n\n  \nq\x1c\nr\n1\n!\n\u00e9t\u00e9\n"

@@ -198,7 +198,7 @@ def test_every_optimizer_step_trains_the_whole_budget_across_epoch_ends(source, 
     import numpy as np
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from gpt_lightning.data import gpt2_encoding
+    from gpt_lightning.data.tokenizer import gpt2_encoding
 
     enc = gpt2_encoding()
     ids = enc.encode_ordinary(shakespeare[:4000])

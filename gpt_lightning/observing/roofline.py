@@ -1,5 +1,5 @@
-"""This machine's measured ceilings, for benchmarks to print figures beside: a matmul's FLOP/s in a
-dtype and the bytes/s a matrix-vector product streams from memory."""
+"""This machine's measured ceiling, for `bench` and the benchmarks to print figures beside: a matmul's
+FLOP/s in a dtype."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ from gpt_lightning.observing.throughput import TF32
 
 # Square matmul sizes timed: near each kind of device's peak, quick to time.
 MATMUL_SIZES = {"cuda": (4096, 8192), "cpu": (512, 1024)}
-# The matrix streamed by the bandwidth probe: far above any CPU's L3 or GPU's L2.
-READ_BYTES = 512 * 2**20
 # Each timed round runs the operation this long at least, so the clock and launch overhead do not count.
 ROUND_SECONDS = 0.01
 
@@ -59,17 +57,3 @@ def matmul_flops_per_sec(
     finally:
         torch.set_float32_matmul_precision(precision)
     return best
-
-
-def read_bytes_per_sec(
-    device: torch.device | str, dtype: torch.dtype, nbytes: int = READ_BYTES, repeats: int = 5
-) -> float:
-    """Bytes/s ``device`` streams from memory into a matrix-vector product of ``dtype`` (the best of
-    three), which bounds decoding at small batch."""
-    device = torch.device(device)
-    cols = 1024
-    rows = max(1, nbytes // (cols * torch.finfo(dtype).bits // 8))
-    matrix = torch.ones(rows, cols, device=device, dtype=dtype)  # written: no shared zero pages to read
-    vector = torch.ones(cols, device=device, dtype=dtype)
-    probes = (matrix.sum, lambda: torch.mv(matrix, vector), lambda: torch.nn.functional.linear(vector[None], matrix))
-    return max(matrix.nbytes / _median_seconds(probe, device, repeats) for probe in probes)
