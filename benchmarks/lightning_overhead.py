@@ -64,7 +64,6 @@ from gpt_lightning.observing.console import StepProgressBar
 from gpt_lightning.training.attention import attention_context, device_attention_backends
 from gpt_lightning.training.compilation import compile_in_place
 from gpt_lightning.training.nonfinite import NonFiniteGuard
-from gpt_lightning.training.step_loss import StepLoss
 
 LOOPS = ("plain", "plain_ours", "lightning")
 # The parts a step is split into, in table order. "rest" is the step's time no timer covered: in
@@ -227,7 +226,7 @@ def plain_loop(args, data: TokenStreamDataModule, compiled: bool, device: torch.
     else:
         windows = TokenWindows(data.tokens[: data.train_token_count], args.batch_size, args.block_size)
         batches_of = lambda: windows  # noqa: E731
-    guard, step_loss = NonFiniteGuard(), StepLoss()
+    guard, step_losses = NonFiniteGuard(), []
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed")
     parameters = [p for p in model.parameters() if p.requires_grad]
     breakdown, batches = Breakdown(), iter(())
@@ -247,18 +246,19 @@ def plain_loop(args, data: TokenStreamDataModule, compiled: bool, device: torch.
             x, y = (t.to(device, non_blocking=True) for t in batch)
         with breakdown.part("forward"):
             with autocast, attention_context(backends if ours else None):
-                head_loss = chunked_cross_entropy if ours and module.hparams.chunked_loss else None
+                head_loss = chunked_cross_entropy if ours and module.uses_chunked_loss(device) else None
                 _, loss = model(x, y, head_loss=head_loss)  # as training_step
         if ours:
             with breakdown.part("nonfinite_guard"):
                 guard.observe_loss(loss)
             with breakdown.part("step_logging"):
-                step_loss.add(loss)
+                step_losses.append(loss.detach())
         with breakdown.part("backward"):
             loss.backward()
         if ours:
             with breakdown.part("step_logging"):
-                step_loss.pop_mean()  # the module's on_before_optimizer_step (logged only with a logger)
+                torch.stack(step_losses).mean()  # the module's on_before_optimizer_step (logged only with a logger)
+                step_losses.clear()
             with breakdown.part("nonfinite_guard"):
                 skip = guard.skip_update(step, [p.grad for p in parameters if p.grad is not None])
                 optimizer.found_inf = skip.float()  # fused AdamW leaves weights and moments untouched
@@ -349,9 +349,8 @@ class Instrument(Callback):
                 return step(closure=None if closure is None else timed(b, "rest", closure), **kwargs)
 
         optimizer.step = timed_step
-        guard, loss = pl_module._nonfinite, pl_module._step_loss
+        guard = pl_module._nonfinite
         guard.observe_loss = timed(b, "nonfinite_guard", guard.observe_loss)
-        loss.add = timed(b, "step_logging", loss.add)
         # the module's hook: the step's mean loss, the guard (timed as its own part inside it), and
         # the logging of train/loss and train/grad_norm on the steps the logger writes
         pl_module.on_before_optimizer_step = timed(b, "step_logging", pl_module.on_before_optimizer_step)
