@@ -125,10 +125,13 @@ def _generate_cached(
     # times inductor's C++ GEMM templates against MKL's and oneDNN's kernels for each matmul and keeps
     # the faster: 124M decoded 1.9x (float32) and 1.4x (bfloat16) faster; at batch 8 it gained nothing.
     # The C++ wrapper calls the step's kernels without a Python line each (docs/sampling.md).
-    quiet = dict(autotune_num_choices_displayed=0)  # the timings' tables stay off the user's console
-    if hasattr(torch._inductor.config, "max_autotune_report_choices_stats"):  # and its report (torch 2.6 has none)
-        quiet["max_autotune_report_choices_stats"] = False
-    cpu_options = torch._inductor.config.patch(freezing=True, cpp_wrapper=True, max_autotune=B == 1, **quiet)
+    cpu_options = torch._inductor.config.patch(
+        freezing=True,
+        cpp_wrapper=True,
+        max_autotune=B == 1,
+        autotune_num_choices_displayed=0,  # the timings' tables stay off the user's console
+        max_autotune_report_choices_stats=False,
+    )
     with cpu_options if compile and not idx.is_cuda else contextlib.nullcontext():
         for end in range(T, T + max_new_tokens):
             out[:, end : end + 1] = token.copy_(sample(logits))  # (B, 1)

@@ -4,9 +4,6 @@ order the test files run in."""
 from __future__ import annotations
 
 import atexit
-import contextlib
-import functools
-import io
 import os
 import shutil
 import signal
@@ -101,28 +98,7 @@ SLOWEST_FIRST = (
 )
 
 
-# torch.optim.Muon arrived in torch 2.9. On an older torch a test marked `needs_muon` checks instead that
-# what it runs stops at Muon's one-line refusal, naming the torch it needs.
-needs_muon = pytest.mark.needs_muon
-MUON_REFUSAL = "model.optimizer muon needs torch >= 2.9 (torch.optim.Muon)"
-
-
-def refuses_muon(test):
-    """``test``, expected to stop at Muon's refusal: raised, printed by the CLI, or in a failed rank's output."""
-
-    @functools.wraps(test)
-    def refused(*args, **kwargs):
-        printed = io.StringIO()
-        with contextlib.redirect_stderr(printed), pytest.raises((Exception, SystemExit)) as raised:
-            test(*args, **kwargs)
-        said = f"{raised.value}\n{printed.getvalue()}"
-        assert MUON_REFUSAL in said, f"expected Muon's refusal on torch {torch.__version__}, got: {said[-2000:]}"
-
-    return refused
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "needs_muon: uses torch.optim.Muon (torch >= 2.9); else checks its refusal")
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep the order below
         config.option.loadscopereorder = False
 
@@ -132,10 +108,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     assert not missing, f"conftest.SLOWEST_FIRST names files that are gone: {sorted(missing)}"
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the others keep their order
-    if not hasattr(torch.optim, "Muon"):
-        for item in items:
-            if item.get_closest_marker("needs_muon"):
-                item.obj = refuses_muon(item.obj)
 
 
 @pytest.fixture(scope="session", autouse=True)

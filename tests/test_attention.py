@@ -142,13 +142,7 @@ def test_a_warm_compile_cache_does_not_replay_another_attention_choice(tmp_path)
     run with the module's default order never reuses a graph compiled under another (and back)."""
 
     def compiled(choice: str) -> tuple[int, int]:
-        # AOTAutograd's cache (what the counters count) is off by default in torch 2.6: on here, on every torch
-        env = {
-            **os.environ,
-            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path),
-            "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
-            "OMP_NUM_THREADS": "1",
-        }
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
         done = subprocess.run(
             [sys.executable, "-c", COMPILED_ATTENTION, choice], env=env, capture_output=True, text=True, timeout=300
         )

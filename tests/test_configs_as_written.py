@@ -9,7 +9,7 @@ import json
 
 import pytest
 import yaml
-from conftest import REPO, needs_muon
+from conftest import REPO
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lightning.cli import main
@@ -129,10 +129,7 @@ XFAIL: dict = {}  # a config that cannot train as written yet, with the reason
 
 def params():
     for name in [*CASES, *OVERLAYS]:
-        marks = [XFAIL[name]] if name in XFAIL else []
-        if written(name).get("model", {}).get("optimizer") == "muon":
-            marks.append(needs_muon)
-        yield pytest.param(name, marks=marks, id=name)
+        yield pytest.param(name, marks=XFAIL.get(name, ()), id=name)
 
 
 @pytest.mark.parametrize("name", params())

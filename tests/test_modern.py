@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 import torch._dynamo
-from conftest import REPO, needs_muon
+from conftest import REPO
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_readme import README
 
@@ -183,7 +183,6 @@ def test_flops_count_gpt2_s_matmuls_of_the_shape_and_the_value_gates():
     assert training_flops(MODERN, 2, 16) == training_flops(without_value_embeddings, 2, 16) + gate
 
 
-@needs_muon
 def test_muon_takes_the_blocks_matrices_and_the_embedding_and_head_get_their_own_rates():
     model = GPT(MODERN)
     hparams = dict(
@@ -221,7 +220,6 @@ def test_muon_takes_the_blocks_matrices_and_the_embedding_and_head_get_their_own
     assert sum(len(g["params"]) for g in adamw.param_groups) == len(list(model.parameters()))
 
 
-@needs_muon
 def test_the_preset_trains_exports_to_safetensors_and_refuses_hf(tmp_path, small_text):
     main(
         [
@@ -379,7 +377,6 @@ def test_the_residual_scalars_compile_without_graph_breaks():
     assert torch._dynamo.explain(model.transformer.h[0])(x, idx).graph_break_count == 0
 
 
-@needs_muon
 def test_the_scalars_train_with_adamw_without_decay_and_never_with_muon(tmp_path):
     model = GPT(dataclasses.replace(MODERN, residual_scalars=True))
     scalars = [model.resid_lambdas, model.x0_lambdas]

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ARCH_FLAGS, MODERN_FLAGS, REPO, needs_muon
+from conftest import ARCH_FLAGS, MODERN_FLAGS, REPO
 
 from gpt_lightning.cli import main
 
@@ -113,7 +113,7 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
         (4, ["--trainer.accumulate_grad_batches", "3", "--trainer.limit_train_batches", "7"]),  # rounded to 6: 3+3
         (5, ["--data.tokens_per_step", "96", "--data.shuffle", "true"]),  # accumulation 3, shuffled
         (4, ["--data.tokens_per_step", "96", "--data.shuffle", "true", "shards"]),  # 3 shards of 3 batches
-        pytest.param(
+        (
             4,
             [
                 "--trainer.accumulate_grad_batches",
@@ -127,9 +127,8 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
                 "--model.warmup_steps",
                 "2",
             ],
-            marks=needs_muon,
         ),  # Muon's buffers, the WSD decay across the stop
-        pytest.param(
+        (
             2,
             [
                 "--trainer.accumulate_grad_batches",
@@ -149,9 +148,8 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
                 "--model.window_pattern",
                 "SL",
             ],
-            marks=needs_muon,
         ),  # the modern model's groups, and a windowed block (sliding-window attention), the scalars between its blocks
-        pytest.param(
+        (
             4,
             [
                 "--trainer.precision",
@@ -162,7 +160,6 @@ def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
                 "--trainer.callbacks.decay",
                 "0.5",
             ],
-            marks=needs_muon,
         ),  # Lightning's weight EMA: the average (state_dict), the trained weights and the count
     ],
     ids=[
