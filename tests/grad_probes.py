@@ -125,7 +125,9 @@ class CollectiveCounter(Callback):
                 else None
             )
 
-        dist.reduce_scatter_single = counted(dist.reduce_scatter_single, lambda *a, **k: "reduce_scatter")
+        # FSDP2's reduce-scatter: reduce_scatter_single in newer torch, reduce_scatter_tensor in torch 2.9
+        name = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+        setattr(dist, name, counted(getattr(dist, name), lambda *a, **k: "reduce_scatter"))
         dist.all_reduce = counted(dist.all_reduce, all_reduce_kind)
 
     def on_before_backward(self, trainer, pl_module, loss):
