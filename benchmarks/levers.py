@@ -56,7 +56,9 @@ def lever_row(on: dict[str, Any], off: dict[str, Any], applies: bool) -> dict[st
 def cudnn_attention_applies() -> bool:
     """Whether this machine's GPU would run the training forward on cuDNN attention (asked last: it
     starts CUDA in this process, which the runs' peak memory must not share)."""
-    return torch.cuda.is_available() and device_attention_backends(torch.device("cuda")) is not None
+    return (
+        torch.cuda.is_available() and device_attention_backends(torch.device("cuda"), cudnn_attention=True) is not None
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

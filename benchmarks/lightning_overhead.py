@@ -231,12 +231,9 @@ def plain_loop(args, data: TokenStreamDataModule, compiled: bool, device: torch.
     parameters = [p for p in model.parameters() if p.requires_grad]
     breakdown, batches = Breakdown(), iter(())
     clock = StepClock(device)
-    # the module's attention kernel (cuDNN's on Hopper, math in a short compiled CPU step): part of ours
+    # the module's attention kernel (cuDNN's on Hopper where asked for): part of ours
     hp = module.hparams
-    dtype = torch.bfloat16 if args.precision == "bf16-mixed" else torch.float32
-    backends = device_attention_backends(
-        device, seq_len=args.block_size, static_graph=compiled, dtype=dtype, cudnn_attention=hp.cudnn_attention
-    )
+    backends = device_attention_backends(device, cudnn_attention=hp.cudnn_attention)
     for step in range(args.steps):
         with breakdown.part("data"):
             batch = next(batches, None)

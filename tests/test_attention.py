@@ -20,30 +20,24 @@ from gpt_lightning.training.module import GPTLightningModule
 FALLBACKS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def hopper(device, *, cudnn_attention=True, **step):
-    """``device_attention_backends`` as on a Hopper GPU (cuDNN 9), the module's other arguments kept."""
-    return training_attention_backends("cuda", (9, 0), cudnn_attention, **step)
+def hopper(device, *, cudnn_attention=True):
+    """``device_attention_backends`` as on a Hopper GPU (cuDNN 9)."""
+    return training_attention_backends("cuda", (9, 0), cudnn_attention)
 
 
 @pytest.mark.parametrize(
-    "device_type, capability, cudnn, seq_len, static_graph, expected",
+    "device_type, capability, cudnn, expected",
     [
-        ("cuda", (9, 0), True, 1024, True, [SDPBackend.CUDNN_ATTENTION, *FALLBACKS]),  # Hopper: H100, H200
-        ("cuda", (10, 0), True, 128, False, [SDPBackend.CUDNN_ATTENTION, *FALLBACKS]),  # Blackwell
-        ("cuda", (9, 0), False, 1024, True, None),  # cuDNN < 9: no attention in it
-        ("cuda", (8, 0), True, 128, True, None),  # Ampere: flash, SDPA's own first choice
-        ("cpu", None, False, 128, True, [SDPBackend.MATH]),  # a short compiled CPU step: fused math
-        ("cpu", None, False, 129, True, None),  # longer: the flash kernel
-        ("cpu", None, False, 128, False, None),  # eager or dynamic: flash (eager math upcasts, keeps (T, T))
+        ("cuda", (9, 0), True, [SDPBackend.CUDNN_ATTENTION, *FALLBACKS]),  # Hopper: H100, H200
+        ("cuda", (10, 0), True, [SDPBackend.CUDNN_ATTENTION, *FALLBACKS]),  # Blackwell
+        ("cuda", (9, 0), False, None),  # cuDNN < 9, or not asked for: SDPA's own order
+        ("cuda", (8, 0), True, None),  # Ampere: flash, SDPA's own first choice
+        ("cpu", None, True, None),  # a CPU: SDPA's own choice (flash)
     ],
 )
-def test_the_training_attention_kernel_per_device_and_step(
-    device_type, capability, cudnn, seq_len, static_graph, expected
-):
-    step = {"seq_len": seq_len, "static_graph": static_graph}
-    assert training_attention_backends(device_type, capability, cudnn, **step, dtype=torch.bfloat16) == expected
-    if device_type == "cpu":  # float32: even with flash, for a longer cold compile
-        assert training_attention_backends(device_type, capability, cudnn, **step, dtype=torch.float32) is None
+def test_the_training_attention_kernel_per_device(device_type, capability, cudnn, expected):
+    assert training_attention_backends(device_type, capability, cudnn) == expected
+    assert device_attention_backends(torch.device("cpu"), cudnn_attention=True) is None
 
 
 @pytest.mark.parametrize("cudnn_attention", [True, False])
@@ -52,7 +46,7 @@ def test_the_module_s_switch_reaches_a_hopper_gpu_s_order(cudnn_attention, monke
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91000)
-    backends = device_attention_backends(torch.device("cuda", 0), seq_len=1024, cudnn_attention=cudnn_attention)
+    backends = device_attention_backends(torch.device("cuda", 0), cudnn_attention=cudnn_attention)
     assert backends == ([SDPBackend.CUDNN_ATTENTION, *FALLBACKS] if cudnn_attention else None)
 
 
@@ -113,24 +107,14 @@ def test_a_gpu_s_defaults_are_the_path_a_gpu_measured_and_a_cpu_keeps_its_own():
     assert not unchunked.uses_chunked_loss(torch.device("cpu"))
 
 
-@pytest.mark.parametrize(
-    "settings, static_graph",
-    [
-        ({"compile": True}, True),
-        ({"compile": False}, False),  # eager
-        ({"compile": True, "activation_checkpointing": True}, False),  # the recompute runs outside the context
-        ({"compile": True, "compile_dynamic": None}, False),  # a graph that may serve other lengths
-    ],
-)
-def test_only_a_graph_for_the_step_s_length_alone_asks_for_the_cpu_s_math(settings, static_graph, monkeypatch):
-    """What the module's step tells ``device_attention_backends`` (its run stood in for, eager)."""
+def test_the_module_s_step_asks_for_its_switch_s_kernel_order(monkeypatch):
+    """What the module's step tells ``device_attention_backends``: its ``cudnn_attention`` switch."""
     asked = []
     monkeypatch.setattr(training_module, "device_attention_backends", lambda device, **kw: asked.append(kw))
-    monkeypatch.setattr(GPTLightningModule, "is_compiled", property(lambda self: settings["compile"]))
-    module = GPTLightningModule(n_layer=1, n_head=2, n_embd=32, block_size=16, **settings)
+    module = GPTLightningModule(n_layer=1, n_head=2, n_embd=32, block_size=16, compile=False)
     idx = torch.randint(0, 50257, (2, 16))
     module.training_step((idx, idx), 0)
-    assert asked == [{"seq_len": 16, "static_graph": static_graph, "dtype": torch.float32, "cudnn_attention": False}]
+    assert asked == [{"cudnn_attention": False}]
 
 
 COMPILED_ATTENTION = """

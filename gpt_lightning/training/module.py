@@ -254,16 +254,7 @@ class GPTLightningModule(LightningModule):
 
     def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch  # (B, T), (B, T)
-        hp = self.hparams
-        # A checkpointed block recomputes in the backward, outside this context: not a static graph.
-        static_graph = self.is_compiled and hp.compile_dynamic is False and not self.model.activation_checkpointing
-        backends = device_attention_backends(
-            x.device,
-            seq_len=x.size(1),
-            static_graph=static_graph,
-            dtype=self.model.compute_dtype(x.device.type),
-            cudnn_attention=hp.cudnn_attention,
-        )
+        backends = device_attention_backends(x.device, cudnn_attention=self.hparams.cudnn_attention)
         with attention_context(backends):  # outside the compiled regions
             return self.model(x, y, head_loss=chunked_cross_entropy if self.uses_chunked_loss(x.device) else None)[1]
 
