@@ -101,7 +101,7 @@ def test_the_install_and_test_commands_are_what_ci_runs():
     (pip,) = [words for words in readme_commands if words[0] == "pip"]
     assert pip in ci_commands  # CI installs exactly as the README says (quietly)
     (pytest_command,) = [words for words in readme_commands if words[1:3] == ["-m", "pytest"]]
-    assert ci.rstrip().splitlines()[-1] == shlex.join(pytest_command)
+    assert shlex.join(pytest_command) in ci.splitlines()  # then the floor's and the newest torch's tests
     assert [words for words in COMMANDS if words[0] in ("pip", "python3") or words[1:3] == ["-m", "pytest"]] == [
         words for words in readme_commands if words[0] in ("pip", "python3") or words[1:3] == ["-m", "pytest"]
     ]
