@@ -76,7 +76,12 @@ def interrupt(root: Path, launch_index: int, fault: str, in_training: bool, afte
     if ranks == (0, 1):
         os.killpg(started.pid, signum)  # as a terminal's Ctrl-C or a scheduler's group signal reaches every rank
     else:
-        os.kill(pids[ranks[0]], signum)
+        try:
+            os.kill(pids[ranks[0]], signum)
+        except ProcessLookupError:  # the rank ended first: the launch trained to the end, nothing to interrupt
+            err = finish(started, within=30)
+            assert started.returncode == 0 and "Traceback" not in err, err[-3000:]
+            return
     sent = time.monotonic()
     err = finish(started, within=30)
     while not gone(rank1) and time.monotonic() - sent < 30:
