@@ -1,7 +1,7 @@
 """The survivors of a rank that went away, in 2-process gloo jobs on the CPU: a rank that stops answering
 ends the other at the timeout the user sets, in one line naming a file with the whole error (a killed
-rank under torchrun --max-restarts: tests/test_ddp.py). Real errors, and any failure before the first
-training step, keep their traceback. Ranks wait through a ``prepare_data`` longer than the timeout."""
+rank under torchrun --max-restarts: tests/test_ddp.py). Real errors, and any failure before the fit sets up,
+keep their traceback. Ranks wait through a ``prepare_data`` longer than the timeout."""
 
 import json
 import os
@@ -141,11 +141,9 @@ def test_real_errors_keep_their_traceback_even_after_training_started(tmp_path, 
 
     errors = real_errors()
     assert "1/2 clients joined" in str(errors[3])
-    trainer = SimpleNamespace(log_dir=str(tmp_path), default_root_dir=str(tmp_path), global_rank=0, global_step=0)
+    trainer = SimpleNamespace(log_dir=str(tmp_path), default_root_dir=str(tmp_path), global_rank=0)
     report = PeerGoneReport()
-    report.on_train_start(trainer, None)
-    trainer.global_step = 1
-    report.on_train_batch_end(trainer, None)  # a step trained: only what a gone peer raises is told in one line
+    report.setup(trainer, None, "fit")  # the fit set up: only what a gone peer raises is told in one line
     monkeypatch.setattr(os, "_exit", exit_now)
     for err in errors:
         assert not peer_went_away(err), err
@@ -186,23 +184,32 @@ class RaiseAt(Callback):
         raise RuntimeError(GLOO_CLOSED)
 
 
-def test_a_gone_peer_before_the_first_step_keeps_its_traceback(small_text, tmp_path, monkeypatch):
-    from gpt_lightning.cli import main
-
-    monkeypatch.setattr(os, "_exit", exit_now)
-    monkeypatch.chdir(tmp_path)
-    args = fit_args(small_text, tmp_path, max_steps=2)
-    args[args.index("--trainer.strategy") + 1] = "auto"
-    with pytest.raises(RuntimeError, match="Connection closed by peer"):
-        main(
-            [
-                *args,
-                "--trainer.devices",
-                "1",
-                f"--trainer.callbacks+={json.dumps({'class_path': 'test_dead_rank.RaiseAt'})}",
-            ]
-        )
-    assert not list(tmp_path.rglob("error-rank*"))
+def test_rank_1_sigkilled_in_the_first_step_of_a_launch_is_told_by_rank_0_in_one_line(small_text, tmp_path):
+    """Rank 1 SIGKILLed after its first micro-batch of 2 (the out-of-memory killer), before any optimizer step:
+    rank 0's all-reduce finds out first. Before, rank 0 printed gloo's traceback through the optimizer's closure
+    (the fault mixture's seed 106069), and its line, where it had one, pointed at rank 1's empty log."""
+    kill = {"class_path": "ddp_probe.KillRank", "init_args": {"rank": 1, "step": 0}}
+    args = [
+        *fit_args(small_text, tmp_path, max_steps=2),
+        *["--trainer.devices", "2", "--data.tokens_per_step", "256"],  # 2 ranks x 2 x 32 tokens x 2 micro-batches
+        f"--trainer.callbacks+={json.dumps(kill)}",
+    ]
+    started = subprocess.run(
+        [sys.executable, "-m", "gpt_lightning", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **ENV},
+    )
+    assert started.returncode == 1, started.stderr[-3000:]
+    assert "Traceback" not in started.stderr, started.stderr[-3000:]
+    last = started.stderr.strip().splitlines()[-1]
+    assert last.startswith("gpt-lightning: error: another rank of this run went away, and this one (rank 0"), last
+    assert "stopped (RuntimeError: " in last, last
+    (error_file,) = tmp_path.rglob("error-rank0.txt")
+    assert f"the whole error is in {error_file}): SIGKILL is a signal from outside the run" in last, last
+    assert "gloo/transport" in error_file.read_text()  # the whole traceback: closed, or reset, by the peer
 
 
 class SignalledThenPeerGone(RaiseAt):

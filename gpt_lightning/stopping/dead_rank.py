@@ -18,7 +18,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from gpt_lightning.atomic import atomic_write_bytes
 from gpt_lightning.errors import UserError
-from gpt_lightning.stopping.launched_ranks import went_away_message
+from gpt_lightning.stopping.launched_ranks import signal_that_ended_a_rank, went_away_message
 
 # How long a rank waits at a collective for the others (what a hung rank, or a dead one under NCCL, costs
 # the survivors); long enough for one rank's slower first compile or rank 0 writing a whole DDP checkpoint.
@@ -48,21 +48,15 @@ def peer_went_away(err: BaseException) -> bool:
 
 
 class PeerGoneReport(Callback):
-    """Marks a gone peer's error (after the first optimizer step) with its traceback file,
-    ``error-rank<N>.txt`` in the log directory, for ``exit_if_peer_went_away``. Attached by the CLI."""
+    """Marks a gone peer's error (from the fit's setup on: the restore, the first micro-batches, any step) with its
+    traceback file, ``error-rank<N>.txt`` in the log directory, for ``exit_if_peer_went_away``. Attached by the CLI."""
 
     def __init__(self) -> None:
-        self._error_file: Path | None = None  # set once this fit completed an optimizer step
-        self._log_dir, self._start_step = Path(), 0
+        self._error_file: Path | None = None  # set once every rank is in this fit
 
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._error_file = None
-        self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)  # every rank is here: a collective is safe
-        self._start_step = trainer.global_step  # a resumed run's too
-
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: object) -> None:
-        if self._error_file is None and trainer.global_step > self._start_step:
-            self._error_file = self._log_dir / f"error-rank{trainer.global_rank}.txt"
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        log_dir = trainer.log_dir or trainer.default_root_dir  # a collective: every rank is here
+        self._error_file = Path(log_dir) / f"error-rank{trainer.global_rank}.txt"
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if self._error_file is not None and peer_went_away(exception):
@@ -90,8 +84,9 @@ def exit_if_peer_went_away(err: BaseException) -> None:
     except (OSError, UserError) as write_err:  # a full or read-only disk must not hide the line
         error_file = f"nowhere ({write_err})"
     first_line = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+    what = f"{type(err).__name__}: {first_line}"
     print(
-        f"gpt-lightning: error: {went_away_message(f'{type(err).__name__}: {first_line}', error_file)}",
+        f"gpt-lightning: error: {went_away_message(what, error_file, killed_by=signal_that_ended_a_rank())}",
         file=sys.stderr,
         flush=True,
     )

@@ -146,6 +146,23 @@ class LaunchedRanks:
         return bool(failed)
 
 
+def signal_that_ended_a_rank(within: float = 2.0) -> str | None:
+    """On rank 0, told by a collective that a peer is gone: the name of the signal that killed a rank it started,
+    waiting up to ``within`` s for one to end; None where none was killed by one (or this process started none).
+    The launcher's watcher stays quiet from here: this rank says the line."""
+    run_ends()
+    procs = LaunchedRanks.current.procs if LaunchedRanks.current else []
+    deadline = time.monotonic() + within
+    while procs:
+        ended = [code for code in (proc.poll() for proc in procs) if code is not None]
+        if killed := next((_killed_by(code) for code in ended if _killed_by(code)), None):
+            return killed
+        if ended or time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+    return None
+
+
 def run_ends() -> None:
     """This process's run ends by its own flow now: the launcher's watcher stays quiet from here."""
     if LaunchedRanks.current is not None:
