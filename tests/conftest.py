@@ -116,6 +116,7 @@ SLOWEST_FIRST = (
     "test_fsdp.py",  # 118 s: 2- and 4-process FSDP2
     "test_preemption.py",  # 117 s: signals to DDP and FSDP2 ranks
     "test_gpu_run.py",  # 105 s: benchmarks/gpu_run.sh --dry-run, its steps and the deadline
+    "test_fault_mixture.py",  # 70-110 s: 6 launches of 2 ranks, a fault each
     "test_dead_rank.py",  # 75 s, 30 of them waiting on a process-group timeout
     "test_ddp.py",  # 51 s: torchrun, restarts
     "test_benchmarks.py",  # 33 s

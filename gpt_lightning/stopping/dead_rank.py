@@ -64,14 +64,15 @@ class PeerGoneReport(Callback):
 
 
 def exit_if_peer_went_away(err: BaseException) -> None:
-    """For an error ``PeerGoneReport`` marked: write its traceback to the file, print the one line
-    and exit 1; where this rank had a stop signal too (a group signal that ended the peer before its fit set up),
-    the stop's line and 143 / 130. Returns for any other error, which the caller re-raises with its traceback."""
+    """For an error ``PeerGoneReport`` marked: write its traceback to the file, print the one line and exit 1;
+    where this rank had a stop signal too (a group signal that ended the peer before its fit set up, or torchrun
+    ending the ranks left after one was killed), the stop's line and 143 / 130. Returns for any other error,
+    which the caller re-raises with its traceback."""
     if signum := getattr(err, STOP_SIGNAL_ATTRIBUTE, 0):
         print(
-            f"gpt-lightning: stopped by {signal.Signals(signum).name}, which another rank of this run got before "
-            "training and ended by: nothing new to save. Run the same command with --ckpt_path last to start (or "
-            "resume) from where it was.",
+            f"gpt-lightning: stopped by {signal.Signals(signum).name}; another rank of this run went away meanwhile "
+            "(ended by the same signal before its fit set up, or killed), so no checkpoint could be saved now. Run "
+            "the same command with --ckpt_path last to start (or resume) from the last checkpoint.",
             file=sys.stderr,
             flush=True,
         )
