@@ -171,6 +171,17 @@ def test_real_errors_keep_their_traceback_even_after_training_started(tmp_path, 
             with pytest.raises(SystemExit, match="1"):
                 exit_if_peer_went_away(raised)
         assert f"{type(err).__name__}: {str(err).splitlines()[0]}" in (tmp_path / "error-rank0.txt").read_text()
+    # Before the fit's setup (a rank waiting at Lightning's first barrier for one that failed earlier, as under
+    # torchrun), the log directory is not known yet: the trainer's root directory holds the file.
+    early = SimpleNamespace(default_root_dir=str(tmp_path / "root"), global_rank=1)
+    (tmp_path / "root").mkdir()
+    try:
+        raise RuntimeError(GLOO_CLOSED)
+    except RuntimeError as raised:
+        PeerGoneReport().on_exception(early, None, raised)
+        with pytest.raises(SystemExit, match="1"):
+            exit_if_peer_went_away(raised)
+    assert "Connection closed by peer" in (tmp_path / "root" / "error-rank1.txt").read_text()
 
 
 def exit_now(code):

@@ -48,19 +48,20 @@ def peer_went_away(err: BaseException) -> bool:
 
 
 class PeerGoneReport(Callback):
-    """Marks a gone peer's error (from the fit's setup on: the restore, the first micro-batches, any step) with its
-    traceback file, ``error-rank<N>.txt`` in the log directory, for ``exit_if_peer_went_away``. Attached by the CLI."""
+    """Marks a gone peer's error in a fit (at a barrier before setup, the restore, any step) with its traceback
+    file, ``error-rank<N>.txt`` in the log directory (before setup, where that is not known yet: in the trainer's
+    ``default_root_dir``), for ``exit_if_peer_went_away``. Attached by the CLI."""
 
     def __init__(self) -> None:
-        self._error_file: Path | None = None  # set once every rank is in this fit
+        self._log_dir: Path | None = None  # known once every rank is in this fit's setup
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        log_dir = trainer.log_dir or trainer.default_root_dir  # a collective: every rank is here
-        self._error_file = Path(log_dir) / f"error-rank{trainer.global_rank}.txt"
+        self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)  # a collective: every rank is here
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        if self._error_file is not None and peer_went_away(exception):
-            setattr(exception, ERROR_FILE_ATTRIBUTE, self._error_file)
+        if peer_went_away(exception):
+            log_dir = self._log_dir or Path(trainer.default_root_dir)
+            setattr(exception, ERROR_FILE_ATTRIBUTE, log_dir / f"error-rank{trainer.global_rank}.txt")
 
 
 def exit_if_peer_went_away(err: BaseException) -> None:
