@@ -46,6 +46,13 @@ def move_batch_progress(trainer: Trainer, batches: int, accumulate: int, accumul
     progress.is_last_batch = ended
 
 
+def mark_step_saved(checkpoint: Any, step: int) -> None:
+    """Tell a ``ModelCheckpoint`` that ``step`` is saved already. It keeps this in memory only, so after a resume at
+    a multiple of ``every_n_train_steps`` it would save that step again at the end of the first micro-batch: under
+    gradient accumulation, mid-step (Lightning-AI/pytorch-lightning#17903)."""
+    checkpoint._last_global_step_saved = step
+
+
 def skip_sigterm_broadcast(trainer: Trainer) -> None:
     """Lightning's SIGTERM handling off for this trainer's fit (before its handler is registered): the broadcast its
     handler makes (a collective only the signalled rank enters) and the per-micro-batch broadcast and host read."""

@@ -19,6 +19,7 @@ import pytest
 import torch
 from conftest import REPO
 from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import DDPStrategy
 
@@ -106,6 +107,10 @@ CHECKS: dict[str, Callable[[], bool]] = {
             for name in ("ready", "started", "processed", "completed")
         )
         and _present(Trainer(logger=False).fit_loop.epoch_loop.batch_progress, "is_last_batch")
+    ),
+    "ModelCheckpoint._last_global_step_saved": lambda: (
+        _present(ModelCheckpoint(), "_last_global_step_saved")
+        and "self._last_global_step_saved == trainer.global_step" in inspect.getsource(ModelCheckpoint)
     ),
     "fit_loop.epoch_loop._broadcast_sigterm_tensor": lambda: _calls_sigterm_broadcast(),
     "trainer._signal_connector._sigterm_notifier_fn": lambda: (

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import ARCH_FLAGS, MODERN_FLAGS, TINY_FIT, tiny_flags
+from lightning.pytorch import Callback
 
 from gpt_lightning.cli import main
 
@@ -62,21 +63,23 @@ def schedules(ckpt: Path) -> list[dict]:
     return [{key: state[key] for key in ("last_epoch", "base_lrs", "_last_lr")} for state in saved]
 
 
+def fit_args(root: Path, name: str, corpus: Path, *args: str) -> list[str]:
+    return [
+        *TINY,
+        "--data.data_path",
+        str(corpus),
+        "--data.cache_dir",
+        str(root / "cache"),
+        "--trainer.logger.init_args.save_dir",
+        str(root),
+        "--trainer.logger.init_args.name",
+        name,
+        *args,
+    ]
+
+
 def fit(root: Path, name: str, corpus: Path, *args: str) -> Path:
-    main(
-        [
-            *TINY,
-            "--data.data_path",
-            str(corpus),
-            "--data.cache_dir",
-            str(root / "cache"),
-            "--trainer.logger.init_args.save_dir",
-            str(root),
-            "--trainer.logger.init_args.name",
-            name,
-            *args,
-        ]
-    )
+    main(fit_args(root, name, corpus, *args))
     (run,) = (root / name).iterdir()
     return run / "checkpoints"
 
@@ -179,3 +182,31 @@ def test_resumed_run_ends_with_the_weights_of_the_uninterrupted_one(tmp_path, co
         f"{len(differ)} tensors differ, e.g. {differ[0]}: max |diff| "
         f"{(expected[differ[0]].float() - got[differ[0]].float()).abs().max():.3g}"
     )
+
+
+class Killed(Exception):
+    """A kill's stand-in: nothing of the run's own stop handling reacts to it."""
+
+
+class KilledInTheSecondMicroBatch(Callback):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == 2 and batch_idx % 2 == 1:
+            raise Killed
+
+
+def test_a_launch_killed_in_its_first_step_resumes_from_the_step_it_started_from(tmp_path, corpus):
+    """Resumed at step 2 (a multiple of every_n_train_steps), 2 micro-batches a step, killed in the second
+    micro-batch: the next launch resumes from step 2's checkpoint, at the uninterrupted run's weights. Before,
+    Lightning's ModelCheckpoint saved step 2 again after the first micro-batch, mid-step (it keeps the step it
+    saved in memory only), and the next launch resumed from that one micro-batch late (the fault mixture's seed 13)."""
+    every = ["--data.tokens_per_step", "64", "--checkpoint.every_n_train_steps", "2", "--trainer.max_steps"]
+    whole = fit(tmp_path, "whole", corpus, *every, "4")
+    job = fit_args(tmp_path, "job", corpus, *every, "4", "--ckpt_path", "last")
+    main([*job, "--trainer.max_steps", "2"])  # version_0: step 2
+    with pytest.raises(Killed):
+        main([*job, "--trainer.callbacks+=test_resume_exact.KilledInTheSecondMicroBatch"])  # version_1
+    assert not list((tmp_path / "job" / "version_1").rglob("*.ckpt"))
+    main(job)  # version_2, from version_0's step 2
+    expected, got = weights(whole / "last.ckpt"), weights(tmp_path / "job" / "version_2" / "checkpoints" / "last.ckpt")
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[k], got[k]) for k in expected)

@@ -239,9 +239,11 @@ class GPTLightningModule(LightningModule):
             rank_zero_info(compile_notice(self.hparams.compile_scope, self.hparams.compile_eval))
 
     def on_train_start(self) -> None:
-        """Give the optimizer ``configure_optimizers`` built the settings and schedule given now (``resume``)."""
+        """Give the optimizer ``configure_optimizers`` built the settings and schedule given now, and keep the
+        restored step from being saved again mid-step (``resume``)."""
         groups = parameter_groups(self.model, self.hparams)
         resume.continue_own_schedule(self.trainer, self._built, groups, self.lr_multiplier)
+        resume.keep_the_restored_step(self.trainer)
         steps = self.trainer.estimated_stepping_batches
         self._final_step = None if steps == float("inf") else int(steps)
 

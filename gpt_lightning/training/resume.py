@@ -9,9 +9,10 @@ from dataclasses import fields
 from typing import Any
 
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from gpt_lightning.errors import UserError
-from gpt_lightning.lightning_internals import batches_that_stepped, set_batches_that_stepped
+from gpt_lightning.lightning_internals import batches_that_stepped, mark_step_saved, set_batches_that_stepped
 from gpt_lightning.model import GPTConfig
 
 # The GPTConfig fields a resumed run must share with its checkpoint; dropout may change.
@@ -95,3 +96,12 @@ def align_logging_step(trainer: Any) -> None:
     """Log at the optimizer step count again: Lightning's restored logging step can be one ahead."""
     if batches_that_stepped(trainer) != trainer.global_step:
         set_batches_that_stepped(trainer, trainer.global_step)
+
+
+def keep_the_restored_step(trainer: Any) -> None:
+    """At train start: the step a run resumed from is saved already, so no ``ModelCheckpoint`` saves it again after
+    the first micro-batch, mid-accumulation, where a kill before the next save would leave a checkpoint that
+    resumes one micro-batch late, off the uninterrupted run's weights."""
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint):
+            mark_step_saved(callback, trainer.global_step)
