@@ -4,10 +4,16 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import signal
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
 
 from gpt_lightning.errors import UserError
 from gpt_lightning.stopping.launched_ranks import LAUNCHER_PID, LaunchedRanks, die_with_launcher
@@ -38,6 +44,30 @@ def _lightning_errors() -> tuple[type[Exception], ...]:
     return (exceptions.MisconfigurationException,) if exceptions else ()
 
 
+def _full_disk_said_once(hook: Callable[[Any], None], args: Any) -> None:
+    """``threading.excepthook`` while the command runs: a logger's writer thread (TensorBoard's) that meets a full
+    disk dies quietly; the main thread meets the same error at its next write and says it in one line."""
+    if not (isinstance(args.exc_value, OSError) and args.exc_value.errno in (errno.ENOSPC, errno.EDQUOT)):
+        hook(args)
+
+
+@contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """A Ctrl-C during the imports (seconds of torch and Lightning) raised only once they end: raised inside one,
+    it leaves modules half made, and the next import of them fails with a traceback of its own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``gpt-lightning`` and ``python -m gpt_lightning``. Called from Python it returns or
     raises ``SystemExit`` (2: a user's mistake; 143 / 130: SIGTERM / Ctrl-C), never ``KeyboardInterrupt``;
@@ -45,6 +75,8 @@ def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else args
     launcher, handlers = os.environ.get(LAUNCHER_PID), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     die_with_launcher()  # first: a rank Lightning's launcher started never outlives it
+    thread_hook = threading.excepthook
+    threading.excepthook = partial(_full_disk_said_once, thread_hook)
     try:
         _main(argv, args)
     except (KeyboardInterrupt, SystemExit) as stop:
@@ -55,6 +87,7 @@ def main(args: list[str] | None = None) -> None:
         print(f"gpt-lightning: stopped by Ctrl-C (SIGINT){fit if argv[:1] == ['fit'] else ''}.", file=sys.stderr)
         raise SystemExit(130) from None
     finally:  # a caller (a notebook) goes on as before: Lightning leaves Ctrl-C ignored after one in its fit
+        threading.excepthook = thread_hook
         for signum, handler in handlers.items():
             if signal.getsignal(signum) is not handler and handler is not None:
                 signal.signal(signum, handler)
@@ -70,11 +103,14 @@ def _main(argv: list[str], args: list[str] | None) -> None:
         raise SystemExit(0 if argv else 2)
     try:
         if argv[0] in COMMANDS:
-            importlib.import_module(f"gpt_lightning.commands.{argv[0]}").main(argv[1:])
+            with _ctrl_c_held():
+                command = importlib.import_module(f"gpt_lightning.commands.{argv[0]}")
+            command.main(argv[1:])
         else:
-            from gpt_lightning.lightning_cli import GPTLightningCLI
-            from gpt_lightning.lightning_internals import watch_launched_ranks
-            from gpt_lightning.stopping.preemption import Preempted
+            with _ctrl_c_held():
+                from gpt_lightning.lightning_cli import GPTLightningCLI
+                from gpt_lightning.lightning_internals import watch_launched_ranks
+                from gpt_lightning.stopping.preemption import Preempted
 
             ranks = LaunchedRanks()
             with watch_launched_ranks(ranks.started, ranks.ended):
@@ -94,6 +130,15 @@ def _main(argv: list[str], args: list[str] | None) -> None:
         exit_if_peer_went_away(err)  # one line and exit 1 for a peer gone after training started
         raise
     except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):  # the logs' or the token cache's disk (a save says its own)
+            where = f" ({err.filename})" if err.filename else ""
+            print(
+                f"gpt-lightning: error: {err.strerror}{where} while writing this run's logs or data. Free some space, "
+                "or log to a disk with room (--trainer.logger.init_args.save_dir); then run the same command with "
+                "--ckpt_path last to resume from the last checkpoint.",
+                file=sys.stderr,
+            )
+            raise SystemExit(2) from None
         # A path that cannot be read or written: the system's words and the path, one line.
         if err.filename is None or isinstance(err, (ConnectionError, TimeoutError)):
             raise

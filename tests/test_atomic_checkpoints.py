@@ -145,6 +145,26 @@ def test_a_full_disk_fails_the_save_in_one_line_and_keeps_the_previous_checkpoin
     assert torch.load(again, map_location="cpu", weights_only=False)["global_step"] == 3
 
 
+def test_a_full_disk_under_the_logs_is_one_line_too(small_disk, capsys):
+    """Full before the first save: TensorBoard's writer thread meets it as the fit starts, and the main thread at
+    its next write. Before, the thread's traceback and then the main thread's were printed."""
+    logs = small_disk("logs", "1m")
+    with open(logs / "filler", "wb") as filler:
+        filler.write(b"\0" * (os.statvfs(logs).f_bavail * os.statvfs(logs).f_frsize))
+    with pytest.raises(SystemExit) as exit_info:
+        main(cli("--trainer.max_steps", "2", "--trainer.logger.init_args.save_dir", str(logs))[3:])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith(
+            "gpt-lightning: error: No space left on device while writing this run's logs or data. Free some space"
+        )
+    ), err[-3000:]
+
+
 @pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")
 def test_a_full_disk_fails_an_fsdp2_save_in_one_line_and_keeps_the_previous_folder(
     small_disk, tmp_path, capsys, in_process_group

@@ -207,4 +207,10 @@ def test_a_run_interrupted_by_faults_in_any_order_ends_at_the_weights_of_one_nev
         subprocess.run(["umount", str(logs)], check=False, capture_output=True)
     assert ended["global_step"] == expected["global_step"] == MAX_STEPS
     for name, weight in expected["state_dict"].items():
-        torch.testing.assert_close(ended["state_dict"][name], weight, rtol=0, atol=1e-6, msg=f"{name}, seed {seed}")
+        torch.testing.assert_close(
+            ended["state_dict"][name],
+            weight,
+            rtol=0,
+            atol=1e-6,
+            msg=lambda text, name=name: f"{name}, seed {seed}: {text}",
+        )

@@ -4,6 +4,7 @@ it, or exits at once where it is already gone (torchrun's ranks are left to torc
 ``SystemExit(130)`` that a caller of ``main()`` catches. Through ``gpt-lightning fit`` on 2 processes:
 tests/test_preemption.py (rank 0 killed) and test_dead_rank.py."""
 
+import importlib
 import json
 import os
 import signal
@@ -234,4 +235,23 @@ def test_a_ctrl_c_in_our_own_commands_says_only_that_it_stopped(command, monkeyp
     with pytest.raises(SystemExit) as stopped:
         main([command])
     assert stopped.value.code == 130
+    assert capsys.readouterr().err == "gpt-lightning: stopped by Ctrl-C (SIGINT).\n"
+
+
+def test_a_ctrl_c_during_the_imports_lets_them_finish_then_stops_in_one_line(monkeypatch, capsys):
+    """Raised inside an import, a KeyboardInterrupt left modules half made (numpy's, under torch's), and what ran
+    next failed on them with a traceback: torchrun passing a terminal's Ctrl-C to ranks still importing (the
+    fault mixture's seed 16). It is raised once the imports end."""
+    imported = []
+
+    def slow_import(name):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)  # the signal is handled here, inside the import
+        imported.append(name)
+        return SimpleNamespace(main=lambda argv: pytest.fail("the command ran after a Ctrl-C"))
+
+    monkeypatch.setattr(importlib, "import_module", slow_import)
+    with pytest.raises(SystemExit) as stopped:
+        main(["sample"])
+    assert stopped.value.code == 130 and imported == ["gpt_lightning.commands.sample"]
     assert capsys.readouterr().err == "gpt-lightning: stopped by Ctrl-C (SIGINT).\n"
