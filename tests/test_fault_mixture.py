@@ -111,8 +111,8 @@ def fill(disk: Path) -> None:
         os.posix_fallocate(filler.fileno(), 0, max(free, 1))
 
 
-def interrupt(root: Path, logs: Path, index: int, launcher: str, fault: str, in_training: bool, after: int,
-              delay: float) -> None:  # fmt: skip
+def interrupt(replay: str, root: Path, logs: Path, index: int, launcher: str, fault: str, in_training: bool,
+              after: int, delay: float) -> None:  # fmt: skip
     """One launch of the job, ended by ``fault`` after rank 1's ``after``-th micro-batch (in training) or ``delay``
     s after both ranks started (their imports, the process group, the restore, up to the first micro-batch);
     checks how both ranks end."""
@@ -127,9 +127,9 @@ def interrupt(root: Path, logs: Path, index: int, launcher: str, fault: str, in_
         if pids and (logged > after if in_training else logged or time.monotonic() - since > delay):
             break
         time.sleep(0.02)
-    assert pids and started.poll() is None, f"launch {index} never got there; exit {started.poll()}"
+    assert pids and started.poll() is None, f"{replay}: launch {index} never got there; exit {started.poll()}"
     in_training = logged > 0
-    where = f"launch {index} ({launcher}), {fault} {'in training' if in_training else 'at startup'}"
+    where = f"{replay}: launch {index} ({launcher}), {fault} {'in training' if in_training else 'at startup'}"
     try:
         if fault == "full disk":
             fill(logs)
@@ -189,8 +189,9 @@ def test_a_run_interrupted_by_faults_in_any_order_ends_at_the_weights_of_one_nev
         (rng.choice(LAUNCHERS), rng.choice(faults), rng.random() < 0.5, rng.randint(1, 4), round(rng.uniform(0.2, 10.0), 2))
         for _ in range(count)
     ]  # fmt: skip
+    replay = f"GPT_LIGHTNING_FAULT_SEED={seed} GPT_LIGHTNING_FAULTS={count}"  # in each failure's message (xdist)
     with capsys.disabled():
-        print(f"\nfault mixture: GPT_LIGHTNING_FAULT_SEED={seed} GPT_LIGHTNING_FAULTS={count}: {schedule}")
+        print(f"\nfault mixture: {replay}: {schedule}")
     try:
         whole = tmp_path / "whole"
         whole.mkdir()
@@ -198,10 +199,10 @@ def test_a_run_interrupted_by_faults_in_any_order_ends_at_the_weights_of_one_nev
         err = finish(reference, within=300)
         assert reference.returncode == 0, err[-3000:]
         for index, fault in enumerate(schedule):
-            interrupt(root, logs, index, *fault)
+            interrupt(replay, root, logs, index, *fault)
         final = start(rng.choice(LAUNCHERS), job(logs, root / "steps-final"), root, "final")
         err = finish(final, within=300)
-        assert final.returncode == 0, f"seed {seed}\n{err[-3000:]}"
+        assert final.returncode == 0, f"{replay}\n{err[-3000:]}"
         ended, expected = load(newest(logs)), load(last_ckpt(whole, "job", 0))
     finally:
         subprocess.run(["umount", str(logs)], check=False, capture_output=True)
@@ -212,5 +213,5 @@ def test_a_run_interrupted_by_faults_in_any_order_ends_at_the_weights_of_one_nev
             weight,
             rtol=0,
             atol=1e-6,
-            msg=lambda text, name=name: f"{name}, seed {seed}: {text}",
+            msg=lambda text, name=name: f"{replay}: {name}: {text}",
         )
