@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import os
 import secrets
@@ -13,6 +14,9 @@ from pathlib import Path
 from gpt_lightning.errors import UserError
 
 _TMP = ".tmp"  # temporary files are named .NAME.PID.RANDOM.tmpSUFFIX, beside NAME
+
+# What a write into a full disk (or a full quota) raises: ENOSPC, EDQUOT.
+NO_ROOM_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 @contextmanager

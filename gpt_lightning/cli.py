@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import errno
 import importlib
 import os
 import signal
@@ -15,6 +14,7 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
+from gpt_lightning.atomic import NO_ROOM_ERRNOS
 from gpt_lightning.errors import UserError
 from gpt_lightning.stopping.launched_ranks import LAUNCHER_PID, LaunchedRanks, die_with_launcher
 
@@ -45,25 +45,35 @@ def _lightning_errors() -> tuple[type[Exception], ...]:
 
 
 def _full_disk_said_once(hook: Callable[[Any], None], args: Any) -> None:
-    """``threading.excepthook`` while the command runs: a logger's writer thread (TensorBoard's) that meets a full
-    disk dies quietly; the main thread meets the same error at its next write and says it in one line."""
-    if not (isinstance(args.exc_value, OSError) and args.exc_value.errno in (errno.ENOSPC, errno.EDQUOT)):
+    """``threading.excepthook`` while the command runs: TensorBoard's writer thread, which keeps the error that ended
+    it (``exception``) for the main thread's next write to raise, dies quietly on a full disk; that write says it."""
+    told_later = getattr(args.thread, "exception", None) is args.exc_value
+    if not (told_later and isinstance(args.exc_value, OSError) and args.exc_value.errno in NO_ROOM_ERRNOS):
         hook(args)
 
 
 @contextmanager
 def _ctrl_c_held() -> Iterator[None]:
     """A Ctrl-C during the imports (seconds of torch and Lightning) raised only once they end: raised inside one,
-    it leaves modules half made, and the next import of them fails with a traceback of its own."""
-    if threading.current_thread() is not threading.main_thread():
+    it leaves modules half made, and the next import of them fails with a traceback of its own. A second Ctrl-C
+    raises at once. Only where Ctrl-C raises KeyboardInterrupt (Python's default, in the main thread)."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         yield
         return
     received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+
+    def hold(signum: int, frame: Any) -> None:
+        if received:
+            raise KeyboardInterrupt
+        received.append(signum)
+
+    signal.signal(signal.SIGINT, hold)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if received:
         raise KeyboardInterrupt
 
@@ -130,14 +140,10 @@ def _main(argv: list[str], args: list[str] | None) -> None:
         exit_if_peer_went_away(err)  # one line and exit 1 for a peer gone after training started
         raise
     except OSError as err:
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):  # the logs' or the token cache's disk (a save says its own)
+        if err.errno in NO_ROOM_ERRNOS:  # the logs', the token cache's, a command's output (a save says its own)
             where = f" ({err.filename})" if err.filename else ""
-            print(
-                f"gpt-lightning: error: {err.strerror}{where} while writing this run's logs or data. Free some space, "
-                "or log to a disk with room (--trainer.logger.init_args.save_dir); then run the same command with "
-                "--ckpt_path last to resume from the last checkpoint.",
-                file=sys.stderr,
-            )
+            then = ", then run the same command with --ckpt_path last to resume" if argv[0] == "fit" else ""
+            print(f"gpt-lightning: error: {err.strerror}{where}. Free some space on that disk{then}.", file=sys.stderr)
             raise SystemExit(2) from None
         # A path that cannot be read or written: the system's words and the path, one line.
         if err.filename is None or isinstance(err, (ConnectionError, TimeoutError)):

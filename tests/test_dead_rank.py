@@ -1,7 +1,7 @@
 """The survivors of a rank that went away, in 2-process gloo jobs on the CPU: a rank that stops answering
 ends the other at the timeout the user sets, in one line naming a file with the whole error (a killed
-rank under torchrun --max-restarts: tests/test_ddp.py). Real errors, and any failure before the fit sets up,
-keep their traceback. Ranks wait through a ``prepare_data`` longer than the timeout."""
+rank under torchrun --max-restarts: tests/test_ddp.py), at any moment of the fit. Real errors keep their
+traceback. Ranks wait through a ``prepare_data`` longer than the timeout."""
 
 import json
 import os

@@ -96,7 +96,8 @@ def ranks_of(started: subprocess.Popen, launcher: str) -> list[int] | None:
                         for entry in Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
                         if b"=" in entry
                     )
-                    children[int(environ.get(b"LOCAL_RANK", b"1"))] = int(child)
+                    if b"LOCAL_RANK" in environ:  # a rank; not another child that names the package
+                        children[int(environ[b"LOCAL_RANK"])] = int(child)
             except (FileNotFoundError, ProcessLookupError):
                 continue
     if launcher == "cli":
@@ -150,8 +151,9 @@ def interrupt(replay: str, root: Path, logs: Path, index: int, launcher: str, fa
     (logs / "filler").unlink(missing_ok=True)  # the user frees the disk before launching again
     assert all(gone(pid) for pid in pids), f"{where}: a rank still ran 30 s later"
     code = started.returncode
-    rank_logs = "".join(path.read_text() for path in sorted((root / f"torchrun-{index}").rglob("stderr.log")))
-    output = err if launcher == "cli" else rank_logs
+    rank_logs = [path.read_text() for path in sorted((root / f"torchrun-{index}").rglob("stderr.log"))]
+    assert launcher == "cli" or len(rank_logs) == 2, f"{where}: torchrun wrote {len(rank_logs)} rank logs"
+    output = err if launcher == "cli" else "".join(rank_logs)
     assert "Traceback" not in output, f"{where}\n{output[-3000:]}"
     if code == 0:  # only a launch that had nothing left to train, or trained to the end before its fault
         assert load(newest(logs))["global_step"] == MAX_STEPS, f"{where}: exit 0\n{err[-3000:]}"

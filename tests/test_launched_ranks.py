@@ -255,3 +255,29 @@ def test_a_ctrl_c_during_the_imports_lets_them_finish_then_stops_in_one_line(mon
         main(["sample"])
     assert stopped.value.code == 130 and imported == ["gpt_lightning.commands.sample"]
     assert capsys.readouterr().err == "gpt-lightning: stopped by Ctrl-C (SIGINT).\n"
+
+
+def test_a_collective_that_finds_a_rank_gone_says_how_it_ended_and_a_stop_signal_stops_the_run(monkeypatch, capsys):
+    """Rank 0's collective fails first (the watcher polls every 5 s): a rank SIGTERM ended before its fit set up
+    stops the run as the watcher would (143, the others killed), one SIGKILL ended is named. Before, both were
+    "the log of the rank that failed says why", exit 1."""
+    from gpt_lightning.stopping.launched_ranks import LaunchedRanks, signal_that_ended_a_rank
+
+    def exit_now(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(LaunchedRanks, "current", None)
+    monkeypatch.setattr(os, "_exit", exit_now)
+    for signum, live in ((signal.SIGKILL, None), (signal.SIGTERM, subprocess.Popen(["sleep", "60"]))):
+        ended = subprocess.Popen(["sh", "-c", f"kill -{signum.name[3:]} $$"])
+        ended.wait()
+        LaunchedRanks().started([ended, live] if live else [ended])
+        if live is None:
+            assert signal_that_ended_a_rank() == "SIGKILL"
+            continue
+        with pytest.raises(SystemExit) as stopped:
+            signal_that_ended_a_rank()
+        assert stopped.value.code == 143 and live.wait(5) == -signal.SIGKILL
+        assert capsys.readouterr().err.startswith(
+            f"gpt-lightning: stopped by SIGTERM (rank 1 (pid {ended.pid}) ended: killed by SIGTERM) before training"
+        )

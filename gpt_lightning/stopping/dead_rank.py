@@ -62,6 +62,10 @@ class PeerGoneReport(Callback):
         if peer_went_away(exception):
             log_dir = self._log_dir or Path(trainer.default_root_dir)
             setattr(exception, ERROR_FILE_ATTRIBUTE, log_dir / f"error-rank{trainer.global_rank}.txt")
+        self._log_dir = None  # a later fit with this callback finds its own
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._log_dir = None
 
 
 def exit_if_peer_went_away(err: BaseException) -> None:

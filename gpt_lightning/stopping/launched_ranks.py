@@ -96,28 +96,36 @@ class LaunchedRanks:
 
     def ended(self, procs: list[subprocess.Popen]) -> None:
         """In Lightning's watcher (it polls every 5 s), a rank seen ended non-zero: our line, the other ranks killed
-        and exit 1, where Lightning's own SIGKILL gave 137; a rank a SIGTERM or Ctrl-C ended (outside training: a
-        group signal at startup reaches every rank) stops the run as that signal does, 143 / 130. Nothing once this
-        run ends by its own flow: no news."""
+        and exit 1, where Lightning's own SIGKILL gave 137; a rank a SIGTERM or Ctrl-C ended stops the run as that
+        signal does (``stop_if_stopped``). Nothing once this run ends by its own flow: no news."""
         if self.ending:
             return
         rank, proc = next((i, p) for i, p in enumerate(procs, 1) if p.returncode)
-        stop = next((s for s in (signal.SIGTERM, signal.SIGINT) if proc.returncode in (-s, 128 + s)), None)
         what = f"Lightning's launcher saw rank {rank} (pid {proc.pid}) end: {_how(proc.returncode)}"
-        if stop:
-            print(
-                f"gpt-lightning: stopped by {stop.name} ({what}) before training: nothing new to save. Run the same "
-                "command with --ckpt_path last to start (or resume) from where it was.",
-                file=sys.stderr,
-                flush=True,
-            )
-        else:
-            line = went_away_message(what, killed_by=_killed_by(proc.returncode))
-            print(f"gpt-lightning: error: {line}", file=sys.stderr, flush=True)
+        self.stop_if_stopped(proc, what)
+        line = went_away_message(what, killed_by=_killed_by(proc.returncode))
+        print(f"gpt-lightning: error: {line}", file=sys.stderr, flush=True)
         for other in procs:
             other.kill()
         sys.stdout.flush()
-        os._exit(128 + stop if stop else 1)
+        os._exit(1)
+
+    def stop_if_stopped(self, proc: subprocess.Popen, what: str) -> None:
+        """Where a SIGTERM or Ctrl-C ended rank ``proc`` (before its fit set up: a group signal at startup reaches
+        every rank), this run stops as that signal does: one line, the other ranks killed, 143 / 130."""
+        stop = next((s for s in (signal.SIGTERM, signal.SIGINT) if proc.returncode in (-s, 128 + s)), None)
+        if stop is None:
+            return
+        print(
+            f"gpt-lightning: stopped by {stop.name} ({what}) before training: nothing new to save. Run the same "
+            "command with --ckpt_path last to start (or resume) from where it was.",
+            file=sys.stderr,
+            flush=True,
+        )
+        for other in self.procs:
+            other.kill()
+        sys.stdout.flush()
+        os._exit(128 + stop)
 
     def finish(self, code: int) -> bool:
         """Rank 0's own work done (exit ``code``): waits up to ``FINISH_WAIT_S`` in all for the ranks it started
@@ -147,18 +155,21 @@ class LaunchedRanks:
 
 
 def signal_that_ended_a_rank(within: float = 2.0) -> str | None:
-    """On rank 0, told by a collective that a peer is gone: the name of the signal that killed a rank it started,
-    waiting up to ``within`` s for one to end; None where none was killed by one (or this process started none).
-    The launcher's watcher stays quiet from here: this rank says the line."""
+    """On rank 0, told by a collective that a peer is gone: waits up to ``within`` s for a rank it started to end.
+    One a SIGTERM or Ctrl-C ended stops this run as that signal does (``LaunchedRanks.stop_if_stopped``); else the
+    name of the signal that killed it, or None (or where this process started none). The launcher's watcher stays
+    quiet from here: this rank says the line."""
     run_ends()
-    procs = LaunchedRanks.current.procs if LaunchedRanks.current else []
+    ranks = LaunchedRanks.current
     deadline = time.monotonic() + within
-    while procs:
-        ended = [code for code in (proc.poll() for proc in procs) if code is not None]
-        if killed := next((_killed_by(code) for code in ended if _killed_by(code)), None):
-            return killed
-        if ended or time.monotonic() > deadline:
-            return None
+    while ranks is not None and ranks.procs:
+        ended = [(rank, proc) for rank, proc in enumerate(ranks.procs, 1) if proc.poll() is not None]
+        if ended:
+            rank, proc = max(ended, key=lambda item: item[1].returncode != 0)  # one that failed, if any
+            ranks.stop_if_stopped(proc, f"rank {rank} (pid {proc.pid}) ended: {_how(proc.returncode)}")
+            return _killed_by(proc.returncode)
+        if time.monotonic() > deadline:
+            break
         time.sleep(0.05)
     return None
 

@@ -3,7 +3,6 @@ resume after a crash sees the previous checkpoint or the whole new one."""
 
 from __future__ import annotations
 
-import errno
 import io
 import os
 import shutil
@@ -16,10 +15,8 @@ from fsspec.implementations.local import LocalFileSystem
 from lightning.pytorch import Trainer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from gpt_lightning.atomic import atomic_output, no_room_message, remove_leftovers
+from gpt_lightning.atomic import NO_ROOM_ERRNOS, atomic_output, no_room_message, remove_leftovers
 from gpt_lightning.errors import UserError
-
-_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -42,7 +39,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as err:
-            if err.errno not in _NO_ROOM:
+            if err.errno not in NO_ROOM_ERRNOS:
                 raise
             free = shutil.disk_usage(local.parent).free  # measured after the partial file was removed
             raise UserError(no_room_message(local, len(data), free)) from None
