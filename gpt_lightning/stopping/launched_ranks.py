@@ -53,6 +53,11 @@ def _killed_by(code: int) -> str | None:
     return signal.Signals(-code).name if -code in signal.valid_signals() else None
 
 
+def _stop_signal(code: int) -> signal.Signals | None:
+    """SIGTERM or SIGINT, where a process that exited with ``code`` was stopped by one (died of it, or exited 143 / 130)."""
+    return next((s for s in (signal.SIGTERM, signal.SIGINT) if code in (-s, 128 + s)), None)
+
+
 def _how(code: int) -> str:
     return f"killed by {_killed_by(code)}" if _killed_by(code) else f"exit code {code}"
 
@@ -95,37 +100,29 @@ class LaunchedRanks:
         self.procs = procs
 
     def ended(self, procs: list[subprocess.Popen]) -> None:
-        """In Lightning's watcher (it polls every 5 s), a rank seen ended non-zero: our line, the other ranks killed
-        and exit 1, where Lightning's own SIGKILL gave 137; a rank a SIGTERM or Ctrl-C ended stops the run as that
-        signal does (``stop_if_stopped``). Nothing once this run ends by its own flow: no news."""
-        if self.ending:
-            return
-        rank, proc = next((i, p) for i, p in enumerate(procs, 1) if p.returncode)
-        what = f"Lightning's launcher saw rank {rank} (pid {proc.pid}) end: {_how(proc.returncode)}"
-        self.stop_if_stopped(proc, what)
-        line = went_away_message(what, killed_by=_killed_by(proc.returncode))
-        print(f"gpt-lightning: error: {line}", file=sys.stderr, flush=True)
-        for other in procs:
-            other.kill()
-        sys.stdout.flush()
-        os._exit(1)
+        """In Lightning's watcher (it polls every 5 s), a rank seen ended non-zero: ``end_because`` it, where
+        Lightning's own SIGKILL gave 137. Nothing once this run ends by its own flow: no news."""
+        if not self.ending:
+            rank, proc = next((i, p) for i, p in enumerate(procs, 1) if p.returncode)
+            self.end_because(
+                proc, f"Lightning's launcher saw rank {rank} (pid {proc.pid}) end: {_how(proc.returncode)}"
+            )
 
-    def stop_if_stopped(self, proc: subprocess.Popen, what: str) -> None:
-        """Where a SIGTERM or Ctrl-C ended rank ``proc`` (before its fit set up: a group signal at startup reaches
-        every rank), this run stops as that signal does: one line, the other ranks killed, 143 / 130."""
-        stop = next((s for s in (signal.SIGTERM, signal.SIGINT) if proc.returncode in (-s, 128 + s)), None)
-        if stop is None:
-            return
-        print(
-            f"gpt-lightning: stopped by {stop.name} ({what}) before training: nothing new to save. Run the same "
-            "command with --ckpt_path last to start (or resume) from where it was.",
-            file=sys.stderr,
-            flush=True,
+    def end_because(self, proc: subprocess.Popen, what: str) -> None:
+        """One line, the other ranks killed, and the exit: 143 / 130 where a SIGTERM or Ctrl-C ended rank ``proc``
+        (before its fit set up: a group signal at startup reaches every rank), else 1."""
+        stop = _stop_signal(proc.returncode)
+        line = (
+            f"stopped by {stop.name} ({what}) before training: nothing new to save. Run the same command with "
+            "--ckpt_path last to start (or resume) from where it was."
+            if stop
+            else f"error: {went_away_message(what, killed_by=_killed_by(proc.returncode))}"
         )
+        print(f"gpt-lightning: {line}", file=sys.stderr, flush=True)
         for other in self.procs:
             other.kill()
         sys.stdout.flush()
-        os._exit(128 + stop)
+        os._exit(128 + stop if stop else 1)
 
     def finish(self, code: int) -> bool:
         """Rank 0's own work done (exit ``code``): waits up to ``FINISH_WAIT_S`` in all for the ranks it started
@@ -156,20 +153,16 @@ class LaunchedRanks:
 
 def signal_that_ended_a_rank(within: float = 2.0) -> str | None:
     """On rank 0, told by a collective that a peer is gone: waits up to ``within`` s for a rank it started to end.
-    One a SIGTERM or Ctrl-C ended stops this run as that signal does (``LaunchedRanks.stop_if_stopped``); else the
-    name of the signal that killed it, or None (or where this process started none). The launcher's watcher stays
-    quiet from here: this rank says the line."""
+    One a SIGTERM or Ctrl-C ended stops the run (``LaunchedRanks.end_because``); else the name of the signal that
+    killed it, or None. The launcher's watcher stays quiet from here: this rank says the line."""
     run_ends()
-    ranks = LaunchedRanks.current
-    deadline = time.monotonic() + within
-    while ranks is not None and ranks.procs:
-        ended = [(rank, proc) for rank, proc in enumerate(ranks.procs, 1) if proc.poll() is not None]
-        if ended:
+    ranks, deadline = LaunchedRanks.current, time.monotonic() + within
+    while ranks is not None and ranks.procs and time.monotonic() < deadline:
+        if ended := [(i, p) for i, p in enumerate(ranks.procs, 1) if p.poll() is not None]:
             rank, proc = max(ended, key=lambda item: item[1].returncode != 0)  # one that failed, if any
-            ranks.stop_if_stopped(proc, f"rank {rank} (pid {proc.pid}) ended: {_how(proc.returncode)}")
+            if _stop_signal(proc.returncode):
+                ranks.end_because(proc, f"rank {rank} (pid {proc.pid}) ended: {_how(proc.returncode)}")
             return _killed_by(proc.returncode)
-        if time.monotonic() > deadline:
-            break
         time.sleep(0.05)
     return None
 
